@@ -1,0 +1,3 @@
+"""reconciler: a declarative reconciliation controller with file-backed state."""
+
+__version__ = "0.1.0"

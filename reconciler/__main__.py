@@ -1,0 +1,7 @@
+"""``python -m reconciler``: the same as the ``reconciler`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,188 @@
+"""The ``reconciler`` command line (SPEC §13).
+
+Exit codes: 0 success, 1 error, 64 usage error (EX_USAGE); commands document their own extra
+codes. Human output goes to stdout (colored only on a terminal, never with ``NO_COLOR``); logs go
+to stderr; ``--json`` gives machine output with a ``formatVersion``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+
+from . import __version__
+from .loader import Diagnostic, load_state
+from .schema import all_schemas
+
+__all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_USAGE", "cli", "main"]
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 64
+FORMAT_VERSION = 1
+
+log = logging.getLogger("reconciler")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _console() -> Console:
+    return Console(highlight=False, soft_wrap=True)
+
+
+def _err_console() -> Console:
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def state_option(f: F) -> F:
+    return click.option(
+        "--state",
+        "state_dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=Path("state"),
+        show_default=True,
+        help="The state directory (unit.yaml, desired/, nodes/, actual/, out/, checkpoint/).",
+    )(f)
+
+
+def json_option(f: F) -> F:
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Print machine-readable JSON instead of text."
+    )(f)
+
+
+def _print_json(payload: dict[str, Any]) -> None:
+    out = {"formatVersion": FORMAT_VERSION, **payload}
+    sys.stdout.write(json.dumps(out, indent=2, sort_keys=True) + "\n")
+
+
+def _print_diagnostics(console: Console, diags: Sequence[Diagnostic]) -> None:
+    for d in diags:
+        style = "yellow" if d.severity == "warning" else "red"
+        console.print(f"[bold]{d.path}:{d.line}:{d.col}:[/bold] ", end="", markup=True)
+        label = "warning: " if d.severity == "warning" else "error: "
+        console.print(f"[{style}]{label}[/{style}]", end="", markup=True)
+        console.print(d.message, markup=False)
+
+
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
+@click.version_option(__version__, prog_name="reconciler")
+@click.option("-v", "--verbose", count=True, help="More log detail on stderr (-v info, -vv debug).")
+def cli(verbose: int) -> None:
+    """Declarative reconciliation controller with file-backed state.
+
+    People and GitOps tools edit desired-state YAML (desired/**/*.yaml); node agents write
+    node status (nodes/<id>.yaml) and actual state (actual/<id>.yaml). The controller places
+    every service instance on a node and runtime, plans start/stop changes as RFC 6902 JSON
+    Patch, writes an OCI runtime config.json per instance and checkpoints its allocations.
+
+    Every command takes --state DIR (default ./state). Exit codes: 0 success, 1 error,
+    64 usage error; see each command's help for the others.
+    """
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(
+        level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr, force=True
+    )
+
+
+@cli.command()
+@state_option
+@json_option
+def validate(state_dir: Path, as_json: bool) -> int:
+    """Check every input file of the state directory.
+
+    Reads unit.yaml, desired/**/*.yaml, nodes/*.yaml (with their resources files) and
+    actual/*.yaml with the same safe loader the controller uses, and prints every problem as
+    FILE:LINE:COL: MESSAGE. Nothing is written.
+
+    Exit codes: 0 all files valid (warnings allowed), 1 at least one error.
+    """
+    if not state_dir.is_dir():
+        raise click.ClickException(f"state directory {state_dir} does not exist")
+    view, diags = load_state(state_dir)
+    errors = [d for d in diags if d.severity == "error"]
+    warnings = [d for d in diags if d.severity == "warning"]
+    counts = {
+        "services": len(view.services),
+        "nodes": len(view.nodes),
+        "actual": len(view.actual),
+        "unitConfig": view.unit is not None,
+    }
+    if as_json:
+        _print_json(
+            {
+                "valid": not errors,
+                "counts": counts,
+                "errors": [d.to_json() for d in errors],
+                "warnings": [d.to_json() for d in warnings],
+            }
+        )
+    else:
+        console = _console()
+        _print_diagnostics(console, diags)
+        summary = (
+            f"{counts['services']} services, {counts['nodes']} nodes, "
+            f"{counts['actual']} actual-state files"
+        )
+        if errors:
+            console.print(f"[red]invalid:[/red] {len(errors)} error(s); valid: {summary}")
+        else:
+            console.print(f"[green]valid:[/green] {summary}", markup=True)
+    return EXIT_ERROR if errors else EXIT_OK
+
+
+@cli.command()
+@click.option(
+    "--kind",
+    type=click.Choice(["UnitConfig", "Service", "Node", "ActualState"]),
+    help="Print only this kind's schema (for an editor's yaml-language-server).",
+)
+@state_option
+def schema(kind: str | None, state_dir: Path) -> int:
+    """Print the JSON Schema (draft 2020-12) of every document kind.
+
+    Without --kind the output is {"formatVersion": 1, "schemas": {KIND: SCHEMA}}; with
+    --kind it is that kind's schema alone, ready to save as a file and point an editor at
+    (# yaml-language-server: $schema=service.schema.json). --state is accepted for
+    uniformity and ignored.
+    """
+    del state_dir
+    schemas = all_schemas()
+    if kind is not None:
+        sys.stdout.write(json.dumps(schemas[kind], indent=2, sort_keys=True) + "\n")
+    else:
+        _print_json({"schemas": schemas})
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: run the CLI and turn every outcome into an exit code."""
+    try:
+        rv = cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
+    except click.UsageError as e:
+        e.show()
+        return EXIT_USAGE
+    except click.ClickException as e:
+        e.show()
+        return EXIT_ERROR
+    except click.exceptions.Abort:
+        _err_console().print("aborted")
+        return 130
+    except click.exceptions.Exit as e:
+        return int(e.exit_code)
+    except BrokenPipeError:
+        return EXIT_OK
+    return int(rv) if isinstance(rv, int) else EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

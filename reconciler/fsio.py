@@ -1,0 +1,157 @@
+"""The only module that opens files under the state directory (SPEC §4, §9).
+
+Reads never follow symlinks (``O_NOFOLLOW`` relative to a directory descriptor) and refuse
+anything but regular files. Writes go through :func:`atomic_write`: a temp file in the same
+directory, write, fsync, rename over the target, fsync the directory; a failed fsync ends the run
+(it is never retried) and leaves the old file in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "FileReadError",
+    "StatKey",
+    "WriteHook",
+    "atomic_write",
+    "iter_files",
+    "read_bytes_at",
+    "stat_key",
+]
+
+StatKey = tuple[int, int, int, int, int]
+"""(device, inode, size, mtime_ns, ctime_ns): unchanged key means unchanged file."""
+
+WriteHook = Callable[[str], None]
+"""Called with the name of each step of a write (tests inject faults through it)."""
+
+
+class FileReadError(Exception):
+    pass
+
+
+def stat_key(st: os.stat_result) -> StatKey:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+@dataclass(frozen=True)
+class FoundFile:
+    rel: str  # path relative to the walked root, with '/' separators
+    dir_fd_path: str  # directory holding it, relative to the walked root ('' for the root)
+    name: str
+    key: StatKey | None  # None: not a regular file (reported on read)
+
+
+def iter_files(root: Path, suffix: str, *, recursive: bool) -> Iterator[FoundFile]:
+    """Regular files ending in ``suffix`` below ``root``, sorted, hidden names skipped.
+
+    Directory symlinks are never descended into; a file symlink is yielded with ``key=None``
+    so that the caller reports it instead of silently ignoring it.
+    """
+    if not root.is_dir() or root.is_symlink():
+        return
+    found: list[FoundFile] = []
+    for dirpath, dirnames, filenames, dirfd in os.fwalk(root, follow_symlinks=False):
+        rel_dir = os.path.relpath(dirpath, root)
+        rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/")
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".")) if recursive else []
+        for name in filenames:
+            if name.startswith(".") or not name.endswith(suffix):
+                continue
+            try:
+                st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            key = stat_key(st) if stat.S_ISREG(st.st_mode) else None
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            found.append(FoundFile(rel, rel_dir, name, key))
+        if not recursive:
+            break
+    yield from sorted(found, key=lambda f: f.rel)
+
+
+def read_bytes_at(path: Path, max_bytes: int) -> tuple[bytes, StatKey]:
+    """Read a regular file without following a symlink at its last component.
+
+    Returns at most ``max_bytes + 1`` bytes, so the caller can tell that the cap was exceeded
+    without reading a huge file into memory.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise FileReadError("is a symlink; symlinks are not followed") from None
+        raise FileReadError(e.strerror or str(e)) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FileReadError("is not a regular file")
+        chunks: list[bytes] = []
+        remaining = max_bytes + 1
+        while remaining > 0:
+            chunk = os.read(fd, min(remaining, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        return b"".join(chunks), stat_key(st)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(
+    path: Path,
+    data: bytes,
+    *,
+    mode: int = 0o600,
+    hook: WriteHook | None = None,
+    sync: bool = True,
+) -> None:
+    """Replace ``path`` by ``data`` so that a crash at any point leaves old or new, never torn.
+
+    The steps are reported to ``hook`` as ``open``, ``write``, ``fsync``, ``rename`` and
+    ``fsync-dir`` just before each happens; an exception from the hook aborts the write there.
+    """
+    directory = path.parent
+    tmp = directory / f".{path.name}.tmp-{os.getpid()}"
+    step = hook or (lambda _name: None)
+    step("open")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        try:
+            os.fchmod(fd, mode)
+            step("write")
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            if sync:
+                step("fsync")
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        step("rename")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if sync:
+        step("fsync-dir")
+        _fsync_dir(directory)

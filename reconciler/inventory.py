@@ -1,0 +1,215 @@
+"""Integer inventories of consumable resources, after OpenStack Placement.
+
+Every consumable of a node (CPU DMIPS, RAM bytes, storage, runtime slots, shared-resource
+slots, devices) is an :class:`Inventory`: an immutable value holding an integer ``total``
+and the rules for consuming it.
+
+Rules:
+
+* ``capacity = floor((total - reserved) * allocation_ratio)``, computed exactly: the ratio is
+  read through its shortest decimal form (``Fraction(str(ratio))``), so ``0.29 * 100`` is 29,
+  not the 28 that float arithmetic would give. ``free = capacity - used``.
+* A non-zero amount can be consumed only if it is positive, ``>= min_unit``, ``<= max_unit``
+  (when set), a multiple of ``step_size`` and ``<= free``. Consuming 0 is always allowed and
+  changes nothing (``min_unit`` applies only to non-zero amounts).
+* :meth:`Inventory.check` returns ``None`` or one stable reason code, tested in this order:
+  ``"negative-amount"``, ``"below-min-unit"``, ``"above-max-unit"``, ``"step-size"``,
+  ``"over-capacity"``.
+* :meth:`Inventory.consume` / :meth:`Inventory.release` return a *new* inventory; a refused
+  operation raises an :class:`InventoryError` subclass carrying ``.reason`` and leaves the
+  original untouched (it is immutable anyway). Releasing is not subject to the unit or step
+  rules: it only must not be negative or take ``used`` below zero.
+* Construction validates ``total >= 0``, ``0 <= reserved <= total``, ``allocation_ratio > 0``
+  (finite), ``min_unit >= 1``, ``max_unit is None or max_unit >= min_unit``,
+  ``step_size >= 1`` and ``used >= 0`` (``used`` may exceed ``capacity``, e.g. after
+  ``reserved`` grew; then ``free`` is negative and nothing non-zero can be consumed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Final
+
+__all__ = [
+    "REASONS",
+    "CapacityError",
+    "InvalidAmountError",
+    "InvalidInventoryError",
+    "Inventory",
+    "InventoryError",
+    "ReleaseError",
+]
+
+NEGATIVE_AMOUNT: Final = "negative-amount"
+BELOW_MIN_UNIT: Final = "below-min-unit"
+ABOVE_MAX_UNIT: Final = "above-max-unit"
+STEP_SIZE: Final = "step-size"
+OVER_CAPACITY: Final = "over-capacity"
+RELEASE_BELOW_ZERO: Final = "release-below-zero"
+INVALID_INVENTORY: Final = "invalid-inventory"
+
+#: Every reason code :meth:`Inventory.check` can return.
+REASONS: Final = frozenset(
+    {NEGATIVE_AMOUNT, BELOW_MIN_UNIT, ABOVE_MAX_UNIT, STEP_SIZE, OVER_CAPACITY}
+)
+
+
+class InventoryError(Exception):
+    """Base of all inventory errors; ``reason`` is a stable machine-readable code."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.reason = reason
+
+
+class InvalidInventoryError(InventoryError):
+    """The inventory's fields break a construction rule."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, INVALID_INVENTORY)
+
+
+class CapacityError(InventoryError):
+    """A consume asked for more than is free (reason ``"over-capacity"``)."""
+
+
+class InvalidAmountError(InventoryError):
+    """A consume broke the sign, ``min_unit``, ``max_unit`` or ``step_size`` rule."""
+
+
+class ReleaseError(InventoryError):
+    """A release was negative or would take ``used`` below zero."""
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _require_amount(amount: object) -> int:
+    if isinstance(amount, bool) or not isinstance(amount, int):
+        raise TypeError(f"amount must be an int, got {type(amount).__name__}: {amount!r}")
+    return amount
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """An immutable integer inventory of one resource class (see the module docstring)."""
+
+    resource_class: str
+    total: int
+    reserved: int = 0
+    allocation_ratio: float = 1.0
+    min_unit: int = 1
+    max_unit: int | None = None
+    step_size: int = 1
+    used: int = 0
+
+    def __post_init__(self) -> None:
+        def bad(what: str) -> InvalidInventoryError:
+            return InvalidInventoryError(f"{self.resource_class!r}: invalid inventory: {what}")
+
+        if not isinstance(self.resource_class, str) or not self.resource_class:
+            raise bad("resource_class must be a non-empty string")
+        for name in ("total", "reserved", "min_unit", "step_size", "used"):
+            value = getattr(self, name)
+            if not _is_int(value):
+                raise bad(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        if self.max_unit is not None and not _is_int(self.max_unit):
+            raise bad(f"max_unit must be an int or None, got {self.max_unit!r}")
+        ratio: object = self.allocation_ratio
+        if not isinstance(ratio, int | float) or isinstance(ratio, bool):
+            raise bad(f"allocation_ratio must be a number, got {ratio!r}")
+        if self.total < 0:
+            raise bad(f"total must be >= 0, got {self.total}")
+        if not 0 <= self.reserved <= self.total:
+            raise bad(f"reserved must be in [0, total={self.total}], got {self.reserved}")
+        if not (math.isfinite(ratio) and ratio > 0):
+            raise bad(f"allocation_ratio must be a finite number > 0, got {ratio!r}")
+        if self.min_unit < 1:
+            raise bad(f"min_unit must be >= 1, got {self.min_unit}")
+        if self.max_unit is not None and self.max_unit < self.min_unit:
+            raise bad(f"max_unit must be >= min_unit={self.min_unit}, got {self.max_unit}")
+        if self.step_size < 1:
+            raise bad(f"step_size must be >= 1, got {self.step_size}")
+        if self.used < 0:
+            raise bad(f"used must be >= 0, got {self.used}")
+
+    # -- derived quantities -------------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        """``floor((total - reserved) * allocation_ratio)``, in exact arithmetic."""
+        return math.floor((self.total - self.reserved) * Fraction(str(self.allocation_ratio)))
+
+    @property
+    def free(self) -> int:
+        """``capacity - used`` (negative only if ``used`` was set above capacity)."""
+        return self.capacity - self.used
+
+    # -- queries ------------------------------------------------------------------------------
+
+    def check(self, amount: int) -> str | None:
+        """``None`` if ``amount`` can be consumed now, else the reason code of the first rule
+        it breaks (see :data:`REASONS`)."""
+        amount = _require_amount(amount)
+        if amount < 0:
+            return NEGATIVE_AMOUNT
+        if amount == 0:
+            return None
+        if amount < self.min_unit:
+            return BELOW_MIN_UNIT
+        if self.max_unit is not None and amount > self.max_unit:
+            return ABOVE_MAX_UNIT
+        if amount % self.step_size != 0:
+            return STEP_SIZE
+        if amount > self.free:
+            return OVER_CAPACITY
+        return None
+
+    def can_provide(self, amount: int) -> bool:
+        """Whether ``consume(amount)`` would succeed."""
+        return self.check(amount) is None
+
+    # -- transitions (all return new values) --------------------------------------------------
+
+    def consume(self, amount: int) -> Inventory:
+        """A copy with ``used + amount``; raises :class:`CapacityError` or
+        :class:`InvalidAmountError` (with ``.reason``) if :meth:`check` refuses."""
+        reason = self.check(amount)
+        if reason is None:
+            return self if amount == 0 else dataclasses.replace(self, used=self.used + amount)
+        detail = {
+            NEGATIVE_AMOUNT: "negative amount",
+            BELOW_MIN_UNIT: f"below min_unit {self.min_unit}",
+            ABOVE_MAX_UNIT: f"above max_unit {self.max_unit}",
+            STEP_SIZE: f"not a multiple of step_size {self.step_size}",
+            OVER_CAPACITY: f"free {self.free} of capacity {self.capacity}",
+        }[reason]
+        message = f"{self.resource_class}: cannot consume {amount} ({detail})"
+        if reason == OVER_CAPACITY:
+            raise CapacityError(message, reason)
+        raise InvalidAmountError(message, reason)
+
+    def release(self, amount: int) -> Inventory:
+        """A copy with ``used - amount``; raises :class:`ReleaseError` with reason
+        ``"negative-amount"`` or ``"release-below-zero"``."""
+        amount = _require_amount(amount)
+        if amount < 0:
+            raise ReleaseError(
+                f"{self.resource_class}: cannot release {amount} (negative amount)",
+                NEGATIVE_AMOUNT,
+            )
+        if amount > self.used:
+            raise ReleaseError(
+                f"{self.resource_class}: cannot release {amount} (only {self.used} used)",
+                RELEASE_BELOW_ZERO,
+            )
+        return self if amount == 0 else dataclasses.replace(self, used=self.used - amount)
+
+    def with_used(self, used: int) -> Inventory:
+        """A copy with ``used`` set outright (validated like a construction)."""
+        return dataclasses.replace(self, used=used)

@@ -1,0 +1,363 @@
+"""Loading a state directory (SPEC §2, §5).
+
+:func:`load_state` is a function of (previous view, directory) → (new view, diagnostics):
+
+- each file is read, parsed and validated on its own, so one bad file never affects another;
+- a file that cannot be read, parsed or validated is reported as ``file:line:col: message`` and
+  the object it held **keeps its last good version** from the previous view (a first-ever
+  invalid file means the object does not exist yet);
+- a file whose stat key (device, inode, size, mtime, ctime) and, failing that, whose content hash
+  is unchanged is not parsed again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ValidationError
+
+from .fsio import FileReadError, StatKey, iter_files, read_bytes_at, stat_key
+from .models import ActualState, Node, Service, UnitConfig
+from .resources import ResourcesFileError, parse_resources_json
+from .values import ID_PATTERN, RESOURCE_NAME_PATTERN
+from .yamlsafe import DEFAULT_MAX_BYTES, Parsed, YamlRejected, parse_yaml
+
+__all__ = [
+    "Diagnostic",
+    "FileRecord",
+    "LoadOptions",
+    "StateView",
+    "format_validation_error",
+    "load_state",
+    "mass_deletion_guard",
+]
+
+Severity = Literal["error", "warning"]
+
+
+@dataclass(frozen=True, order=True)
+class Diagnostic:
+    path: str
+    line: int
+    col: int
+    message: str
+    severity: Severity = "error"
+
+    def __str__(self) -> str:
+        tag = "warning: " if self.severity == "warning" else ""
+        return f"{self.path}:{self.line}:{self.col}: {tag}{self.message}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "line": self.line,
+            "col": self.col,
+            "severity": self.severity,
+            "message": self.message,
+        }
+
+
+Doc = UnitConfig | Service | Node | ActualState
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """What the last load saw of one input file."""
+
+    key: StatKey | None
+    sha256: str
+    deps: tuple[tuple[str, StatKey | None], ...]  # other files read for it (resourcesFile)
+    good: Doc | None  # the last good object, possibly from an earlier content
+    diagnostics: tuple[Diagnostic, ...]  # problems of the current content
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    max_bytes: int = DEFAULT_MAX_BYTES
+
+
+@dataclass(frozen=True)
+class StateView:
+    """Everything the controller reads, as typed objects."""
+
+    root: Path
+    unit: UnitConfig | None = None
+    services: Mapping[tuple[str, str], Service] = field(default_factory=dict)
+    nodes: Mapping[str, Node] = field(default_factory=dict)
+    actual: Mapping[str, ActualState] = field(default_factory=dict)
+    files: Mapping[str, FileRecord] = field(default_factory=dict)
+    input_hash: str = ""
+
+    def services_sorted(self) -> list[Service]:
+        return [self.services[k] for k in sorted(self.services)]
+
+
+_KIND_OF_DIR: dict[str, tuple[str, type[BaseModel]]] = {
+    "unit": ("UnitConfig", UnitConfig),
+    "desired": ("Service", Service),
+    "nodes": ("Node", Node),
+    "actual": ("ActualState", ActualState),
+}
+
+
+def _data_path(data: Any, loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
+    """Keep only the parts of a pydantic location that step through the data."""
+    out: list[str | int] = []
+    cur = data
+    for part in loc:
+        in_dict = isinstance(cur, dict) and part in cur
+        in_list = isinstance(cur, list) and isinstance(part, int) and 0 <= part < len(cur)
+        if in_dict or in_list:
+            out.append(part)
+            cur = cur[part]
+        elif isinstance(cur, dict) and isinstance(part, str) and part not in cur:
+            # an unknown or missing key: point at the key when it exists, else the parent
+            if any(k == part for k in cur):
+                out.append(part)
+            break
+    return tuple(out)
+
+
+def format_validation_error(
+    display: str, parsed: Parsed, error: ValidationError
+) -> list[Diagnostic]:
+    diags: list[Diagnostic] = []
+    for err in error.errors(include_url=False):
+        loc = tuple(err["loc"])
+        path = _data_path(parsed.data, loc)
+        if err["type"] == "extra_forbidden":
+            path = (*path, loc[-1]) if loc and path and path[-1] != loc[-1] else path
+            line, col = parsed.position(path, prefer_key=True)
+            msg = f"unknown field {loc[-1]!r}" if loc else "unknown field"
+        else:
+            line, col = parsed.position(path)
+            msg = _friendly(err)
+        shown = loc[:-1] if err["type"] == "extra_forbidden" else loc
+        where = ".".join(str(p) for p in shown)
+        diags.append(Diagnostic(display, line, col, f"{where}: {msg}" if where else msg))
+    return sorted(diags, key=lambda d: (d.line, d.col))
+
+
+_PATTERN_HINTS = {
+    ID_PATTERN: "an id uses letters, digits, '.', '_' and '-', starts and ends with a letter or "
+    "digit, and has at most 63 characters",
+    RESOURCE_NAME_PATTERN: "a resource name is an id, optionally prefixed by a domain and '/' "
+    "(example.com/gpu)",
+}
+
+
+def _friendly(err: Any) -> str:
+    msg = str(err["msg"])
+    if msg.startswith("Value error, "):
+        return msg[len("Value error, ") :]
+    kind = err["type"]
+    got = err.get("input")
+    if kind == "string_pattern_mismatch":
+        pattern = err.get("ctx", {}).get("pattern", "")
+        hint = _PATTERN_HINTS.get(pattern, f"it must match {pattern}")
+        return f"invalid value {got!r}: {hint}"
+    if kind == "missing":
+        return "required field is missing"
+    if kind.endswith("_type") or kind.endswith("_parsing") or kind == "literal_error":
+        shown = repr(got)
+        if len(shown) > 60:
+            shown = shown[:57] + "..."
+        return f"{msg} (got {shown})"
+    return msg
+
+
+def _validate(display: str, raw: bytes, dir_kind: str, max_bytes: int) -> Doc | list[Diagnostic]:
+    try:
+        parsed = parse_yaml(raw, max_bytes=max_bytes)
+    except YamlRejected as e:
+        return [Diagnostic(display, e.line, e.col, e.message)]
+    data = parsed.data
+    kind, model = _KIND_OF_DIR[dir_kind]
+    if not isinstance(data, dict):
+        return [Diagnostic(display, 1, 1, "a document must be a mapping of fields")]
+    got = data.get("kind")
+    if got is not None and got != kind:
+        line, col = parsed.position(("kind",))
+        where = "unit.yaml" if dir_kind == "unit" else f"{dir_kind}/"
+        return [Diagnostic(display, line, col, f"kind: expected {kind} in {where}, got {got!r}")]
+    try:
+        obj = model.model_validate(data)
+    except ValidationError as e:
+        return format_validation_error(display, parsed, e)
+    assert isinstance(obj, UnitConfig | Service | Node | ActualState)
+    return obj
+
+
+def _resolve_resources_file(
+    root: Path, node: Node, display: str, parsed_pos: tuple[int, int], max_bytes: int
+) -> tuple[Node | None, list[Diagnostic], tuple[tuple[str, StatKey | None], ...]]:
+    """Load a node's resourcesFile into ``resources``; None when the file is invalid."""
+    assert node.resourcesFile is not None
+    target = Path(node.resourcesFile)
+    if not target.is_absolute():
+        target = root / target
+    line, col = parsed_pos
+    try:
+        raw, key = read_bytes_at(target, max_bytes)
+    except FileReadError as e:
+        if not target.exists() and not target.is_symlink():
+            warn = Diagnostic(
+                display, line, col, f"resourcesFile {target} is missing: no resources", "warning"
+            )
+            return node.model_copy(update={"resources": ()}), [warn], ((str(target), None),)
+        return None, [Diagnostic(display, line, col, f"resourcesFile {target}: {e}")], ()
+    deps = ((str(target), key),)
+    if len(raw) > max_bytes:
+        return None, [Diagnostic(str(target), 1, 1, f"file is over {max_bytes} bytes")], deps
+    try:
+        entries = parse_resources_json(raw)
+    except ResourcesFileError as e:
+        msg = f"{e.message} (resources of node {node.id})"
+        return None, [Diagnostic(str(target), e.line, e.col, msg)], deps
+    return node.model_copy(update={"resources": entries}), [], deps
+
+
+def _deps_unchanged(deps: tuple[tuple[str, StatKey | None], ...]) -> bool:
+    for path, key in deps:
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            if key is not None:
+                return False
+            continue
+        if key is None or stat_key(st) != key:
+            return False
+    return True
+
+
+def _load_one(
+    root: Path,
+    rel: str,
+    dir_kind: str,
+    key: StatKey | None,
+    prev: FileRecord | None,
+    opts: LoadOptions,
+) -> FileRecord:
+    display = str(root / rel)
+    last_good = prev.good if prev is not None else None
+    if prev is not None and key is not None and prev.key == key and _deps_unchanged(prev.deps):
+        return prev
+    if key is None:
+        diag = Diagnostic(display, 1, 1, "is a symlink or not a regular file; not read")
+        return FileRecord(None, "", (), last_good, (diag,))
+    try:
+        raw, real_key = read_bytes_at(root / rel, opts.max_bytes)
+    except FileReadError as e:
+        return FileRecord(key, "", (), last_good, (Diagnostic(display, 1, 1, str(e)),))
+    sha = hashlib.sha256(raw).hexdigest()
+    if prev is not None and prev.sha256 == sha and _deps_unchanged(prev.deps):
+        return FileRecord(real_key, sha, prev.deps, prev.good, prev.diagnostics)
+    result = _validate(display, raw, dir_kind, opts.max_bytes)
+    if isinstance(result, list):
+        return FileRecord(real_key, sha, (), last_good, tuple(result))
+    diags: list[Diagnostic] = []
+    deps: tuple[tuple[str, StatKey | None], ...] = ()
+    obj: Doc = result
+    stem = rel.rsplit("/", 1)[-1].removesuffix(".yaml")
+    if isinstance(obj, Node):
+        if obj.id != stem:
+            msg = f"id: the node id {obj.id!r} must equal the file name {stem!r}"
+            return FileRecord(real_key, sha, (), last_good, (Diagnostic(display, 1, 1, msg),))
+        if obj.resourcesFile is not None:
+            pos = parse_yaml(raw, max_bytes=opts.max_bytes).position(("resourcesFile",))
+            node, diags, deps = _resolve_resources_file(root, obj, display, pos, opts.max_bytes)
+            if node is None:
+                return FileRecord(real_key, sha, deps, last_good, tuple(diags))
+            obj = node
+    if isinstance(obj, ActualState) and obj.nodeId != stem:
+        msg = f"nodeId: {obj.nodeId!r} must equal the file name {stem!r}"
+        return FileRecord(real_key, sha, (), last_good, (Diagnostic(display, 1, 1, msg),))
+    return FileRecord(real_key, sha, deps, obj, tuple(diags))
+
+
+def _regular_key(path: Path) -> StatKey | None:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return stat_key(st) if stat.S_ISREG(st.st_mode) else None
+
+
+def load_state(
+    root: Path, previous: StateView | None = None, opts: LoadOptions | None = None
+) -> tuple[StateView, list[Diagnostic]]:
+    """Read every input file of ``root``; see the module docstring for the rules."""
+    opts = opts or LoadOptions()
+    prev_files = previous.files if previous is not None and previous.root == root else {}
+    files: dict[str, FileRecord] = {}
+
+    unit_path = root / "unit.yaml"
+    if unit_path.exists() or unit_path.is_symlink():
+        ukey = _regular_key(unit_path)
+        files["unit.yaml"] = _load_one(
+            root, "unit.yaml", "unit", ukey, prev_files.get("unit.yaml"), opts
+        )
+    for dir_kind, recursive in (("desired", True), ("nodes", False), ("actual", False)):
+        for found in iter_files(root / dir_kind, ".yaml", recursive=recursive):
+            rel = f"{dir_kind}/{found.rel}"
+            files[rel] = _load_one(root, rel, dir_kind, found.key, prev_files.get(rel), opts)
+
+    diagnostics: list[Diagnostic] = []
+    unit: UnitConfig | None = None
+    services: dict[tuple[str, str], Service] = {}
+    service_file: dict[tuple[str, str], str] = {}
+    nodes: dict[str, Node] = {}
+    actual: dict[str, ActualState] = {}
+    for rel in sorted(files):
+        rec = files[rel]
+        diagnostics.extend(rec.diagnostics)
+        obj = rec.good
+        if isinstance(obj, UnitConfig):
+            unit = obj
+        elif isinstance(obj, Service):
+            if obj.key in services:
+                diagnostics.append(
+                    Diagnostic(
+                        str(root / rel),
+                        1,
+                        1,
+                        f"service {obj.id} (subject {obj.subject}) is already defined in "
+                        f"{service_file[obj.key]}; this file is ignored",
+                    )
+                )
+                continue
+            services[obj.key] = obj
+            service_file[obj.key] = str(root / rel)
+        elif isinstance(obj, Node):
+            nodes[obj.id] = obj
+        elif isinstance(obj, ActualState):
+            actual[obj.nodeId] = obj
+    digest = hashlib.sha256()
+    for rel in sorted(files):
+        digest.update(f"{rel}\0{files[rel].sha256}\0".encode())
+        for dep_path, dep_key in files[rel].deps:
+            digest.update(f"{dep_path}\0{dep_key}\0".encode())
+    view = StateView(root, unit, services, nodes, actual, files, digest.hexdigest())
+    return view, diagnostics
+
+
+def mass_deletion_guard(view: StateView, *, allow_empty: bool) -> Diagnostic | None:
+    """SPEC §5: refuse to stop everything when every desired file vanished or broke at once."""
+    if allow_empty or view.services:
+        return None
+    running = sum(len(a.instances) for a in view.actual.values())
+    if running == 0:
+        return None
+    return Diagnostic(
+        str(view.root / "desired"),
+        1,
+        1,
+        f"no valid desired service left while {running} instance(s) run; refusing to stop "
+        "them all (pass --allow-empty if that is what you want)",
+    )

@@ -1,0 +1,154 @@
+"""Scalar value types shared by every document: ids, byte quantities, durations, percentages.
+
+Each is an ``Annotated`` type, so pydantic validates it and ``reconciler schema`` describes it.
+The parsing functions are plain and pure, usable outside pydantic (the CLI parses ``--debounce``
+with :func:`parse_duration`).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator, Field, Strict, WithJsonSchema
+
+__all__ = [
+    "ID_PATTERN",
+    "RESOURCE_NAME_PATTERN",
+    "Bool",
+    "Bytes",
+    "Duration",
+    "Id",
+    "Int",
+    "Label",
+    "NonNegInt",
+    "Percent",
+    "PosInt",
+    "ResourceName",
+    "SemVer",
+    "Str",
+    "instance_id",
+    "parse_bytes",
+    "parse_duration",
+    "validate_id",
+]
+
+ID_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$"
+_ID_PART = r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?"
+RESOURCE_NAME_PATTERN = rf"^{_ID_PART}(/{_ID_PART})?$"
+LABEL_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._/=:-]{0,251}[A-Za-z0-9])?$"
+SEMVER_PATTERN = (
+    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+)
+
+_ID_RE = re.compile(ID_PATTERN)
+
+Int = Annotated[int, Strict()]
+Str = Annotated[str, Strict()]
+Bool = Annotated[bool, Strict()]
+NonNegInt = Annotated[int, Strict(), Field(ge=0)]
+PosInt = Annotated[int, Strict(), Field(ge=1)]
+Percent = Annotated[int, Strict(), Field(ge=0, le=100)]
+Id = Annotated[str, Strict(), Field(pattern=ID_PATTERN)]
+ResourceName = Annotated[str, Strict(), Field(pattern=RESOURCE_NAME_PATTERN)]
+Label = Annotated[str, Strict(), Field(pattern=LABEL_PATTERN)]
+SemVer = Annotated[str, Strict(), Field(pattern=SEMVER_PATTERN)]
+
+
+def validate_id(value: str, what: str = "id") -> str:
+    """Raise ValueError unless ``value`` is a safe id (SPEC §4); used before any path work."""
+    if not _ID_RE.match(value):
+        raise ValueError(f"invalid {what} {value!r}: must match {ID_PATTERN}")
+    return value
+
+
+_BYTE_SUFFIXES = {
+    "": 1,
+    "Ki": 1024,
+    "Mi": 1024**2,
+    "Gi": 1024**3,
+    "Ti": 1024**4,
+    "Pi": 1024**5,
+}
+_BYTES_RE = re.compile(r"^\s*([0-9]+)\s*(Ki|Mi|Gi|Ti|Pi)?\s*$")
+
+
+def parse_bytes(value: object) -> int:
+    """``512Mi`` → 536870912; an integer is taken as bytes. Decimal suffixes are refused."""
+    if isinstance(value, bool):
+        raise ValueError("a byte quantity must be an integer or a string like 512Mi")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("a byte quantity cannot be negative")
+        return value
+    if isinstance(value, str):
+        m = _BYTES_RE.match(value)
+        if not m:
+            raise ValueError(
+                f"invalid byte quantity {value!r}: use an integer or a binary suffix "
+                "(Ki, Mi, Gi, Ti, Pi), e.g. 512Mi"
+            )
+        return int(m.group(1)) * _BYTE_SUFFIXES[m.group(2) or ""]
+    raise ValueError("a byte quantity must be an integer or a string like 512Mi")
+
+
+_DURATION_RE = re.compile(r"^(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(?:(\d+)ms)?$")
+
+
+def parse_duration(value: object) -> float:
+    """``1h30m`` → 5400.0 seconds; ``30s``, ``5m``, ``200ms``; an integer is seconds."""
+    if isinstance(value, bool):
+        raise ValueError("a duration must be an integer of seconds or a string like 30s")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("a duration cannot be negative")
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        m = _DURATION_RE.match(text)
+        if text and m and any(m.groups()):
+            h, mi, s, ms = (int(g) if g else 0 for g in m.groups())
+            return h * 3600 + mi * 60 + s + ms / 1000
+        raise ValueError(f"invalid duration {value!r}: use e.g. 30s, 5m, 1h30m, 200ms")
+    raise ValueError("a duration must be an integer of seconds or a string like 30s")
+
+
+_BYTES_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "integer", "minimum": 0},
+        {"type": "string", "pattern": r"^\s*[0-9]+\s*(Ki|Mi|Gi|Ti|Pi)?\s*$"},
+    ],
+    "description": "bytes: an integer or a string with a binary suffix (512Mi, 8Gi)",
+}
+_DURATION_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "integer", "minimum": 0},
+        {"type": "string", "pattern": r"^(\d+h)?(\d+m)?(\d+s)?(\d+ms)?$"},
+    ],
+    "description": "a duration: integer seconds or a string like 30s, 5m, 1h30m",
+}
+
+Bytes = Annotated[int, BeforeValidator(parse_bytes), WithJsonSchema(_BYTES_SCHEMA)]
+Duration = Annotated[float, BeforeValidator(parse_duration), WithJsonSchema(_DURATION_SCHEMA)]
+
+
+def _check_access(value: str) -> str:
+    if not value or any(c not in "rwm" for c in value) or len(set(value)) != len(value):
+        raise ValueError(f"invalid access mode {value!r}: use letters from 'rwm', each once")
+    return value
+
+
+AccessMode = Annotated[
+    str,
+    Strict(),
+    AfterValidator(_check_access),
+    WithJsonSchema({"type": "string", "pattern": "^(?!.*(.).*\\1)[rwm]{1,3}$"}),
+]
+
+
+def instance_id(item_id: str, subject_id: str, index: int) -> str:
+    """SPEC §4: uuid5 in the OID namespace of ``"<itemId>:<subjectId>:<index>"``."""
+    return str(uuid.uuid5(uuid.NAMESPACE_OID, f"{item_id}:{subject_id}:{index}"))

@@ -1,0 +1,242 @@
+"""A YAML reader for untrusted input (SPEC §5).
+
+It never constructs objects from tags and never expands aliases: it walks ruamel.yaml's
+pure-Python *event* stream (no C parser, so deep nesting cannot crash the process) and builds
+plain dicts, lists and scalars itself, with YAML 1.2 core-schema scalars. Every rejection carries
+a 1-based line and column. Alongside the data it returns where each value and key started, so a
+validation error deep in a document can be reported as ``file:line:col``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ruamel.yaml import YAML
+from ruamel.yaml import events as ev
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "MAX_DEPTH",
+    "Parsed",
+    "Path",
+    "YamlRejected",
+    "decode_strict",
+    "parse_yaml",
+]
+
+DEFAULT_MAX_BYTES = 1024 * 1024
+MAX_DEPTH = 64
+
+Path = tuple[str | int, ...]
+
+
+class YamlRejected(Exception):
+    """A file that is not acceptable input; ``line`` and ``col`` are 1-based."""
+
+    def __init__(self, line: int, col: int, message: str) -> None:
+        super().__init__(f"{line}:{col}: {message}")
+        self.line = line
+        self.col = col
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Parsed:
+    data: Any
+    value_pos: dict[Path, tuple[int, int]] = field(default_factory=dict)
+    key_pos: dict[Path, tuple[int, int]] = field(default_factory=dict)
+
+    def position(self, path: Path, *, prefer_key: bool = False) -> tuple[int, int]:
+        """The position of the longest prefix of ``path`` that is known."""
+        for n in range(len(path), -1, -1):
+            prefix = path[:n]
+            if prefer_key and prefix in self.key_pos:
+                return self.key_pos[prefix]
+            if prefix in self.value_pos:
+                return self.value_pos[prefix]
+            if prefix in self.key_pos:
+                return self.key_pos[prefix]
+        return (1, 1)
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def _line_col(text: str, offset: int) -> tuple[int, int]:
+    line = text.count("\n", 0, offset) + 1
+    col = offset - (text.rfind("\n", 0, offset) + 1) + 1
+    return line, col
+
+
+def decode_strict(raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> str:
+    """Size cap, strict UTF-8 (a UTF-8 BOM is dropped), no control characters."""
+    if len(raw) > max_bytes:
+        raise YamlRejected(1, 1, f"file is {len(raw)} bytes, over the limit of {max_bytes} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        good = raw[: e.start].decode("utf-8", "replace")
+        line, col = _line_col(good, len(good))
+        utf16 = raw[:2] in (b"\xff\xfe", b"\xfe\xff")
+        hint = " (a UTF-16 byte-order mark: save the file as UTF-8)" if utf16 else ""
+        raise YamlRejected(line, col, f"not valid UTF-8{hint}") from None
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    m = _CONTROL.search(text)
+    if m:
+        line, col = _line_col(text, m.start())
+        raise YamlRejected(line, col, f"control character {m.group()!r} is not allowed")
+    return text
+
+
+# YAML 1.2 core schema (https://yaml.org/spec/1.2.2/#1032-tag-resolution)
+_NULL = re.compile(r"^(?:~|null|Null|NULL|)$")
+_TRUE = re.compile(r"^(?:true|True|TRUE)$")
+_FALSE = re.compile(r"^(?:false|False|FALSE)$")
+_INT10 = re.compile(r"^[-+]?[0-9]+$")
+_INT8 = re.compile(r"^0o[0-7]+$")
+_INT16 = re.compile(r"^0x[0-9a-fA-F]+$")
+_FLOAT = re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?$")
+_INF = re.compile(r"^[-+]?\.(?:inf|Inf|INF)$")
+_NAN = re.compile(r"^\.(?:nan|NaN|NAN)$")
+
+
+def _resolve_plain(value: str) -> Any:
+    if _NULL.match(value):
+        return None
+    if _TRUE.match(value):
+        return True
+    if _FALSE.match(value):
+        return False
+    if _INT10.match(value):
+        return int(value)
+    if _INT8.match(value):
+        return int(value[2:], 8)
+    if _INT16.match(value):
+        return int(value[2:], 16)
+    if _FLOAT.match(value):
+        return float(value)
+    if _INF.match(value):
+        return -math.inf if value.startswith("-") else math.inf
+    if _NAN.match(value):
+        return math.nan
+    return value
+
+
+def _pos(event: Any) -> tuple[int, int]:
+    mark = event.start_mark
+    return (mark.line + 1, mark.column + 1)
+
+
+class _Container:
+    __slots__ = ("is_map", "key", "key_at", "path", "value")
+
+    def __init__(self, is_map: bool, path: Path) -> None:
+        self.is_map = is_map
+        self.path = path
+        self.value: Any = {} if is_map else []
+        self.key: str | None = None
+        self.key_at: dict[str, tuple[int, int]] = {}
+
+
+def parse_yaml(raw: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Parsed:
+    """Parse one untrusted YAML document; raise :class:`YamlRejected` for anything unsafe."""
+    text = decode_strict(raw, max_bytes)
+    value_pos: dict[Path, tuple[int, int]] = {}
+    key_pos: dict[Path, tuple[int, int]] = {}
+    stack: list[_Container] = []
+    result: Any = None
+    documents = 0
+    have_root = False
+
+    def child_path() -> Path:
+        top = stack[-1]
+        if top.is_map:
+            assert top.key is not None
+            return (*top.path, top.key)
+        return (*top.path, len(top.value))
+
+    def attach(value: Any) -> None:
+        nonlocal result, have_root
+        if not stack:
+            result = value
+            have_root = True
+            return
+        top = stack[-1]
+        if top.is_map:
+            assert top.key is not None
+            top.value[top.key] = value
+            top.key = None
+        else:
+            top.value.append(value)
+
+    def check_node(event: Any) -> None:
+        if getattr(event, "anchor", None) is not None:
+            raise YamlRejected(*_pos(event), "anchors and aliases are not allowed")
+        if getattr(event, "tag", None) is not None:
+            raise YamlRejected(*_pos(event), f"explicit tags are not allowed ({event.tag})")
+
+    try:
+        parser = YAML(typ="rt", pure=True)
+        for event in parser.parse(text):
+            if isinstance(event, ev.DocumentStartEvent):
+                if event.version is not None or event.tags:
+                    raise YamlRejected(*_pos(event), "%YAML and %TAG directives are not allowed")
+                documents += 1
+                if documents > 1:
+                    raise YamlRejected(*_pos(event), "more than one document in the file")
+                continue
+            if isinstance(event, ev.AliasEvent):
+                raise YamlRejected(*_pos(event), "anchors and aliases are not allowed")
+            is_key = bool(stack) and stack[-1].is_map and stack[-1].key is None
+            if isinstance(event, ev.ScalarEvent):
+                check_node(event)
+                if is_key:
+                    top = stack[-1]
+                    key = event.value
+                    if event.style is None and key == "<<":
+                        raise YamlRejected(*_pos(event), "merge keys (<<) are not allowed")
+                    if key in top.key_at:
+                        first = top.key_at[key]
+                        raise YamlRejected(
+                            *_pos(event), f"duplicate key {key!r} (first at line {first[0]})"
+                        )
+                    top.key_at[key] = _pos(event)
+                    top.key = key
+                    key_pos[(*top.path, key)] = _pos(event)
+                    continue
+                path = child_path() if stack else ()
+                value_pos[path] = _pos(event)
+                attach(_resolve_plain(event.value) if event.style is None else event.value)
+            elif isinstance(event, ev.MappingStartEvent | ev.SequenceStartEvent):
+                check_node(event)
+                if is_key:
+                    raise YamlRejected(*_pos(event), "mapping keys must be plain strings")
+                if len(stack) >= MAX_DEPTH:
+                    raise YamlRejected(*_pos(event), f"nesting deeper than {MAX_DEPTH} levels")
+                path = child_path() if stack else ()
+                value_pos[path] = _pos(event)
+                stack.append(_Container(isinstance(event, ev.MappingStartEvent), path))
+            elif isinstance(event, ev.MappingEndEvent | ev.SequenceEndEvent):
+                done = stack.pop()
+                attach(done.value)
+    except YamlRejected:
+        raise
+    except MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
+        problem = e.problem or e.context or "invalid YAML"
+        raise YamlRejected(line, col, f"invalid YAML: {problem}") from None
+    except YAMLError as e:
+        raise YamlRejected(1, 1, f"invalid YAML: {e}") from None
+    except (RecursionError, MemoryError, ValueError, TypeError) as e:
+        raise YamlRejected(1, 1, f"cannot parse: {type(e).__name__}") from None
+    if not have_root or documents == 0:
+        raise YamlRejected(1, 1, "the file holds no document (empty or only comments)")
+    if result is None:
+        raise YamlRejected(1, 1, "the document is empty (null)")
+    return Parsed(result, value_pos, key_pos)

@@ -1,0 +1,168 @@
+"""Loading a state directory: last good versions, isolation, identity rules, the guards."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from reconciler.loader import load_state, mass_deletion_guard
+from reconciler.models import Service
+
+NODE = """apiVersion: reconciler/v1
+kind: Node
+id: {id}
+type: t
+maxDMIPS: 1000
+totalRAM: 1Gi
+"""
+
+SERVICE = """apiVersion: reconciler/v1
+kind: Service
+id: {id}
+version: {version}
+image: {{rootfs: /r}}
+"""
+
+
+def write(root: Path, rel: str, text: str | bytes) -> Path:
+    p = root / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(text, str):
+        text = text.encode()
+    p.write_bytes(text)
+    return p
+
+
+def bump_mtime(p: Path) -> None:
+    st = p.stat()
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+
+
+class TestLastGoodVersion:
+    def test_an_unreadable_object_keeps_its_last_good_version(self, tmp_path: Path) -> None:
+        svc = write(tmp_path, "desired/a.yaml", SERVICE.format(id="a", version="1.0.0"))
+        view, diags = load_state(tmp_path)
+        assert diags == []
+        assert view.services[("a", "default")].version == "1.0.0"
+
+        svc.write_text("apiVersion: reconciler/v1\nkind: Service\nid: a\nversion: [oops\n")
+        bump_mtime(svc)
+        view2, diags2 = load_state(tmp_path, view)
+        assert len(diags2) == 1 and diags2[0].path.endswith("desired/a.yaml")
+        assert view2.services[("a", "default")].version == "1.0.0"  # not deleted
+
+        svc.write_text(SERVICE.format(id="a", version="2.0.0"))
+        bump_mtime(svc)
+        view3, diags3 = load_state(tmp_path, view2)
+        assert diags3 == []
+        assert view3.services[("a", "default")].version == "2.0.0"
+
+    def test_a_first_ever_invalid_file_does_not_exist_yet(self, tmp_path: Path) -> None:
+        write(tmp_path, "desired/a.yaml", "kind: Service\n")
+        view, diags = load_state(tmp_path)
+        assert view.services == {}
+        assert diags and diags[0].severity == "error"
+
+    def test_one_bad_file_does_not_affect_another(self, tmp_path: Path) -> None:
+        write(tmp_path, "desired/good.yaml", SERVICE.format(id="good", version="1.0.0"))
+        write(tmp_path, "desired/bad.yaml", b"\xff\xfe garbage")
+        write(tmp_path, "nodes/n1.yaml", NODE.format(id="n1"))
+        view, diags = load_state(tmp_path)
+        assert set(view.services) == {("good", "default")}
+        assert set(view.nodes) == {"n1"}
+        assert [d.path.endswith("bad.yaml") for d in diags] == [True]
+
+    def test_a_deleted_file_removes_its_object(self, tmp_path: Path) -> None:
+        p = write(tmp_path, "desired/a.yaml", SERVICE.format(id="a", version="1.0.0"))
+        view, _ = load_state(tmp_path)
+        p.unlink()
+        view2, diags = load_state(tmp_path, view)
+        assert view2.services == {} and diags == []
+
+    def test_unchanged_files_are_not_parsed_again(self, tmp_path: Path) -> None:
+        write(tmp_path, "nodes/n1.yaml", NODE.format(id="n1"))
+        view, _ = load_state(tmp_path)
+        view2, _ = load_state(tmp_path, view)
+        assert view2.nodes["n1"] is view.nodes["n1"]
+        assert view2.input_hash == view.input_hash
+
+
+class TestIdentityRules:
+    def test_node_file_name_must_equal_its_id(self, tmp_path: Path) -> None:
+        write(tmp_path, "nodes/n1.yaml", NODE.format(id="n2"))
+        view, diags = load_state(tmp_path)
+        assert view.nodes == {}
+        assert "must equal the file name" in diags[0].message
+
+    def test_path_like_ids_are_rejected(self, tmp_path: Path) -> None:
+        write(tmp_path, "nodes/evil.yaml", NODE.format(id="../../etc"))
+        view, diags = load_state(tmp_path)
+        assert view.nodes == {}
+        assert (diags[0].line, diags[0].col) == (3, 5)
+        assert "../../etc" in diags[0].message
+
+    def test_duplicate_services_keep_the_first_by_path(self, tmp_path: Path) -> None:
+        write(tmp_path, "desired/a.yaml", SERVICE.format(id="s", version="1.0.0"))
+        write(tmp_path, "desired/z/b.yaml", SERVICE.format(id="s", version="2.0.0"))
+        view, diags = load_state(tmp_path)
+        assert view.services[("s", "default")].version == "1.0.0"
+        assert "already defined" in diags[0].message and diags[0].path.endswith("b.yaml")
+
+    def test_symlinks_are_not_followed(self, tmp_path: Path) -> None:
+        outside = write(tmp_path, "outside.yaml", SERVICE.format(id="x", version="1.0.0"))
+        (tmp_path / "desired").mkdir()
+        (tmp_path / "desired" / "link.yaml").symlink_to(outside)
+        view, diags = load_state(tmp_path)
+        assert view.services == {}
+        assert "symlink" in diags[0].message
+
+    def test_wrong_kind_in_a_directory(self, tmp_path: Path) -> None:
+        write(tmp_path, "desired/n.yaml", NODE.format(id="n"))
+        view, diags = load_state(tmp_path)
+        assert view.services == {}
+        assert "expected Service" in diags[0].message
+        assert (diags[0].line, diags[0].col) == (2, 7)
+
+    def test_hidden_and_non_yaml_files_are_ignored(self, tmp_path: Path) -> None:
+        write(tmp_path, "desired/.a.yaml.swp", b"\x00")
+        write(tmp_path, "desired/notes.txt", "hello")
+        view, diags = load_state(tmp_path)
+        assert view.services == {} and diags == []
+
+
+class TestMassDeletionGuard:
+    ACTUAL = """apiVersion: reconciler/v1
+kind: ActualState
+nodeId: n1
+revision: 4
+instances:
+  {iid}:
+    itemId: a
+    subjectId: default
+    index: 0
+    version: 1.0.0
+    runtimeId: runc
+    state: active
+"""
+
+    def _actual(self, root: Path) -> None:
+        from reconciler.values import instance_id
+
+        write(root, "actual/n1.yaml", self.ACTUAL.format(iid=instance_id("a", "default", 0)))
+
+    def test_refuses_when_everything_vanished_while_instances_run(self, tmp_path: Path) -> None:
+        self._actual(tmp_path)
+        write(tmp_path, "desired/a.yaml", "garbage: [")
+        view, _ = load_state(tmp_path)
+        refusal = mass_deletion_guard(view, allow_empty=False)
+        assert refusal is not None and "--allow-empty" in refusal.message
+        assert mass_deletion_guard(view, allow_empty=True) is None
+
+    def test_allows_when_nothing_runs_or_something_is_desired(self, tmp_path: Path) -> None:
+        view, _ = load_state(tmp_path)
+        assert mass_deletion_guard(view, allow_empty=False) is None
+        self._actual(tmp_path)
+        write(tmp_path, "desired/a.yaml", SERVICE.format(id="a", version="1.0.0"))
+        view, _ = load_state(tmp_path)
+        assert isinstance(view.services[("a", "default")], Service)
+        assert mass_deletion_guard(view, allow_empty=False) is None

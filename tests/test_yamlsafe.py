@@ -1,0 +1,74 @@
+"""The untrusted-YAML reader: YAML 1.2 scalars, positions, and every rejection of SPEC §5."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from reconciler.yamlsafe import YamlRejected, parse_yaml
+
+
+class TestScalarsAreYaml12:
+    def test_core_schema(self) -> None:
+        data = parse_yaml(
+            b"a: no\nb: yes\nc: 0755\nd: 0o17\ne: 0x1f\nf: 1.5\ng: true\nh: ~\ni: '12'\nj: .inf\n"
+        ).data
+        assert data == {
+            "a": "no",
+            "b": "yes",
+            "c": 755,
+            "d": 15,
+            "e": 31,
+            "f": 1.5,
+            "g": True,
+            "h": None,
+            "i": "12",
+            "j": math.inf,
+        }
+
+    def test_keys_stay_strings(self) -> None:
+        assert parse_yaml(b"1: a\ntrue: b\n").data == {"1": "a", "true": "b"}
+
+
+class TestPositions:
+    def test_value_and_key_positions_are_one_based(self) -> None:
+        parsed = parse_yaml(b"top:\n  items:\n    - x\n    - {k: v}\n")
+        assert parsed.position(("top", "items", 0)) == (3, 7)
+        assert parsed.position(("top", "items", 1, "k")) == (4, 11)
+        assert parsed.position(("top", "items"), prefer_key=True) == (2, 3)
+        # an unknown path falls back to its longest known prefix
+        assert parsed.position(("top", "items", 1, "missing")) == (4, 7)
+
+
+REJECTIONS = [
+    (b'a: &a ["x","x"]\nb: &b [*a,*a]\n', "anchors", (1, 4)),
+    (b"[" * 50_000 + b"]" * 50_000, "nesting deeper", (1, 65)),
+    (b"a: 1\nb: 2\na: 3\n", "duplicate key 'a'", (3, 1)),
+    (b"%YAML 1.1\n---\nno: 1\n", "directives", (2, 1)),
+    (b"a: !!python/object/apply:os.system [ls]\n", "explicit tags", (1, 4)),
+    (b"base: {x: 1}\nb:\n  <<: {y: 2}\n", "merge keys", (3, 3)),
+    (b"a: 1\n---\nb: 2\n", "more than one document", (2, 1)),
+    (b"", "no document", (1, 1)),
+    (b"# only a comment\n", "no document", (1, 1)),
+    ("a: 1\n".encode("utf-16"), "UTF-8", (1, 1)),
+    (b"a: 1\nb: x\x00y\n", "control character", (2, 5)),
+    (b"a: " + b"x" * (2 * 1024 * 1024), "over the limit", (1, 1)),
+    (b"a: [1, 2\nb: 3\n", "invalid YAML", (2, 2)),
+    (b"? [1]\n: 2\n", "plain strings", (1, 3)),
+    (b"~\n", "empty", (1, 1)),
+]
+
+
+@pytest.mark.parametrize(("raw", "fragment", "where"), REJECTIONS)
+def test_rejections_name_the_problem_and_its_position(
+    raw: bytes, fragment: str, where: tuple[int, int]
+) -> None:
+    with pytest.raises(YamlRejected) as info:
+        parse_yaml(raw)
+    assert fragment in info.value.message
+    assert (info.value.line, info.value.col) == where
+
+
+def test_utf8_bom_is_accepted() -> None:
+    assert parse_yaml(b"\xef\xbb\xbfa: 1\n").data == {"a": 1}
