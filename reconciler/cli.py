@@ -18,7 +18,13 @@ import click
 from rich.console import Console
 
 from . import __version__
+from .balancer import explain as explain_instance
+from .controller import compute, previous_from_actual
 from .loader import Diagnostic, load_state
+from .models import Service
+from .placement import Mode, expand_instances
+from .planner import failure_json
+from .render import render_explanation, render_placements, render_plan
 from .schema import all_schemas
 
 __all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_USAGE", "cli", "main"]
@@ -34,7 +40,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _console() -> Console:
-    return Console(highlight=False, soft_wrap=True)
+    """stdout: colors only on a terminal (rich honors NO_COLOR); wide when piped."""
+    console = Console(highlight=False, soft_wrap=True)
+    if not console.is_terminal:
+        console = Console(highlight=False, soft_wrap=True, width=max(console.width, 240))
+    return console
 
 
 def _err_console() -> Console:
@@ -106,8 +116,7 @@ def validate(state_dir: Path, as_json: bool) -> int:
 
     Exit codes: 0 all files valid (warnings allowed), 1 at least one error.
     """
-    if not state_dir.is_dir():
-        raise click.ClickException(f"state directory {state_dir} does not exist")
+    _require_state(state_dir)
     view, diags = load_state(state_dir)
     errors = [d for d in diags if d.severity == "error"]
     warnings = [d for d in diags if d.severity == "warning"]
@@ -161,6 +170,146 @@ def schema(kind: str | None, state_dir: Path) -> int:
         sys.stdout.write(json.dumps(schemas[kind], indent=2, sort_keys=True) + "\n")
     else:
         _print_json({"schemas": schemas})
+    return EXIT_OK
+
+
+EXIT_PLAN_CHANGES = 2
+EXIT_PLAN_UNPLACEABLE = 3
+
+
+def _require_state(state_dir: Path) -> None:
+    if not state_dir.is_dir():
+        raise click.ClickException(f"state directory {state_dir} does not exist")
+
+
+def _mode_option(f: F) -> F:
+    return click.option(
+        "--mode",
+        type=click.Choice(["stable", "fresh"]),
+        default=None,
+        help="Placement mode; default: unit.yaml's placement (stable when unset).",
+    )(f)
+
+
+def _allow_empty_option(f: F) -> F:
+    return click.option(
+        "--allow-empty",
+        is_flag=True,
+        help="Allow stopping every instance when no valid desired service is left.",
+    )(f)
+
+
+def _report_diagnostics(diags: Sequence[Diagnostic]) -> None:
+    for d in diags:
+        log.warning("%s", d)
+
+
+@cli.command()
+@state_option
+@json_option
+@_mode_option
+@_allow_empty_option
+def plan(state_dir: Path, as_json: bool, mode: str | None, allow_empty: bool) -> int:
+    """Compute and print the plan, read-only.
+
+    Loads the state directory, places every desired instance (keeping previous placements in
+    stable mode), and diffs the placements against actual/ into start and stop actions per
+    node. Nothing is written: not out/, not the checkpoint. Invalid input files are reported on
+    stderr and their objects keep their last good version.
+
+    With --json the output is the plan document of out/plan.json (formatVersion, inputs,
+    changesPresent, complete, actions, failures, nodes with their JSON Patch).
+
+    Exit codes: 0 no changes, 2 changes and every instance placed, 3 some instance
+    unplaceable, 1 error (including the mass-deletion guard's refusal).
+    """
+    _require_state(state_dir)
+    comp = compute(state_dir, mode=_mode(mode), allow_empty=allow_empty)
+    _report_diagnostics(comp.diagnostics)
+    if comp.refused is not None:
+        _err_console().print(f"error: {comp.refused}", markup=False)
+        return EXIT_ERROR
+    if as_json:
+        sys.stdout.write(json.dumps(comp.plan.to_json(), indent=2, sort_keys=True) + "\n")
+    else:
+        console = _console()
+        render_placements(console, comp.result)
+        console.print()
+        render_plan(console, comp.plan)
+    if comp.plan.failures:
+        return EXIT_PLAN_UNPLACEABLE
+    return EXIT_PLAN_CHANGES if comp.plan.changes_present else EXIT_OK
+
+
+def _mode(mode: str | None) -> Mode | None:
+    if mode == "stable":
+        return "stable"
+    if mode == "fresh":
+        return "fresh"
+    return None
+
+
+def _find_instance(services: Sequence[Service], needle: str) -> str | None:
+    for inst in expand_instances(list(services)):
+        if needle in (inst.id, inst.label, f"{inst.item_id}:{inst.index}"):
+            return inst.id
+    return None
+
+
+@cli.command()
+@click.argument("instance")
+@state_option
+@json_option
+@_mode_option
+def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> int:
+    """Explain why INSTANCE is where it is, or why it cannot be placed.
+
+    INSTANCE is an instance id (uuid) or ITEM:SUBJECT:INDEX (ITEM:INDEX for the default
+    subject). Every filter is evaluated on every node against the final placement of everyone
+    else, and the node x filter matrix is printed with the reason of each failing cell.
+
+    Exit codes: 0 explained, 1 unknown instance or error.
+    """
+    _require_state(state_dir)
+    view, diags = load_state(state_dir)
+    _report_diagnostics(diags)
+    services = view.services_sorted()
+    iid = _find_instance(services, instance)
+    if iid is None:
+        raise click.ClickException(f"no desired instance {instance!r}")
+    exp = explain_instance(
+        view.unit,
+        list(view.nodes.values()),
+        services,
+        iid,
+        previous_from_actual(view.actual),
+        _mode(mode),
+    )
+    if as_json:
+        _print_json(
+            {
+                "instanceId": iid,
+                "label": exp.instance.label,
+                "filters": list(exp.filters),
+                "placement": None
+                if exp.placement is None
+                else {"nodeId": exp.placement.node_id, "runtimeId": exp.placement.runtime_id},
+                "failure": None if exp.failure is None else failure_json(exp.failure),
+                "nodes": [
+                    {
+                        "nodeId": node_id,
+                        "droppedBy": dropped,
+                        "filters": {
+                            code: {"pass": why is None, "reason": why}
+                            for code, why in zip(exp.filters, cells, strict=True)
+                        },
+                    }
+                    for node_id, cells, dropped in exp.rows
+                ],
+            }
+        )
+    else:
+        render_explanation(_console(), exp)
     return EXIT_OK
 
 

@@ -82,6 +82,7 @@ class TestCapacity:
     def test_integer_ratio_is_accepted(self) -> None:
         assert Inventory("r", 10, allocation_ratio=16).capacity == 160
 
+    @settings(max_examples=50)
     @given(inventories())
     def test_free_is_capacity_minus_used(self, inv: Inventory) -> None:
         assert inv.free == inv.capacity - inv.used
@@ -135,6 +136,7 @@ class TestCheckRules:
         ):
             inv.consume(300)
 
+    @settings(max_examples=50)
     @given(inventories())
     def test_zero_is_always_a_no_op(self, inv: Inventory) -> None:
         full = inv.with_used(inv.capacity)
@@ -143,6 +145,7 @@ class TestCheckRules:
             assert candidate.consume(0) == candidate
             assert candidate.release(0) == candidate
 
+    @settings(max_examples=50)
     @given(inventories(max_total=200), st.integers(-50, 500))
     def test_check_matches_the_rules(self, inv: Inventory, amount: int) -> None:
         reason = inv.check(amount)
@@ -213,10 +216,10 @@ def amounts_near_the_edges(inv: Inventory) -> st.SearchStrategy[int]:
 
 
 class TestOperationSequences:
-    @settings(max_examples=150)
+    @settings(max_examples=60)
     @given(inventories(max_total=100), st.data())
     def test_used_stays_within_capacity(self, inv: Inventory, data: st.DataObject) -> None:
-        for _ in range(data.draw(st.integers(0, 40), label="length")):
+        for _ in range(data.draw(st.integers(0, 25), label="length")):
             op = data.draw(st.sampled_from(["consume", "release"]))
             amount = data.draw(amounts_near_the_edges(inv))
             before = inv
@@ -240,6 +243,7 @@ class TestOperationSequences:
                     assert 0 <= amount <= before.used
             assert 0 <= inv.used <= inv.capacity
 
+    @settings(max_examples=50)
     @given(inventories(max_total=100), st.data())
     def test_consume_then_release_round_trips(self, inv: Inventory, data: st.DataObject) -> None:
         amount = data.draw(st.integers(0, 200))
