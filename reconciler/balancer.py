@@ -21,7 +21,18 @@ import copy
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .filters import FILTER_CODES, NO_NODES, NODE_FILTERS, RUNTIME_FILTERS
+from sortedcontainers import SortedList
+
+from .filters import (
+    DYNAMIC_NODE_FILTERS,
+    DYNAMIC_RUNTIME_FILTERS,
+    FILTER_CODES,
+    NO_NODES,
+    NODE_FILTERS,
+    RUNTIME_FILTERS,
+    STATIC_NODE_FILTERS,
+    STATIC_RUNTIME_FILTERS,
+)
 from .inventory import Inventory
 from .models import (
     ImagePlatform,
@@ -138,6 +149,10 @@ class NodeSlot:
     pools: dict[str, PoolState]
     placed: dict[str, Reservation] = field(default_factory=dict)
     overloaded: frozenset[str] = frozenset()
+    request_key: tuple[ResourceRatios, bool] = (_DEFAULT_RATIOS, False)
+
+    def __post_init__(self) -> None:
+        self.request_key = (self.ratios, bool(self.overloaded))
 
     def partition_key(self, kind: str) -> str | None:
         return self.partition_of.get(kind)
@@ -240,15 +255,15 @@ class Ask:
     keep_runtime: str | None = None
     keep_devices: dict[str, tuple[str, ...]] = field(default_factory=dict)
     usage: tuple[int, int] | None = None  # measured (cpu, ram) of this instance
-    _cache: dict[tuple[int, int, int, int, bool], Requested] = field(default_factory=dict)
+    _cache: dict[tuple[ResourceRatios, bool], Requested] = field(default_factory=dict)
 
     def requested(self, slot: NodeSlot) -> Requested:
-        r = slot.ratios
-        measured = self.usage if slot.overloaded and self.usage is not None else None
-        key = (r.cpu, r.ram, r.storage, r.state, measured is not None)
+        """SPEC §7.2 on ``slot`` (cached per ratios and overload)."""
+        key = slot.request_key
         got = self._cache.get(key)
         if got is None:
-            got = requested_amounts(self.instance.service, r, measured)
+            measured = self.usage if key[1] else None
+            got = requested_amounts(self.instance.service, slot.ratios, measured)
             self._cache[key] = got
         return got
 
@@ -406,12 +421,18 @@ def _summarize(instance: Instance, n_nodes: int, charges: Iterable[str]) -> Fail
     for code in charges:
         counts[code] = counts.get(code, 0) + 1
     ordered = tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    reason = max(counts, key=FILTER_CODES.index) if counts else NO_NODES
+    return _failure(instance, n_nodes, reason, ordered)
+
+
+def _failure(
+    instance: Instance, n_nodes: int, reason: str, ordered: tuple[tuple[str, int], ...]
+) -> Failure:
+    """A failure with the one-line summary of SPEC §7.7."""
     if ordered:
-        reason = max(counts, key=FILTER_CODES.index)
         detail = ", ".join(f"{n} {code}" for code, n in ordered)
         summary = f"{instance.label}: 0/{n_nodes} nodes feasible: {detail}"
     else:
-        reason = NO_NODES
         summary = f"{instance.label}: 0/0 nodes feasible: the unit has no nodes"
     return Failure(
         instance.id,
@@ -426,8 +447,58 @@ def _summarize(instance: Instance, n_nodes: int, charges: Iterable[str]) -> Fail
     )
 
 
+def _class_key(slot: NodeSlot) -> tuple[object, ...]:
+    """Nodes with equal keys answer every static filter alike (Nomad's computed class)."""
+    node = slot.node
+    return (
+        slot.priority,
+        node.state,
+        node.connected,
+        slot.labels,
+        tuple((rt.runtime.id, rt.runtime.type, rt.runtime.platform) for rt in slot.runtimes),
+        slot.request_key,
+    )
+
+
+def _entry(slot: NodeSlot) -> tuple[int, int, str]:
+    """A node's position in its class index: most free CPU, then RAM, then smallest id."""
+    return (-slot.cpu.free, -slot.ram.free, slot.id)
+
+
+def _static_runtimes(slot: NodeSlot, ask: Ask) -> tuple[int, ...]:
+    """Runtimes passing every static filter (empty when a static node filter fails)."""
+    for nf in STATIC_NODE_FILTERS:
+        if nf.check(slot, ask) is not None:
+            return ()
+    return tuple(
+        i
+        for i, rt in enumerate(slot.runtimes)
+        if all(rf.check(slot, rt, ask) is None for rf in STATIC_RUNTIME_FILTERS)
+    )
+
+
+def _dynamic_runtime(slot: NodeSlot, ask: Ask, runtimes: tuple[int, ...]) -> int | None:
+    """The smallest runtime (by type, id) among ``runtimes`` passing every dynamic filter."""
+    for nf in DYNAMIC_NODE_FILTERS:
+        if nf.check(slot, ask) is not None:
+            return None
+    for i in runtimes:
+        rt = slot.runtimes[i]
+        if all(rf.check(slot, rt, ask) is None for rf in DYNAMIC_RUNTIME_FILTERS):
+            return i
+    return None
+
+
 class _Run:
-    """The working state of one balance call."""
+    """The working state of one balance call.
+
+    Pass 2 does not scan every node for every instance: nodes are grouped in classes of equal
+    static answers, each class keeps its nodes sorted by the choice order of SPEC §7.5, and a
+    service remembers the nodes its dynamic filters refused. Reservations only shrink what is
+    free, so a refused node stays refused until something is released (preemption), which
+    forgets those memories. The result is exactly that of evaluating every node
+    (:meth:`place_by_scan`, kept for tests and explanations).
+    """
 
     def __init__(
         self,
@@ -446,29 +517,113 @@ class _Run:
                 for iid, u in n.usage.instances.items():
                     self.usage[iid] = (u.cpu, u.ram)
         self.where: dict[str, str] = {}  # instance id -> node id
+        class_ids: dict[tuple[object, ...], int] = {}
+        self.class_of: dict[str, int] = {}
+        self.index: list[SortedList] = []
+        self.class_slot: list[NodeSlot] = []  # a representative per class
+        for slot in self.order:
+            key = _class_key(slot)
+            cid = class_ids.get(key)
+            if cid is None:
+                cid = class_ids[key] = len(self.index)
+                self.index.append(SortedList())
+                self.class_slot.append(slot)
+            self.class_of[slot.id] = cid
+            self.index[cid].add(_entry(slot))
+        by_priority: dict[int, list[int]] = {}
+        for cid, rep in enumerate(self.class_slot):
+            by_priority.setdefault(rep.priority, []).append(cid)
+        self.levels = [by_priority[p] for p in sorted(by_priority, reverse=True)]
+        self.static: dict[tuple[tuple[str, str], int], tuple[int, ...]] = {}
+        self.refused: dict[object, set[str]] = {}
+        self.failed: dict[object, tuple[str, tuple[tuple[str, int], ...]]] = {}
 
     def ask(self, instance: Instance) -> Ask:
         return _ask_for(instance, self.usage)
 
+    def reserve(self, slot: NodeSlot, ask: Ask, runtime_index: int) -> None:
+        index = self.index[self.class_of[slot.id]]
+        index.remove(_entry(slot))
+        try:
+            _reserve(slot, ask, runtime_index)
+        finally:
+            index.add(_entry(slot))
+        self.where[ask.instance.id] = slot.id
+
+    def release(self, slot: NodeSlot, iid: str) -> None:
+        index = self.index[self.class_of[slot.id]]
+        index.remove(_entry(slot))
+        _release(slot, iid)
+        index.add(_entry(slot))
+        del self.where[iid]
+        self.refused.clear()  # something became free: forget what was refused
+        self.failed.clear()
+
     def place(self, instance: Instance) -> Failure | None:
-        """Pass 2: the full pipeline over every node; reserve on the best."""
+        """Pass 2: the best feasible node by SPEC §7.5; reserve on it."""
+        ask = self.ask(instance)
+        group: object = (instance.service.key, ask.usage)
+        known = self.failed.get(group)
+        if known is not None:
+            return _failure(instance, len(self.order), *known)
+        found: tuple[tuple[int, int, str], int] | None = None
+        if ask.node_id is not None:
+            slot = self.slots.get(ask.node_id)
+            if slot is not None:
+                verdict = evaluate(slot, ask)
+                if verdict.dropped_by is None:
+                    found = (_entry(slot), verdict.runtimes[0])
+        else:
+            refused = self.refused.setdefault(group, set())
+            for level in self.levels:
+                for cid in level:
+                    skey = (instance.service.key, cid)
+                    runtimes = self.static.get(skey)
+                    if runtimes is None:
+                        runtimes = self.static[skey] = _static_runtimes(self.class_slot[cid], ask)
+                    if not runtimes:
+                        continue
+                    for entry in self.index[cid]:
+                        if found is not None and entry >= found[0]:
+                            break
+                        node_id = entry[2]
+                        if node_id in refused:
+                            continue
+                        ri = _dynamic_runtime(self.slots[node_id], ask, runtimes)
+                        if ri is None:
+                            refused.add(node_id)
+                            continue
+                        found = (entry, ri)
+                        break
+                if found is not None:
+                    break
+        if found is None:
+            failure = self.summarize(instance, ask)
+            self.failed[group] = (failure.reason, failure.counts)
+            return failure
+        self.reserve(self.slots[found[0][2]], ask, found[1])
+        return None
+
+    def place_by_scan(self, instance: Instance) -> Failure | None:
+        """Pass 2 by evaluating every filter on every node (the reference for tests)."""
         ask = self.ask(instance)
         best: tuple[tuple[int, int, int, str], NodeSlot, Verdict] | None = None
-        charges: list[str] = []
         for slot in self.order:
             verdict = evaluate(slot, ask)
             if verdict.dropped_by is not None:
-                charges.append(verdict.dropped_by)
                 continue
             key = _choice_key(slot)
             if best is None or key < best[0]:
                 best = (key, slot, verdict)
         if best is None:
-            return _summarize(instance, len(self.order), charges)
+            return self.summarize(instance, ask)
         _, slot, verdict = best
-        _reserve(slot, ask, _best_runtime(slot, verdict))
-        self.where[instance.id] = slot.id
+        self.reserve(slot, ask, _best_runtime(slot, verdict))
         return None
+
+    def summarize(self, instance: Instance, ask: Ask) -> Failure:
+        charges = [evaluate(slot, ask).dropped_by for slot in self.order]
+        return _summarize(instance, len(self.order), (c for c in charges if c is not None))
 
     def keep(self, instance: Instance, prev: PreviousAllocation) -> bool:
         """Pass 1: keep the previous node, runtime and devices if the filters still pass."""
@@ -484,8 +639,7 @@ class _Run:
         verdict = evaluate(slot, ask)
         if verdict.dropped_by is not None:
             return False
-        _reserve(slot, ask, verdict.runtimes[0])
-        self.where[instance.id] = slot.id
+        self.reserve(slot, ask, verdict.runtimes[0])
         return True
 
     def preempt(self, instance: Instance) -> list[str] | None:
@@ -528,12 +682,10 @@ class _Run:
         _, node_id, victim_ids = best
         slot = self.slots[node_id]
         for iid in victim_ids:
-            _release(slot, iid)
-            del self.where[iid]
+            self.release(slot, iid)
         verdict = evaluate(slot, ask)
         assert verdict.dropped_by is None
-        _reserve(slot, ask, _best_runtime(slot, verdict))
-        self.where[instance.id] = slot.id
+        self.reserve(slot, ask, _best_runtime(slot, verdict))
         return victim_ids
 
     def placement(self, instance: Instance) -> Placement:
@@ -572,8 +724,14 @@ def balance(
     previous: Mapping[str, PreviousAllocation] | None = None,
     mode: Mode | None = None,
     overload: Overload | None = None,
+    *,
+    exhaustive: bool = False,
 ) -> BalanceResult:
-    """Place every desired instance (SPEC §7); see the module docstring for the passes."""
+    """Place every desired instance (SPEC §7); see the module docstring for the passes.
+
+    ``exhaustive`` evaluates every filter on every node for every instance instead of using
+    the class indexes: the same result, slowly (the reference the tests compare against).
+    """
     if mode is None:
         mode = unit.placement if unit is not None else "stable"
     previous = previous or {}
@@ -592,8 +750,9 @@ def balance(
             if prev is not None and pinned and run.keep(inst, prev):
                 continue
             pending.append(inst)
+    place = run.place_by_scan if exhaustive else run.place
     for inst in pending:
-        failure = run.place(inst)
+        failure = place(inst)
         if failure is not None:
             failures[inst.id] = failure
 
@@ -608,7 +767,7 @@ def balance(
             preempted.update(evicted)
             victims.extend(by_id[v] for v in evicted)
         for inst in sorted(victims, key=Instance.order_key):
-            failure = run.place(inst)
+            failure = place(inst)
             if failure is not None:
                 failures[inst.id] = failure
 

@@ -6,6 +6,9 @@ human reason when it does not. Filters never record anything: the pipeline in
 charges per reason code (Nomad's ``scheduler/feasible``, the Kubernetes scheduler's
 "0/N nodes are available").
 
+A filter marked ``static`` depends only on the node's description and the service, never on
+what is reserved; the balancer evaluates static filters once per class of identical nodes.
+
 Node-level filters see the node; runtime-level filters see one (node, runtime) pair, and a node
 survives when at least one of its runtimes survives every runtime-level filter.
 """
@@ -21,10 +24,14 @@ if TYPE_CHECKING:
     from .balancer import Ask, NodeSlot, RuntimeSlot
 
 __all__ = [
+    "DYNAMIC_NODE_FILTERS",
+    "DYNAMIC_RUNTIME_FILTERS",
     "FILTER_CODES",
     "NODE_FILTERS",
     "NO_NODES",
     "RUNTIME_FILTERS",
+    "STATIC_NODE_FILTERS",
+    "STATIC_RUNTIME_FILTERS",
     "NodeFilter",
     "RuntimeFilter",
 ]
@@ -35,12 +42,14 @@ NO_NODES = "NoNodes"
 
 class NodeFilter(Protocol):
     name: ClassVar[str]
+    static: ClassVar[bool]  # depends only on the node's description, never on reservations
 
     def check(self, slot: NodeSlot, ask: Ask) -> str | None: ...
 
 
 class RuntimeFilter(Protocol):
     name: ClassVar[str]
+    static: ClassVar[bool]
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None: ...
 
@@ -50,6 +59,7 @@ class NodeStateFilter:
     """The node is connected and provisioned."""
 
     name: ClassVar[str] = "NodeState"
+    static: ClassVar[bool] = True
 
     def check(self, slot: NodeSlot, ask: Ask) -> str | None:
         node = slot.node
@@ -65,6 +75,7 @@ class NodeIdFilter:
     """The service names a node (``nodeId``) and this is not it."""
 
     name: ClassVar[str] = "NodeId"
+    static: ClassVar[bool] = True
 
     def check(self, slot: NodeSlot, ask: Ask) -> str | None:
         if ask.node_id is not None and ask.node_id != slot.id:
@@ -77,6 +88,7 @@ class LabelsFilter:
     """Every label the service requires is among the node's labels (from unit.yaml)."""
 
     name: ClassVar[str] = "Labels"
+    static: ClassVar[bool] = True
 
     def check(self, slot: NodeSlot, ask: Ask) -> str | None:
         missing = ask.labels - slot.labels
@@ -88,6 +100,7 @@ class ResourcesFilter:
     """Every named host resource exists on the node with a free shared slot."""
 
     name: ClassVar[str] = "Resources"
+    static: ClassVar[bool] = False
 
     def check(self, slot: NodeSlot, ask: Ask) -> str | None:
         shared = REGISTRY["shared-count"]
@@ -106,6 +119,7 @@ class DevicesFilter:
     """Every device request can be served by the node's pool of that resource."""
 
     name: ClassVar[str] = "Devices"
+    static: ClassVar[bool] = False
 
     def check(self, slot: NodeSlot, ask: Ask) -> str | None:
         for req in ask.devices:
@@ -125,6 +139,7 @@ class RuntimeTypeFilter:
     """The runtime's type is one the service accepts."""
 
     name: ClassVar[str] = "RuntimeType"
+    static: ClassVar[bool] = True
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None:
         if ask.keep_runtime is not None and runtime.runtime.id != ask.keep_runtime:
@@ -140,6 +155,7 @@ class PlatformFilter:
     every image osFeature present."""
 
     name: ClassVar[str] = "Platform"
+    static: ClassVar[bool] = True
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None:
         want = ask.platform
@@ -161,6 +177,7 @@ class CpuFilter:
     """The requested DMIPS fit the free CPU of the runtime's pool (or the node's)."""
 
     name: ClassVar[str] = "Cpu"
+    static: ClassVar[bool] = False
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None:
         need = ask.requested(slot).cpu
@@ -173,6 +190,7 @@ class RamFilter:
     """The requested RAM fits the free RAM of the runtime's pool (or the node's)."""
 
     name: ClassVar[str] = "Ram"
+    static: ClassVar[bool] = False
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None:
         need = ask.requested(slot).ram
@@ -185,6 +203,7 @@ class StorageFilter:
     """The requested storage fits the node's partition typed ``storages``."""
 
     name: ClassVar[str] = "Storage"
+    static: ClassVar[bool] = False
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None:
         need = ask.requested(slot).storage
@@ -201,6 +220,7 @@ class StateFilter:
     """The requested state fits the node's partition typed ``states``."""
 
     name: ClassVar[str] = "State"
+    static: ClassVar[bool] = False
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None:
         req = ask.requested(slot)
@@ -220,6 +240,7 @@ class MaxInstancesFilter:
     """The runtime has a free instance slot (maxInstances 0 = unlimited)."""
 
     name: ClassVar[str] = "MaxInstances"
+    static: ClassVar[bool] = False
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None:
         if runtime.slots is None or runtime.slots.can_provide(1):
@@ -243,6 +264,10 @@ RUNTIME_FILTERS: tuple[RuntimeFilter, ...] = (
     StateFilter(),
     MaxInstancesFilter(),
 )
+STATIC_NODE_FILTERS = tuple(f for f in NODE_FILTERS if f.static)
+DYNAMIC_NODE_FILTERS = tuple(f for f in NODE_FILTERS if not f.static)
+STATIC_RUNTIME_FILTERS = tuple(f for f in RUNTIME_FILTERS if f.static)
+DYNAMIC_RUNTIME_FILTERS = tuple(f for f in RUNTIME_FILTERS if not f.static)
 FILTER_CODES: tuple[str, ...] = tuple(f.name for f in NODE_FILTERS) + tuple(
     f.name for f in RUNTIME_FILTERS
 )

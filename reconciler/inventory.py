@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Final
 
@@ -107,6 +107,7 @@ class Inventory:
     max_unit: int | None = None
     step_size: int = 1
     used: int = 0
+    _capacity: int = field(init=False, repr=False, compare=False, hash=False, default=0)
 
     def __post_init__(self) -> None:
         def bad(what: str) -> InvalidInventoryError:
@@ -137,25 +138,54 @@ class Inventory:
             raise bad(f"step_size must be >= 1, got {self.step_size}")
         if self.used < 0:
             raise bad(f"used must be >= 0, got {self.used}")
+        capacity = (self.total - self.reserved) * Fraction(str(ratio)) if ratio != 1 else None
+        object.__setattr__(
+            self,
+            "_capacity",
+            self.total - self.reserved if capacity is None else math.floor(capacity),
+        )
+
+    def _derive(self, used: int) -> Inventory:
+        """A copy with another ``used``, skipping the validation the original passed."""
+        new = object.__new__(Inventory)
+        _set = object.__setattr__
+        _set(new, "resource_class", self.resource_class)
+        _set(new, "total", self.total)
+        _set(new, "reserved", self.reserved)
+        _set(new, "allocation_ratio", self.allocation_ratio)
+        _set(new, "min_unit", self.min_unit)
+        _set(new, "max_unit", self.max_unit)
+        _set(new, "step_size", self.step_size)
+        _set(new, "_capacity", self._capacity)
+        _set(new, "used", used)
+        return new
 
     # -- derived quantities -------------------------------------------------------------------
 
     @property
     def capacity(self) -> int:
         """``floor((total - reserved) * allocation_ratio)``, in exact arithmetic."""
-        return math.floor((self.total - self.reserved) * Fraction(str(self.allocation_ratio)))
+        return self._capacity
 
     @property
     def free(self) -> int:
         """``capacity - used`` (negative only if ``used`` was set above capacity)."""
-        return self.capacity - self.used
+        return self._capacity - self.used
 
     # -- queries ------------------------------------------------------------------------------
 
     def check(self, amount: int) -> str | None:
         """``None`` if ``amount`` can be consumed now, else the reason code of the first rule
         it breaks (see :data:`REASONS`)."""
-        amount = _require_amount(amount)
+        if type(amount) is not int:
+            amount = _require_amount(amount)
+        if (
+            0 < amount <= self._capacity - self.used
+            and self.step_size == 1
+            and amount >= self.min_unit
+            and (self.max_unit is None or amount <= self.max_unit)
+        ):
+            return None  # the common case, decided in one pass
         if amount < 0:
             return NEGATIVE_AMOUNT
         if amount == 0:
@@ -181,7 +211,7 @@ class Inventory:
         :class:`InvalidAmountError` (with ``.reason``) if :meth:`check` refuses."""
         reason = self.check(amount)
         if reason is None:
-            return self if amount == 0 else dataclasses.replace(self, used=self.used + amount)
+            return self if amount == 0 else self._derive(self.used + amount)
         detail = {
             NEGATIVE_AMOUNT: "negative amount",
             BELOW_MIN_UNIT: f"below min_unit {self.min_unit}",
@@ -208,8 +238,11 @@ class Inventory:
                 f"{self.resource_class}: cannot release {amount} (only {self.used} used)",
                 RELEASE_BELOW_ZERO,
             )
-        return self if amount == 0 else dataclasses.replace(self, used=self.used - amount)
+        return self if amount == 0 else self._derive(self.used - amount)
 
     def with_used(self, used: int) -> Inventory:
         """A copy with ``used`` set outright (validated like a construction)."""
         return dataclasses.replace(self, used=used)
+
+
+_FIELDS = tuple(f for f in Inventory.__dataclass_fields__ if f != "used")

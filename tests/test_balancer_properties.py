@@ -1,0 +1,458 @@
+"""Property tests of the balancer (SPEC §6, §7) over random small units.
+
+The invariants are computed independently of the balancer, from the placements it returns and the
+documents it was given: capacities (no usage is generated, so a node's CPU and RAM capacity is its
+maxDMIPS and totalRAM), shared-resource slots, device ids and memory, §7.2 requested amounts,
+filters every placement must have passed, and the shape of results and failures.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.strategies import DrawFn
+
+from reconciler.balancer import balance
+from reconciler.filters import FILTER_CODES
+from reconciler.models import Node, Service, UnitConfig
+from reconciler.placement import BalanceResult, Mode, PreviousAllocation
+from reconciler.values import instance_id
+from tests.builders import previous_of
+
+Mi = 1024**2
+Gi = 1024**3
+
+SETTINGS = settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+RUNTIME_TYPES = ("runc", "crun", "runx")
+ARCHES = ("x86_64", "arm64")
+LABELS = ("l1", "l2")
+RESOURCES = ("res1", "res2", "res3")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    unit: UnitConfig
+    node_docs: tuple[dict[str, Any], ...]
+    services: tuple[Service, ...]
+
+    def nodes(self) -> list[Node]:
+        return [Node.model_validate(d) for d in self.node_docs]
+
+
+# ---------------------------------------------------------------- strategies
+
+
+def _subset(draw: DrawFn, items: tuple[str, ...]) -> list[str]:
+    return [x for x in items if draw(st.booleans())]
+
+
+@st.composite
+def node_docs(draw: DrawFn, node_id: str) -> dict[str, Any]:
+    runtime_ids = draw(
+        st.lists(st.sampled_from(("r1", "r2", "r3")), min_size=1, max_size=2, unique=True)
+    )
+    runtimes = [
+        {
+            "id": rid,
+            "type": draw(st.sampled_from(("runc", "runc", *RUNTIME_TYPES))),
+            "platform": {"architecture": draw(st.sampled_from(ARCHES)), "os": "linux"},
+            "maxInstances": draw(st.integers(0, 3)),
+        }
+        for rid in runtime_ids
+    ]
+    size = st.sampled_from((0, 512, 1024, 2048, 2048)).map(lambda m: m * Mi)
+    layout = draw(st.sampled_from(("none", "both", "both", "storages", "states", "separate")))
+    partitions: list[dict[str, Any]] = []
+    if layout == "both":
+        partitions.append({"name": "p", "types": ["storages", "states"], "totalSize": draw(size)})
+    if layout in ("storages", "separate"):
+        partitions.append({"name": "ps", "types": ["storages"], "totalSize": draw(size)})
+    if layout in ("states", "separate"):
+        partitions.append({"name": "pt", "types": ["states"], "totalSize": draw(size)})
+    pools: list[dict[str, Any]] = []
+    if draw(st.booleans()):
+        n = draw(st.integers(0, 5))
+        pools.append(
+            {
+                "resource": "gpu",
+                "policy": "exclusive",
+                "devices": [
+                    {"id": f"d{i}", "healthy": draw(st.sampled_from((True, True, False)))}
+                    for i in range(n)
+                ],
+            }
+        )
+    if draw(st.booleans()):
+        n = draw(st.integers(1, 3))
+        pools.append(
+            {
+                "resource": "example.com/vgpu",
+                "policy": "fractional",
+                "devices": [
+                    {
+                        "id": f"v{i}",
+                        "healthy": draw(st.sampled_from((True, True, False))),
+                        "memory": draw(st.sampled_from((1, 2, 4))) * Gi,
+                    }
+                    for i in range(n)
+                ],
+            }
+        )
+    doc: dict[str, Any] = {
+        "apiVersion": "reconciler/v1",
+        "kind": "Node",
+        "id": node_id,
+        "type": "edge",
+        "state": draw(st.sampled_from(("provisioned",) * 5 + ("paused",))),
+        "connected": draw(st.sampled_from((True,) * 5 + (False,))),
+        "maxDMIPS": draw(st.integers(0, 2000)),
+        "totalRAM": draw(st.integers(0, 4)) * 512 * Mi,
+        "runtimes": runtimes,
+        "partitions": partitions,
+        "devicePools": pools,
+    }
+    if draw(st.integers(0, 2)):
+        doc["resources"] = [
+            {"name": name, "sharedCount": draw(st.integers(0, 3))}
+            for name in RESOURCES
+            if draw(st.integers(0, 2))
+        ]
+    return doc
+
+
+@st.composite
+def unit_configs(draw: DrawFn, node_ids: list[str]) -> UnitConfig:
+    entries: list[dict[str, Any]] = []
+    for nid in node_ids:
+        if not draw(st.integers(0, 4)):
+            continue  # no entry: priority 0, no labels, default ratios
+        entry: dict[str, Any] = {
+            "nodeType": "edge",
+            "nodeId": nid,
+            "priority": draw(st.sampled_from((0, 10, 20))),
+            "labels": _subset(draw, LABELS),
+        }
+        if draw(st.booleans()):
+            entry["resourceRatios"] = {
+                k: draw(st.integers(0, 100)) for k in ("cpu", "ram", "storage", "state")
+            }
+        entries.append(entry)
+    return UnitConfig.model_validate(
+        {"apiVersion": "reconciler/v1", "kind": "UnitConfig", "version": "1.0.0", "nodes": entries}
+    )
+
+
+@st.composite
+def services(draw: DrawFn, item_id: str, node_ids: list[str]) -> Service:
+    def sometimes(one_in: int) -> bool:
+        return draw(st.integers(0, one_in - 1)) == 0
+
+    def amount(one_in: int, strategy: st.SearchStrategy[int]) -> int | None:
+        return draw(strategy) if sometimes(one_in) else None
+
+    mib128 = st.integers(0, 6).map(lambda m: m * 128 * Mi)
+    pos_mib128 = st.integers(1, 6).map(lambda m: m * 128 * Mi)
+    requested = {
+        "cpu": amount(2, st.integers(0, 600)),
+        "ram": amount(2, mib128),
+        "storage": amount(4, mib128),
+        "state": amount(5, mib128),
+    }
+    quotas = {
+        "cpuDMIPSLimit": amount(3, st.integers(1, 800)),
+        "ramLimit": amount(3, pos_mib128),
+        "storageLimit": amount(5, pos_mib128),
+        "stateLimit": amount(5, pos_mib128),
+    }
+    devices: list[dict[str, Any]] = []
+    if sometimes(5):
+        devices.append({"resource": "gpu", "count": draw(st.integers(1, 3))})
+    if sometimes(5):
+        memory = draw(st.sampled_from((512 * Mi, Gi, 2 * Gi)))
+        devices.append({"resource": "example.com/vgpu", "memory": memory})
+    doc: dict[str, Any] = {
+        "apiVersion": "reconciler/v1",
+        "kind": "Service",
+        "id": item_id,
+        "version": "1.0.0",
+        "priority": draw(st.sampled_from((0, 1, 2))),
+        "instances": draw(st.integers(0, 4)),
+        "labels": [x for x in LABELS if sometimes(6)],
+        "image": {"rootfs": "/r"},
+        "requestedResources": {k: v for k, v in requested.items() if v is not None},
+        "quotas": {k: v for k, v in quotas.items() if v is not None},
+        "skipResourceLimits": sometimes(8),
+        "resources": [{"name": r} for r in RESOURCES if sometimes(6)],
+        "devices": devices,
+    }
+    if sometimes(3):
+        doc["runtimes"] = draw(st.lists(st.sampled_from(RUNTIME_TYPES), min_size=1, unique=True))
+    if sometimes(3):
+        doc["image"]["platform"] = {"architecture": draw(st.sampled_from(ARCHES))}
+    if sometimes(6):
+        doc["nodeId"] = draw(st.sampled_from(node_ids))
+    return Service.model_validate(doc)
+
+
+@st.composite
+def scenarios(draw: DrawFn) -> Scenario:
+    node_ids = [f"n{i}" for i in range(draw(st.integers(2, 6)))]
+    docs = tuple(draw(node_docs(nid)) for nid in node_ids)
+    unit = draw(unit_configs(node_ids))
+    n_services = draw(st.integers(1, 6))
+    svcs = tuple(draw(services(f"s{i}", node_ids)) for i in range(n_services))
+    return Scenario(unit, docs, svcs)
+
+
+# ---------------------------------------------------------------- independent checks
+
+
+def _round_half_up(quota: int, ratio: int) -> int:
+    return (2 * quota * ratio + 100) // 200
+
+
+def expected_amount(service: Service, what: str, ratio: int) -> int:
+    """SPEC §7.2 for one of cpu, ram, storage, state."""
+    if service.skipResourceLimits:
+        return 0
+    quota_field = {
+        "cpu": "cpuDMIPSLimit",
+        "ram": "ramLimit",
+        "storage": "storageLimit",
+        "state": "stateLimit",
+    }[what]
+    requested: int | None = getattr(service.requestedResources, what)
+    quota: int | None = getattr(service.quotas, quota_field)
+    if requested is not None:
+        return min(requested, quota) if quota is not None else requested
+    if quota is not None:
+        return _round_half_up(quota, ratio)
+    return 0
+
+
+def order_key(priority: int, item: str, subject: str, index: int) -> tuple[int, str, str, int]:
+    return (-priority, item, subject, index)
+
+
+def check_result(
+    unit: UnitConfig,
+    nodes: list[Node],
+    services: tuple[Service, ...] | list[Service],
+    result: BalanceResult,
+    mode: Mode,
+) -> None:
+    by_node = {n.id: n for n in nodes}
+    by_item = {s.key: s for s in services}
+    desired = {iid for s in services for iid in s.instance_ids()}
+
+    # (f) every desired instance is placed or failed, exactly once, in instance order.
+    placed = [p.instance_id for p in result.placements]
+    failed = [f.instance_id for f in result.failures]
+    assert len(placed) == len(set(placed))
+    assert len(failed) == len(set(failed))
+    assert not set(placed) & set(failed)
+    assert set(placed) | set(failed) == desired
+    for seq in (result.placements, result.failures):
+        keys = [order_key(x.priority, x.item_id, x.subject_id, x.index) for x in seq]
+        assert keys == sorted(keys)
+    assert result.preempted <= desired
+    if mode == "fresh":
+        assert result.preempted == frozenset()
+    assert set(result.by_id) == set(placed)
+
+    cpu: Counter[str] = Counter()
+    ram: Counter[str] = Counter()
+    storage: Counter[str] = Counter()
+    state: Counter[str] = Counter()
+    per_runtime: Counter[tuple[str, str]] = Counter()
+    resource_users: Counter[tuple[str, str]] = Counter()
+    exclusive_ids: dict[str, list[str]] = defaultdict(list)
+    fractional_memory: Counter[tuple[str, str]] = Counter()
+
+    for p in result.placements:
+        svc = by_item[(p.item_id, p.subject_id)]
+        assert p.instance_id == instance_id(p.item_id, p.subject_id, p.index)
+        assert (p.priority, p.version) == (svc.priority, svc.version)
+        node = by_node[p.node_id]
+        cfg = unit.config_for(node.id, node.type)
+        # The filters every placement must pass (SPEC §7.4).
+        assert node.connected and node.state == "provisioned"
+        assert svc.nodeId is None or svc.nodeId == node.id
+        assert set(svc.labels) <= set(cfg.labels if cfg else ())
+        rt = {r.id: r for r in node.runtimes}[p.runtime_id]
+        assert rt.type in svc.runtimes
+        if svc.image.platform is not None:
+            assert svc.image.platform.architecture == rt.platform.architecture
+        # Requested amounts (SPEC §7.2), with the node's ratios.
+        ratios = cfg.resourceRatios if cfg else None
+        for what in ("cpu", "ram", "storage", "state"):
+            ratio = getattr(ratios, what) if ratios else 50
+            assert getattr(p.requested, what) == expected_amount(svc, what, ratio), what
+        cpu[node.id] += p.requested.cpu
+        ram[node.id] += p.requested.ram
+        storage[node.id] += p.requested.storage
+        state[node.id] += p.requested.state
+        per_runtime[(node.id, rt.id)] += 1
+        # Named resources (SPEC §6.2).
+        assert p.resources == tuple(r.name for r in svc.resources)
+        for name in p.resources:
+            resource_users[(node.id, name)] += 1
+        # Devices (SPEC §6.3).
+        assert p.unhealthy_devices == ()  # health never changes between runs here
+        given_devices = dict(p.devices)
+        assert sorted(given_devices) == sorted(d.resource for d in svc.devices)
+        pools = {pool.resource: pool for pool in node.devicePools}
+        for req in svc.devices:
+            ids = given_devices[req.resource]
+            pool = pools[req.resource]
+            devs = {d.id: d for d in pool.devices}
+            assert all(devs[i].healthy for i in ids)
+            if pool.policy == "exclusive":
+                assert req.count is not None
+                assert len(ids) == req.count == len(set(ids))
+                assert list(ids) == sorted(ids)
+                exclusive_ids[node.id].extend(ids)
+            else:
+                assert req.memory is not None
+                assert len(ids) == 1
+                fractional_memory[(node.id, ids[0])] += req.memory
+
+    # (a) capacity: nothing reserved beyond what the node has.
+    for node in nodes:
+        assert cpu[node.id] <= node.maxDMIPS
+        assert ram[node.id] <= node.totalRAM
+        typed = {
+            t: next((p for p in node.partitions if t in p.types), None)
+            for t in ("storages", "states")
+        }
+        st_part, sa_part = typed["storages"], typed["states"]
+        if st_part is not None and st_part is sa_part:
+            assert storage[node.id] + state[node.id] <= st_part.totalSize
+        else:
+            assert storage[node.id] <= (st_part.totalSize if st_part else 0)
+            assert state[node.id] <= (sa_part.totalSize if sa_part else 0)
+        for rt in node.runtimes:
+            if rt.maxInstances:
+                assert per_runtime[(node.id, rt.id)] <= rt.maxInstances
+        # (b) shared resources: at most sharedCount users (0 = unlimited).
+        shared = {r.name: r.sharedCount for r in node.host_resources}
+        for (nid, name), users in resource_users.items():
+            if nid == node.id:
+                assert name in shared
+                assert shared[name] == 0 or users <= shared[name]
+        # (c) devices: exclusive ids once per node, fractional memory within the device.
+        held = exclusive_ids[node.id]
+        assert len(held) == len(set(held))
+        for pool in node.devicePools:
+            for dev in pool.devices:
+                if pool.policy == "fractional":
+                    assert dev.memory is not None
+                    assert fractional_memory[(node.id, dev.id)] <= dev.memory
+
+    # Failures (SPEC §7.7).
+    for f in result.failures:
+        svc = by_item[(f.item_id, f.subject_id)]
+        assert (f.priority, f.version) == (svc.priority, svc.version)
+        assert f.instance_id == instance_id(f.item_id, f.subject_id, f.index)
+        assert f.reason in FILTER_CODES
+        assert all(code in FILTER_CODES for code, _ in f.counts)
+        assert f.reason in {code for code, _ in f.counts}
+        assert sum(n for _, n in f.counts) == len(nodes)
+        assert list(f.counts) == sorted(f.counts, key=lambda c: (-c[1], c[0]))
+        detail = ", ".join(f"{n} {code}" for code, n in f.counts)
+        label = f"{f.item_id}:{f.subject_id}:{f.index}"
+        assert f.summary == f"{label}: 0/{len(nodes)} nodes feasible: {detail}"
+
+
+def permuted_nodes(data: st.DataObject, docs: tuple[dict[str, Any], ...]) -> list[Node]:
+    """The node list in another order, each node's runtimes in another order."""
+    out: list[Node] = []
+    for doc in data.draw(st.permutations(docs), label="node order"):
+        copy = dict(doc)
+        copy["runtimes"] = data.draw(st.permutations(doc["runtimes"]), label="runtime order")
+        out.append(Node.model_validate(copy))
+    return out
+
+
+def shuffled_previous(
+    data: st.DataObject, previous: dict[str, PreviousAllocation]
+) -> dict[str, PreviousAllocation]:
+    items = data.draw(st.permutations(list(previous.items())), label="previous order")
+    return dict(items)
+
+
+# ---------------------------------------------------------------- properties
+
+
+@SETTINGS
+@given(scenario=scenarios())
+def test_fresh_invariants_and_determinism(scenario: Scenario) -> None:
+    nodes = scenario.nodes()
+    result = balance(scenario.unit, nodes, scenario.services, mode="fresh")
+    check_result(scenario.unit, nodes, scenario.services, result, "fresh")
+    # (d) the same inputs give an identical result.
+    again = balance(scenario.unit, scenario.nodes(), scenario.services, mode="fresh")
+    assert again == result
+    assert repr(again.placements) == repr(result.placements)
+    assert repr(again.failures) == repr(result.failures)
+
+
+@SETTINGS
+@given(scenario=scenarios(), data=st.data())
+def test_fresh_is_order_independent(scenario: Scenario, data: st.DataObject) -> None:
+    nodes = scenario.nodes()
+    result = balance(scenario.unit, nodes, scenario.services, mode="fresh")
+    # (e) node list, service list and each node's runtime list in another order.
+    other_nodes = permuted_nodes(data, scenario.node_docs)
+    svcs = data.draw(st.permutations(scenario.services), label="service order")
+    other = balance(scenario.unit, other_nodes, svcs, mode="fresh")
+    assert other == result
+
+
+@SETTINGS
+@given(scenario=scenarios(), data=st.data())
+def test_stable_invariants(scenario: Scenario, data: st.DataObject) -> None:
+    nodes = scenario.nodes()
+    dropped = data.draw(st.integers(0, len(scenario.services) - 1), label="dropped")
+    fewer = tuple(s for i, s in enumerate(scenario.services) if i != dropped)
+    removing = data.draw(st.booleans(), label="removing")
+    first_services, second_services = (
+        (scenario.services, fewer) if removing else (fewer, scenario.services)
+    )
+    first = balance(scenario.unit, nodes, first_services, mode="fresh")
+    check_result(scenario.unit, nodes, first_services, first, "fresh")
+    previous = previous_of(first)
+    second = balance(scenario.unit, nodes, second_services, previous=previous, mode="stable")
+    check_result(scenario.unit, nodes, second_services, second, "stable")
+
+    # Stable mode: every earlier instance still desired keeps node, runtime and devices unless a
+    # higher-priority instance preempted it (SPEC §7.6). Its node had room for it alongside a
+    # superset of what is kept there now, so pass 1 must keep it.
+    desired = {iid for s in second_services for iid in s.instance_ids()}
+    for p in first.placements:
+        if p.instance_id in desired and p.instance_id not in second.preempted:
+            now = second.by_id.get(p.instance_id)
+            assert now is not None, p.label
+            assert (now.node_id, now.runtime_id, now.devices) == (
+                p.node_id,
+                p.runtime_id,
+                p.devices,
+            ), p.label
+
+    # (d) deterministic, and (e) independent of input order, previous-mapping order included.
+    again = balance(scenario.unit, nodes, second_services, previous=previous, mode="stable")
+    assert again == second
+    other_nodes = permuted_nodes(data, scenario.node_docs)
+    svcs = data.draw(st.permutations(second_services), label="service order")
+    prev = shuffled_previous(data, previous)
+    other = balance(scenario.unit, other_nodes, svcs, previous=prev, mode="stable")
+    assert other == second
