@@ -1,6 +1,6 @@
 """Balancer throughput: placements per second in fresh and stable mode.
 
-    .venv/bin/python -m benchmarks.balancer [--nodes 5000] [--instances 20000]
+.venv/bin/python -m benchmarks.balancer [--nodes 5000] [--instances 20000]
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     unit, nodes, services = synth_unit(args.nodes, args.instances, args.seed)
-    print(f"machine: {platform.machine()} {platform.processor() or ''} python {platform.python_version()}")
+    print(
+        f"machine: {platform.machine()} {platform.processor() or ''} python {platform.python_version()}"
+    )
     print(f"unit: {len(nodes)} nodes, {len(services)} services, {args.instances} instances")
 
     t0 = time.perf_counter()

@@ -65,6 +65,7 @@ __all__ = [
     "RuntimeSlot",
     "balance",
     "explain",
+    "node_states",
     "requested_amounts",
 ]
 
@@ -779,6 +780,39 @@ def balance(
 # ----------------------------------------------------------------------------- explain
 
 
+def _replay(
+    unit: UnitConfig | None,
+    nodes: Sequence[Node],
+    services: Sequence[Service],
+    result: BalanceResult,
+    overload: Overload | None,
+    skip: str | None = None,
+) -> _Run:
+    """Node states with every placement of ``result`` (but ``skip``) reserved again."""
+    instances = {i.id: i for i in expand_instances(sorted(services, key=lambda s: s.key))}
+    run = _Run(unit, nodes, overload or {})
+    for p in result.placements:
+        if p.instance_id == skip or p.instance_id not in instances:
+            continue
+        ask = run.ask(instances[p.instance_id])
+        ask.keep_devices = p.device_map()
+        slot = run.slots[p.node_id]
+        idx = next(i for i, r in enumerate(slot.runtimes) if r.runtime.id == p.runtime_id)
+        run.reserve(slot, ask, idx)
+    return run
+
+
+def node_states(
+    unit: UnitConfig | None,
+    nodes: Sequence[Node],
+    services: Sequence[Service],
+    result: BalanceResult,
+    overload: Overload | None = None,
+) -> dict[str, NodeSlot]:
+    """Every node's inventories with the result's placements reserved (for status)."""
+    return _replay(unit, nodes, services, result, overload).slots
+
+
 @dataclass(frozen=True)
 class Explanation:
     """The node-by-filter matrix for one instance (``reconciler explain``)."""
@@ -806,15 +840,7 @@ def explain(
     result = balance(unit, nodes, services, previous, mode, overload)
     instances = {i.id: i for i in expand_instances(sorted(services, key=lambda s: s.key))}
     instance = instances[instance_id]
-    run = _Run(unit, nodes, overload or {})
-    for p in result.placements:
-        if p.instance_id == instance_id:
-            continue
-        ask = run.ask(instances[p.instance_id])
-        ask.keep_devices = p.device_map()
-        slot = run.slots[p.node_id]
-        idx = next(i for i, r in enumerate(slot.runtimes) if r.runtime.id == p.runtime_id)
-        _reserve(slot, ask, idx)
+    run = _replay(unit, nodes, services, result, overload, skip=instance_id)
     ask = run.ask(instance)
     rows = []
     for slot in run.order:

@@ -19,12 +19,15 @@ from rich.console import Console
 
 from . import __version__
 from .balancer import explain as explain_instance
-from .controller import compute, previous_from_actual
+from .checkpoint import load_checkpoint
 from .loader import Diagnostic, load_state
+from .lock import LockTimeout, StateLock
 from .models import Service
+from .oci_glue import default_instance_outputs
 from .placement import Mode, expand_instances
-from .planner import failure_json
-from .render import render_explanation, render_placements, render_plan
+from .planner import Plan, failure_json
+from .reconcile import Computed, ReconcileError, ReconcileOptions, compute_once, reconcile
+from .render import render_explanation, render_placements, render_plan, render_status
 from .schema import all_schemas
 
 __all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_USAGE", "cli", "main"]
@@ -175,6 +178,7 @@ def schema(kind: str | None, state_dir: Path) -> int:
 
 EXIT_PLAN_CHANGES = 2
 EXIT_PLAN_UNPLACEABLE = 3
+EXIT_STALE = 4
 
 
 def _require_state(state_dir: Path) -> None:
@@ -224,21 +228,204 @@ def plan(state_dir: Path, as_json: bool, mode: str | None, allow_empty: bool) ->
     unplaceable, 1 error (including the mass-deletion guard's refusal).
     """
     _require_state(state_dir)
-    comp = compute(state_dir, mode=_mode(mode), allow_empty=allow_empty)
-    _report_diagnostics(comp.diagnostics)
-    if comp.refused is not None:
-        _err_console().print(f"error: {comp.refused}", markup=False)
+    opts = ReconcileOptions(mode=_mode(mode), allow_empty=allow_empty)
+    try:
+        comp = compute_once(state_dir, opts, read_only=True)
+    except ReconcileError as e:
+        _err_console().print(f"error: {e}", markup=False)
         return EXIT_ERROR
+    _report_diagnostics(comp.diagnostics)
+    for problem in comp.loaded.problems:
+        log.error("checkpoint: %s", problem)
     if as_json:
-        sys.stdout.write(json.dumps(comp.plan.to_json(), indent=2, sort_keys=True) + "\n")
+        doc = comp.plan.to_json()
+        doc["inputs"]["mode"] = _effective_mode(comp, opts)
+        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     else:
         console = _console()
         render_placements(console, comp.result)
         console.print()
         render_plan(console, comp.plan)
-    if comp.plan.failures:
+    return _plan_exit(comp.plan)
+
+
+def _plan_exit(p: Plan) -> int:
+    if p.failures:
         return EXIT_PLAN_UNPLACEABLE
-    return EXIT_PLAN_CHANGES if comp.plan.changes_present else EXIT_OK
+    return EXIT_PLAN_CHANGES if p.changes_present else EXIT_OK
+
+
+def _effective_mode(comp: Computed, opts: ReconcileOptions) -> str:
+    return opts.mode or (comp.view.unit.placement if comp.view.unit else "stable")
+
+
+def _run_reconcile(state_dir: Path, opts: ReconcileOptions, as_json: bool) -> int:
+    try:
+        report = reconcile(state_dir, opts)
+    except ReconcileError as e:
+        _err_console().print(f"error: {e}", markup=False)
+        return EXIT_ERROR
+    except LockTimeout as e:
+        _err_console().print(f"error: {e}", markup=False)
+        return EXIT_ERROR
+    comp = report.computed
+    _report_diagnostics(comp.diagnostics)
+    p = report.plan
+    if as_json:
+        _print_json(
+            {
+                "passes": report.passes,
+                "changesPresent": p.changes_present,
+                "complete": p.complete,
+                "written": list(report.written),
+                "checkpointWritten": report.checkpoint_written,
+                "checkpointGeneration": comp.checkpoint.generation,
+                "actions": [a.to_json() for a in p.actions],
+                "failures": [failure_json(f) for f in p.failures],
+                "instanceErrors": list(report.instance_errors),
+                "invalidInputs": [d.to_json() for d in comp.diagnostics],
+            }
+        )
+    else:
+        console = _console()
+        render_plan(console, p)
+        for err in report.instance_errors:
+            console.print(f"[red]instance error:[/red] {err}", markup=True)
+        console.print(
+            f"Wrote {len(report.written)} file(s)"
+            + (
+                f", checkpoint generation {comp.checkpoint.generation}"
+                if report.checkpoint_written
+                else ""
+            )
+            + f" in {report.passes} pass(es)."
+        )
+    return EXIT_OK
+
+
+@cli.command(name="reconcile")
+@state_option
+@json_option
+@_mode_option
+@_allow_empty_option
+@click.option(
+    "--lock-timeout",
+    type=float,
+    default=None,
+    help="Give up after waiting this many seconds for another writer (default: wait).",
+)
+def reconcile_cmd(
+    state_dir: Path, as_json: bool, mode: str | None, allow_empty: bool, lock_timeout: float | None
+) -> int:
+    """Compute the plan and write out/ and the checkpoint.
+
+    Under the exclusive lock on DIR/.lock: loads every input, recovers the allocation
+    checkpoint (quarantining a corrupt one), places every instance, writes out/plan.json,
+    out/nodes/<node>.json (the node's JSON Patch), out/instances/<id>/ (OCI config and hosts),
+    out/status.json and a new checkpoint generation when allocations changed. Files are written
+    atomically and only when their content changed. If the inputs changed during the run, it
+    runs again (at most 5 passes).
+
+    Exit codes: 0 done (unplaceable instances are reported in status), 1 error.
+    """
+    opts = ReconcileOptions(
+        mode=_mode(mode),
+        allow_empty=allow_empty,
+        lock_timeout=lock_timeout,
+        instance_outputs=default_instance_outputs(),
+    )
+    return _run_reconcile(state_dir, opts, as_json)
+
+
+@cli.command()
+@click.argument("planfile", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@state_option
+@json_option
+@_allow_empty_option
+def apply(planfile: Path, state_dir: Path, as_json: bool, allow_empty: bool) -> int:
+    """Apply a saved plan if its inputs have not changed since.
+
+    PLANFILE is the output of `reconciler plan --json` (or a copy of out/plan.json). Its
+    inputs.fingerprint covers every input file and the checkpoint generation; when it still
+    matches, this runs `reconcile` with the plan's mode, which writes exactly that plan.
+
+    Exit codes: 0 applied, 4 stale plan (the inputs or the checkpoint changed), 1 error.
+    """
+    _require_state(state_dir)
+    try:
+        saved = json.loads(planfile.read_text())
+        want = saved["inputs"]["fingerprint"]
+        saved_mode = saved["inputs"].get("mode")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise click.ClickException(f"{planfile}: not a plan file ({e})") from None
+    opts = ReconcileOptions(
+        mode=_mode(saved_mode),
+        allow_empty=allow_empty,
+        instance_outputs=default_instance_outputs(),
+    )
+    with StateLock(state_dir):
+        try:
+            comp = compute_once(state_dir, opts, read_only=True)
+        except ReconcileError as e:
+            _err_console().print(f"error: {e}", markup=False)
+            return EXIT_ERROR
+        if comp.plan.fingerprint != want:
+            _err_console().print(
+                f"error: stale plan: {planfile} was computed from other inputs "
+                f"({want} != {comp.plan.fingerprint}); run plan again",
+                markup=False,
+            )
+            return EXIT_STALE
+    return _run_reconcile(state_dir, opts, as_json)
+
+
+@cli.command()
+@state_option
+@json_option
+@_allow_empty_option
+def rebalance(state_dir: Path, as_json: bool, allow_empty: bool) -> int:
+    """Rebalance now: place everything afresh, pinning balancingPolicy: disabled instances.
+
+    A fresh placement in instance order in which instances whose service has
+    balancingPolicy: disabled keep their node and runtime first. Moves carry the reason
+    "rebalanced". Writes like `reconcile`.
+
+    Exit codes: 0 done, 1 error.
+    """
+    opts = ReconcileOptions(
+        mode="rebalance", allow_empty=allow_empty, instance_outputs=default_instance_outputs()
+    )
+    return _run_reconcile(state_dir, opts, as_json)
+
+
+@cli.command()
+@state_option
+@json_option
+def status(state_dir: Path, as_json: bool) -> int:
+    """Show nodes, instances, failures, alerts and invalid inputs.
+
+    Reads out/status.json as the last reconcile wrote it (run `reconciler reconcile` first):
+    per node capacity / reserved / free of CPU, RAM, storage, state, runtime slots and
+    devices; per instance its node, runtime, devices and observed state; failures with their
+    summaries; raised alerts; invalid input files with their errors.
+
+    Exit codes: 0 shown, 1 no status yet or error.
+    """
+    _require_state(state_dir)
+    path = state_dir / "out" / "status.json"
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise click.ClickException(
+            f"{path} does not exist: run `reconciler reconcile` first"
+        ) from None
+    except ValueError as e:
+        raise click.ClickException(f"{path}: {e}") from None
+    if as_json:
+        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    else:
+        render_status(_console(), doc)
+    return EXIT_OK
 
 
 def _mode(mode: str | None) -> Mode | None:
@@ -277,12 +464,13 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
     iid = _find_instance(services, instance)
     if iid is None:
         raise click.ClickException(f"no desired instance {instance!r}")
+    loaded = load_checkpoint(state_dir / "checkpoint", view.actual, quarantine=False)
     exp = explain_instance(
         view.unit,
         list(view.nodes.values()),
         services,
         iid,
-        previous_from_actual(view.actual),
+        loaded.checkpoint.previous(),
         _mode(mode),
     )
     if as_json:

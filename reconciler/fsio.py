@@ -21,9 +21,11 @@ __all__ = [
     "StatKey",
     "WriteHook",
     "atomic_write",
+    "ensure_dir",
     "iter_files",
     "read_bytes_at",
     "stat_key",
+    "write_if_changed",
 ]
 
 StatKey = tuple[int, int, int, int, int]
@@ -155,3 +157,24 @@ def atomic_write(
     if sync:
         step("fsync-dir")
         _fsync_dir(directory)
+
+
+def write_if_changed(
+    path: Path, data: bytes, *, mode: int = 0o600, hook: WriteHook | None = None
+) -> bool:
+    """:func:`atomic_write` unless the file already holds exactly ``data``; True if written."""
+    try:
+        current, _ = read_bytes_at(path, len(data))
+    except FileReadError:
+        current = None
+    if current == data:
+        return False
+    atomic_write(path, data, mode=mode, hook=hook)
+    return True
+
+
+def ensure_dir(path: Path, mode: int = 0o700) -> None:
+    """Create ``path`` (and parents) with ``mode``; refuse a symlink in its place."""
+    if path.is_symlink():
+        raise FileReadError(f"{path} is a symlink; refusing to use it")
+    path.mkdir(mode=mode, parents=True, exist_ok=True)

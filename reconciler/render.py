@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
 from rich.table import Table
 
@@ -99,3 +101,80 @@ def render_explanation(console: Console, exp: Explanation) -> None:
     console.print(table)
     for note in notes:
         console.print(f"  {note}", markup=False)
+
+
+def _amount(entry: dict[str, Any] | None, as_bytes: bool = False) -> str:
+    if entry is None:
+        return "-"
+    fmt = _bytes if as_bytes else str
+    return f"{fmt(entry['reserved'])}/{fmt(entry['capacity'])}"
+
+
+def render_status(console: Console, doc: dict[str, Any]) -> None:
+    """Tables of nodes, instances, failures, alerts and invalid inputs from status.json."""
+    nodes = Table(title="Nodes (reserved/capacity)", title_justify="left", show_edge=False)
+    for col in (
+        "node",
+        "type",
+        "state",
+        "prio",
+        "cpu",
+        "ram",
+        "storage",
+        "state dir",
+        "instances",
+        "devices (allocated/healthy/total)",
+    ):
+        nodes.add_column(col, no_wrap=True)
+    for node_id, n in doc["nodes"].items():
+        state = n["state"] if n["connected"] else f"{n['state']} (disconnected)"
+        devices = ", ".join(
+            f"{r}: {d['allocated']}/{d['healthy']}/{d['total']}" for r, d in n["devices"].items()
+        )
+        nodes.add_row(
+            node_id,
+            n["type"],
+            state,
+            str(n["priority"]),
+            _amount(n["cpu"]),
+            _amount(n["ram"], True),
+            _amount(n["partitions"]["storage"], True),
+            _amount(n["partitions"]["state"], True),
+            str(n["instances"]),
+            devices,
+        )
+    console.print(nodes)
+    console.print()
+    inst = Table(title="Instances", title_justify="left", show_edge=False)
+    for col in ("instance", "version", "node", "runtime", "state", "devices"):
+        inst.add_column(col, no_wrap=col != "devices")
+    for i in sorted(
+        doc["instances"].values(), key=lambda r: (r["nodeId"], r["itemId"], r["index"])
+    ):
+        devices = "; ".join(f"{r}={','.join(ids)}" for r, ids in i["devices"].items())
+        if i.get("unhealthyDevices"):
+            devices += f" [red](unhealthy: {','.join(i['unhealthyDevices'])})[/red]"
+        style = {"active": "green", "failed": "red", "pending": "yellow"}.get(i["state"], "")
+        state = f"[{style}]{i['state']}[/{style}]" if style else i["state"]
+        inst.add_row(
+            f"{i['itemId']}:{i['subjectId']}:{i['index']}",
+            i["version"],
+            i["nodeId"],
+            i["runtimeId"],
+            state,
+            devices,
+        )
+    console.print(inst)
+    if doc["failures"]:
+        console.print("\n[bold]Unplaceable[/bold]")
+        for f in doc["failures"]:
+            console.print(f"  [yellow]![/yellow] {f['summary']}")
+    if doc.get("alerts"):
+        console.print("\n[bold]Alerts[/bold]")
+        for a in doc["alerts"]:
+            console.print(f"  [red]{a['node']} {a['resource']}[/red] raised since {a['since']}")
+    if doc.get("invalidInputs"):
+        console.print("\n[bold]Invalid inputs[/bold] (their last good version is in use)")
+        for errors in doc["invalidInputs"].values():
+            for e in errors:
+                console.print(f"  {e['path']}:{e['line']}:{e['col']}: {e['message']}", markup=False)

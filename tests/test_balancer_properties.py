@@ -27,7 +27,7 @@ Mi = 1024**2
 Gi = 1024**3
 
 SETTINGS = settings(
-    max_examples=40,
+    max_examples=150,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -112,10 +112,10 @@ def node_docs(draw: DrawFn, node_id: str) -> dict[str, Any]:
         "kind": "Node",
         "id": node_id,
         "type": "edge",
-        "state": draw(st.sampled_from(("provisioned",) * 5 + ("paused",))),
-        "connected": draw(st.sampled_from((True,) * 5 + (False,))),
-        "maxDMIPS": draw(st.integers(0, 2000)),
-        "totalRAM": draw(st.integers(0, 4)) * 512 * Mi,
+        "state": draw(st.sampled_from(("provisioned",) * 9 + ("paused",))),
+        "connected": draw(st.sampled_from((True,) * 9 + (False,))),
+        "maxDMIPS": draw(st.sampled_from((1000, 2000, 500, 1500, 0)) | st.integers(0, 2000)),
+        "totalRAM": draw(st.sampled_from((1024, 2048, 512, 4096, 0))) * Mi,
         "runtimes": runtimes,
         "partitions": partitions,
         "devicePools": pools,
@@ -174,9 +174,9 @@ def services(draw: DrawFn, item_id: str, node_ids: list[str]) -> Service:
         "stateLimit": amount(5, pos_mib128),
     }
     devices: list[dict[str, Any]] = []
-    if sometimes(5):
+    if sometimes(7):
         devices.append({"resource": "gpu", "count": draw(st.integers(1, 3))})
-    if sometimes(5):
+    if sometimes(7):
         memory = draw(st.sampled_from((512 * Mi, Gi, 2 * Gi)))
         devices.append({"resource": "example.com/vgpu", "memory": memory})
     doc: dict[str, Any] = {
@@ -186,12 +186,12 @@ def services(draw: DrawFn, item_id: str, node_ids: list[str]) -> Service:
         "version": "1.0.0",
         "priority": draw(st.sampled_from((0, 1, 2))),
         "instances": draw(st.integers(0, 4)),
-        "labels": [x for x in LABELS if sometimes(6)],
+        "labels": [x for x in LABELS if sometimes(8)],
         "image": {"rootfs": "/r"},
         "requestedResources": {k: v for k, v in requested.items() if v is not None},
         "quotas": {k: v for k, v in quotas.items() if v is not None},
         "skipResourceLimits": sometimes(8),
-        "resources": [{"name": r} for r in RESOURCES if sometimes(6)],
+        "resources": [{"name": r} for r in RESOURCES if sometimes(8)],
         "devices": devices,
     }
     if sometimes(3):

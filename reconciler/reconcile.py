@@ -1,0 +1,204 @@
+"""``reconcile``: the imperative shell around the pure core (SPEC §9, §10, §12, §14).
+
+One run, under the state directory's flock: load every input (level-triggered), recover the
+checkpoint, balance, assign uids and gids, plan, write ``out/`` and the checkpoint; then read the
+inputs again and run once more if they changed meanwhile (an edit made while a path-activated
+oneshot runs would otherwise wait for the next trigger). Every file is written atomically and only
+when its content changed, so a second run with unchanged inputs rewrites nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .balancer import Overload, balance, node_states
+from .checkpoint import Checkpoint, LoadReport, assign_ids, load_checkpoint, save_checkpoint
+from .fsio import WriteHook, ensure_dir, write_if_changed
+from .loader import Diagnostic, StateView, load_state, mass_deletion_guard
+from .lock import StateLock
+from .placement import BalanceResult, Mode
+from .planner import Plan, make_plan
+from .status import build_status
+from .values import validate_id
+
+__all__ = [
+    "InstanceOutputs",
+    "ReconcileError",
+    "ReconcileOptions",
+    "ReconcileReport",
+    "compute_once",
+    "fingerprint",
+    "reconcile",
+]
+
+log = logging.getLogger("reconciler.reconcile")
+
+InstanceOutputs = Callable[[Path, StateView, BalanceResult, Checkpoint], list[str]]
+"""Writes ``out/instances/`` for the placements (the OCI step); returns per-instance errors."""
+
+
+class ReconcileError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class ReconcileOptions:
+    mode: Mode | None = None
+    allow_empty: bool = False
+    max_passes: int = 5
+    overload: Overload | None = None
+    alerts: tuple[Mapping[str, Any], ...] = ()
+    write_hook: WriteHook | None = None
+    instance_outputs: InstanceOutputs | None = None
+    lock_timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class Computed:
+    view: StateView
+    diagnostics: list[Diagnostic]
+    loaded: LoadReport
+    result: BalanceResult
+    checkpoint: Checkpoint  # what the checkpoint should hold after this run
+    plan: Plan
+    id_errors: list[str]
+
+
+@dataclass(frozen=True)
+class ReconcileReport:
+    passes: int
+    computed: Computed
+    written: tuple[str, ...] = ()
+    checkpoint_written: bool = False
+    instance_errors: tuple[str, ...] = ()
+    problems: tuple[str, ...] = field(default=())
+
+    @property
+    def plan(self) -> Plan:
+        return self.computed.plan
+
+
+def compute_once(
+    state_dir: Path,
+    opts: ReconcileOptions,
+    previous_view: StateView | None = None,
+    *,
+    read_only: bool = False,
+) -> Computed:
+    """Load, recover, balance, assign ids and plan; writes nothing except, when not
+    ``read_only``, moving a corrupt checkpoint to quarantine."""
+    view, diags = load_state(state_dir, previous_view)
+    loaded = load_checkpoint(state_dir / "checkpoint", view.actual, quarantine=not read_only)
+    cp = loaded.checkpoint
+    refused = mass_deletion_guard(view, allow_empty=opts.allow_empty)
+    if refused is not None:
+        raise ReconcileError(str(refused))
+    result = balance(
+        view.unit,
+        list(view.nodes.values()),
+        view.services_sorted(),
+        cp.previous(),
+        opts.mode,
+        opts.overload,
+    )
+    allocations, gids, id_errors = assign_ids(result, cp.allocations, cp.gids)
+    new_cp = Checkpoint(cp.lineage, cp.generation, allocations, gids, cp.alerts)
+    if loaded.source != "current" or not new_cp.same_data(cp):
+        new_cp = Checkpoint(cp.lineage, cp.generation + 1, allocations, gids, cp.alerts)
+    plan = make_plan(
+        result,
+        view.actual,
+        set(view.nodes),
+        fingerprint=fingerprint(view, new_cp.generation),
+        rebalanced=opts.mode == "rebalance",
+    )
+    return Computed(view, diags, loaded, result, new_cp, plan, id_errors)
+
+
+def fingerprint(view: StateView, generation: int) -> str:
+    """SPEC §10: a sha256 over the input files' contents and the checkpoint generation.
+
+    The generation is the one the plan leaves behind (the current one when the allocations do
+    not change), so a second reconcile of unchanged inputs writes the same plan bytes."""
+    digest = hashlib.sha256(f"{view.input_hash}\0{generation}".encode()).hexdigest()
+    return f"sha256:{digest}"
+
+
+def _json_bytes(value: Any) -> bytes:
+    return (json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+
+
+def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list[str]:
+    out = state_dir / "out"
+    ensure_dir(out)
+    ensure_dir(out / "nodes")
+    written: list[str] = []
+
+    def put(path: Path, value: Any, mode: int = 0o600) -> None:
+        if write_if_changed(path, _json_bytes(value), mode=mode, hook=opts.write_hook):
+            written.append(str(path.relative_to(state_dir)))
+
+    plan_doc = c.plan.to_json()
+    plan_doc["inputs"]["mode"] = opts.mode or (c.view.unit.placement if c.view.unit else "stable")
+    put(out / "plan.json", plan_doc)
+    for node_id, ops in c.plan.patches.items():
+        validate_id(node_id, "node id")
+        put(out / "nodes" / f"{node_id}.json", list(ops), 0o644)
+    for stale in sorted((out / "nodes").glob("*.json")):
+        if stale.stem not in c.plan.patches and not stale.is_symlink():
+            stale.unlink()
+            written.append(str(stale.relative_to(state_dir)))
+    slots = node_states(
+        c.view.unit,
+        list(c.view.nodes.values()),
+        c.view.services_sorted(),
+        c.result,
+        opts.overload,
+    )
+    uids = {iid: (a.uid, a.gid) for iid, a in c.checkpoint.allocations.items()}
+    status = build_status(c.view, c.result, slots, c.diagnostics, alerts=opts.alerts, uids=uids)
+    put(out / "status.json", status)
+    return written
+
+
+def reconcile(state_dir: Path, opts: ReconcileOptions | None = None) -> ReconcileReport:
+    """One reconcile under the lock, repeated while the inputs change during the run."""
+    opts = opts or ReconcileOptions()
+    if not state_dir.exists():
+        state_dir.mkdir(mode=0o700, parents=True)
+    with StateLock(state_dir, opts.lock_timeout):
+        previous_view: StateView | None = None
+        written: list[str] = []
+        cp_written = False
+        instance_errors: list[str] = []
+        problems: list[str] = []
+        for n in range(1, opts.max_passes + 1):
+            c = compute_once(state_dir, opts, previous_view)
+            problems.extend(c.loaded.problems)
+            for p in c.loaded.problems:
+                log.error("checkpoint: %s", p)
+            if c.checkpoint.generation != c.loaded.checkpoint.generation or (
+                c.loaded.source != "current"
+            ):
+                save_checkpoint(state_dir / "checkpoint", c.checkpoint, hook=opts.write_hook)
+                cp_written = True
+            written += _write_outputs(state_dir, c, opts)
+            if opts.instance_outputs is not None:
+                instance_errors += opts.instance_outputs(state_dir, c.view, c.result, c.checkpoint)
+            after, _ = load_state(state_dir, c.view)
+            if after.input_hash == c.view.input_hash:
+                return ReconcileReport(
+                    n, c, tuple(written), cp_written, tuple(instance_errors), tuple(problems)
+                )
+            log.info("inputs changed during the run; reconciling again")
+            previous_view = after
+        log.warning("inputs kept changing for %d passes; stopping here", opts.max_passes)
+        return ReconcileReport(
+            opts.max_passes, c, tuple(written), cp_written, tuple(instance_errors), tuple(problems)
+        )
