@@ -21,9 +21,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     unit, nodes, services = synth_unit(args.nodes, args.instances, args.seed)
-    print(
-        f"machine: {platform.machine()} {platform.processor() or ''} python {platform.python_version()}"
-    )
+    machine = f"{platform.machine()} {platform.processor() or ''}".strip()
+    print(f"machine: {machine}, python {platform.python_version()}")
     print(f"unit: {len(nodes)} nodes, {len(services)} services, {args.instances} instances")
 
     t0 = time.perf_counter()
@@ -38,9 +37,10 @@ def main() -> None:
     t0 = time.perf_counter()
     stable = balance(unit, nodes, services, previous, mode="stable")
     t1 = time.perf_counter()
+    n = len(stable.placements)
     print(
-        f"stable: {t1 - t0:8.3f} s  {len(stable.placements)} placed, {len(stable.failures)} failed  "
-        f"{(len(stable.placements) + len(stable.failures)) / (t1 - t0):10.0f} instances/s"
+        f"stable: {t1 - t0:8.3f} s  {n} placed, {len(stable.failures)} failed  "
+        f"{(n + len(stable.failures)) / (t1 - t0):10.0f} instances/s"
     )
 
 

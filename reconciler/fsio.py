@@ -24,6 +24,7 @@ __all__ = [
     "ensure_dir",
     "iter_files",
     "read_bytes_at",
+    "remove_stale_temp_files",
     "stat_key",
     "write_if_changed",
 ]
@@ -178,3 +179,16 @@ def ensure_dir(path: Path, mode: int = 0o700) -> None:
     if path.is_symlink():
         raise FileReadError(f"{path} is a symlink; refusing to use it")
     path.mkdir(mode=mode, parents=True, exist_ok=True)
+
+
+def remove_stale_temp_files(directory: Path) -> int:
+    """Remove temp files that a killed writer left (call only while holding the lock)."""
+    removed = 0
+    if not directory.is_dir():
+        return 0
+    for path in directory.iterdir():
+        if path.name.startswith(".") and ".tmp-" in path.name and not path.is_dir():
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed += 1
+    return removed

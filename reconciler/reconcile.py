@@ -19,7 +19,7 @@ from typing import Any
 
 from .balancer import Overload, balance, node_states
 from .checkpoint import Checkpoint, LoadReport, assign_ids, load_checkpoint, save_checkpoint
-from .fsio import WriteHook, ensure_dir, write_if_changed
+from .fsio import WriteHook, ensure_dir, remove_stale_temp_files, write_if_changed
 from .loader import Diagnostic, StateView, load_state, mass_deletion_guard
 from .lock import StateLock
 from .placement import BalanceResult, Mode
@@ -173,6 +173,8 @@ def reconcile(state_dir: Path, opts: ReconcileOptions | None = None) -> Reconcil
     if not state_dir.exists():
         state_dir.mkdir(mode=0o700, parents=True)
     with StateLock(state_dir, opts.lock_timeout):
+        for directory in (state_dir / "checkpoint", state_dir / "out", state_dir / "out" / "nodes"):
+            remove_stale_temp_files(directory)
         previous_view: StateView | None = None
         written: list[str] = []
         cp_written = False

@@ -1,0 +1,698 @@
+"""OCI runtime configs for placed instances (SPEC §11): a pure builder.
+
+:func:`build_config` turns (service, placement, node) plus the instance's uid/gid, rootfs and
+hosts-file path into the content of ``config.json`` (OCI runtime-spec 1.0.2, accepted by runc)
+and of the instance's ``hosts`` file. It touches no file and no clock: the two lookups that need
+the host (group names to gids, device paths to device nodes) are injected as :class:`GroupLookup`
+and :class:`DeviceLookup`; :mod:`reconciler.hostdevices` has the real ones.
+
+The steps run in the order of SPEC §11 (see docs/oci.md): defaults, uid/gid, root, process from
+the image, instance env, hostname and sysctl, quotas, the named resources in the service's order,
+the allocated pool devices, hosts. Every problem is an :class:`OciError` with one line naming the
+instance and the cause; :func:`build_all` builds many instances and keeps going past failures.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import posixpath
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from .models import Device, HostEntry, Mount, Node, Service
+from .placement import Placement
+
+__all__ = [
+    "CPU_PERIOD",
+    "DEFAULT_ENV",
+    "KNOWN_OPTION_KEYS",
+    "MIN_CPU_QUOTA",
+    "OCI_VERSION",
+    "BuildResult",
+    "BuiltConfig",
+    "ConfigJob",
+    "DeviceLookup",
+    "DeviceLookupError",
+    "DeviceNode",
+    "DevicePolicy",
+    "DeviceSpec",
+    "GroupLookup",
+    "OciError",
+    "build_all",
+    "build_config",
+    "config_json",
+    "cpu_quota",
+    "devices_env_name",
+    "intersect_access",
+    "is_glob",
+    "parse_device_string",
+]
+
+OCI_VERSION = "1.0.2"
+CPU_PERIOD = 100_000
+MIN_CPU_QUOTA = 1_000
+DEFAULT_ENV = (
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "TERM=xterm",
+)
+KNOWN_OPTION_KEYS = frozenset({"size", "mode", "uid", "gid", "nr_inodes"})
+_MAX_ID = 2**32 - 1
+_ACCESS_ORDER = "rwm"
+_GLOB_CHARS = frozenset("*?[")
+_HOSTNAME_RE = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+    r"(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*$"
+)
+_SYSCTL_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]*$")
+_ENV_NAME_RE = re.compile(r"[^A-Za-z0-9]")
+
+# The defaults of `runc spec` (runc 1.1), minus the terminal and with ambient capabilities left
+# out (a non-root user cannot hold ambient capabilities without inheritable ones).
+_CAPABILITIES = ("CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE")
+_NAMESPACES = ("pid", "network", "ipc", "uts", "mount")
+_MASKED_PATHS = (
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/sys/firmware",
+    "/proc/scsi",
+)
+_READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
+_DEFAULT_MOUNTS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    ("/proc", "proc", "proc", ()),
+    ("/dev", "tmpfs", "tmpfs", ("nosuid", "strictatime", "mode=755", "size=65536k")),
+    (
+        "/dev/pts",
+        "devpts",
+        "devpts",
+        ("nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"),
+    ),
+    ("/dev/shm", "tmpfs", "shm", ("nosuid", "noexec", "nodev", "mode=1777", "size=65536k")),
+    ("/dev/mqueue", "mqueue", "mqueue", ("nosuid", "noexec", "nodev")),
+    ("/sys", "sysfs", "sysfs", ("nosuid", "noexec", "nodev", "ro")),
+    ("/sys/fs/cgroup", "cgroup", "cgroup", ("nosuid", "noexec", "nodev", "relatime", "ro")),
+)
+_TMP_OPTIONS = ("nosuid", "nodev", "mode=1777")
+_HOSTS_OPTIONS = ("rbind", "ro")
+
+
+class OciError(ValueError):
+    """An instance's config cannot be built; the message is one line naming instance and cause."""
+
+    def __init__(self, instance: str, cause: str) -> None:
+        super().__init__(f"{instance}: {cause}")
+        self.instance = instance
+        self.cause = cause
+
+
+class DeviceLookupError(ValueError):
+    """Raised by a :class:`DeviceLookup` when a host path cannot be expanded."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceNode:
+    """One character or block device found on the host.
+
+    ``path`` is where it resolves (symlinks followed); ``found`` is where the expansion met it
+    (inside the directory or glob that was expanded, symlinks not resolved), empty when that is
+    ``path`` itself. The builder maps ``found`` to the container path.
+    """
+
+    path: str
+    type: Literal["c", "b"]
+    major: int
+    minor: int
+    file_mode: int  # permission bits, 0..0o777
+    uid: int
+    gid: int
+    found: str = ""
+
+    @property
+    def where(self) -> str:
+        return self.found or self.path
+
+
+class GroupLookup(Protocol):
+    """Group name → gid, or None when the system has no such group."""
+
+    def __call__(self, name: str, /) -> int | None: ...
+
+
+class DeviceLookup(Protocol):
+    """Expands a host device path (a device, a directory, a glob) into device nodes.
+
+    A directory is walked recursively (directory symlinks followed), a glob is expanded; only
+    character and block devices are returned. Raises :class:`DeviceLookupError`.
+    """
+
+    def expand(self, host_path: str, /) -> Sequence[DeviceNode]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DevicePolicy:
+    """Checks on top of the OCI schema (SPEC §11, last paragraph)."""
+
+    host_roots: tuple[str, ...] = ("/dev",)  # host devices must resolve under one of these
+    container_root: str = "/dev"  # container device paths live strictly below it
+    protected_mounts: tuple[str, ...] = ("/proc", "/sys")  # no mount at or below these (nor /)
+    option_keys: frozenset[str] = KNOWN_OPTION_KEYS  # allowed keys of key=value mount options
+
+
+_DEFAULT_POLICY = DevicePolicy()
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSpec:
+    """A resource's device string ``host[:container[:permissions]]``, parsed."""
+
+    host: str
+    container: str
+    permissions: str
+
+
+@dataclass(frozen=True)
+class BuiltConfig:
+    config: dict[str, Any]  # the content of config.json
+    hosts: str  # the content of the instance's hosts file
+
+
+# ---------------------------------------------------------------- small pure helpers
+
+
+def is_glob(path: str) -> bool:
+    return any(c in _GLOB_CHARS for c in path)
+
+
+def _under(path: str, root: str) -> bool:
+    root = root.rstrip("/") or "/"
+    return path == root or path.startswith("/" if root == "/" else root + "/")
+
+
+def _check_access(value: str, what: str) -> str:
+    if not value or any(c not in _ACCESS_ORDER for c in value) or len(set(value)) != len(value):
+        raise ValueError(f"invalid {what} {value!r}: use letters from 'rwm', each once")
+    return value
+
+
+def intersect_access(permissions: str, mode: str) -> str:
+    """Letters present in both, in ``rwm`` order (``rw`` ∩ ``r`` = ``r``)."""
+    return "".join(c for c in _ACCESS_ORDER if c in permissions and c in mode)
+
+
+def parse_device_string(text: str) -> DeviceSpec:
+    """``host[:container[:permissions]]``; the container path defaults to the host path (for a
+    glob, to its literal directory prefix) and the permissions to ``rwm``."""
+    parts = text.split(":")
+    if len(parts) > 3:
+        raise ValueError(f"device {text!r}: expected host[:container[:permissions]]")
+    host = parts[0]
+    if not host.startswith("/"):
+        raise ValueError(f"device {text!r}: the host path must be absolute")
+    container = parts[1] if len(parts) > 1 and parts[1] else ""
+    if not container:
+        container = _glob_base(host) if is_glob(host) else posixpath.normpath(host)
+    permissions = parts[2] if len(parts) > 2 and parts[2] else "rwm"
+    _check_access(permissions, f"permissions in device {text!r}")
+    return DeviceSpec(host, container, permissions)
+
+
+def _glob_base(pattern: str) -> str:
+    """The literal directory prefix of a glob: ``/dev/dri/render*`` → ``/dev/dri``."""
+    parts = posixpath.normpath(pattern).split("/")
+    literal: list[str] = []
+    for part in parts:
+        if is_glob(part):
+            break
+        literal.append(part)
+    return "/".join(literal) or "/"
+
+
+def cpu_quota(dmips_limit: int, num_cores: int, max_dmips: int) -> int:
+    """CFS quota for a period of 100000 µs: limit * period * cores / maxDMIPS, rounded down,
+    at least 1000."""
+    if max_dmips <= 0:
+        raise ValueError("cannot derive a cpu quota: the node's maxDMIPS is 0")
+    return max(MIN_CPU_QUOTA, dmips_limit * CPU_PERIOD * num_cores // max_dmips)
+
+
+def devices_env_name(resource: str) -> str:
+    """``example.com/gpu`` → ``DEVICES_EXAMPLE_COM_GPU``."""
+    return "DEVICES_" + _ENV_NAME_RE.sub("_", resource.upper())
+
+
+def config_json(built: BuiltConfig) -> bytes:
+    """The bytes of config.json: sorted keys, two-space indent, a final newline."""
+    return (json.dumps(built.config, sort_keys=True, indent=2) + "\n").encode()
+
+
+# ---------------------------------------------------------------- the draft being built
+
+
+@dataclass
+class _Draft:
+    """Mutable working state of one build; never escapes :func:`build_config`."""
+
+    env: list[str]
+    mounts: list[dict[str, Any]]
+    gids: list[int] = field(default_factory=list)
+    devices: list[dict[str, Any]] = field(default_factory=list)
+    rules: list[dict[str, Any]] = field(default_factory=list)  # one per entry of devices
+    hosts: list[tuple[str, str]] = field(default_factory=list)
+
+    def set_env(self, entry: str) -> None:
+        name = entry.split("=", 1)[0]
+        for i, existing in enumerate(self.env):
+            if existing.split("=", 1)[0] == name:
+                self.env[i] = entry
+                return
+        self.env.append(entry)
+
+    def set_mount(self, mount: dict[str, Any]) -> None:
+        for i, existing in enumerate(self.mounts):
+            if existing["destination"] == mount["destination"]:
+                self.mounts[i] = mount
+                return
+        self.mounts.append(mount)
+
+    def add_gid(self, gid: int) -> None:
+        if gid not in self.gids:
+            self.gids.append(gid)
+
+    def set_device(self, entry: dict[str, Any], rule: dict[str, Any]) -> None:
+        for i, existing in enumerate(self.devices):
+            if existing["path"] == entry["path"]:
+                self.devices[i] = entry
+                self.rules[i] = rule
+                return
+        self.devices.append(entry)
+        self.rules.append(rule)
+
+    def add_host(self, ip: str, hostname: str) -> None:
+        if (ip, hostname) not in self.hosts:
+            self.hosts.append((ip, hostname))
+
+
+class _Fail(Exception):
+    """Internal: a cause, turned into an OciError naming the instance by build_config."""
+
+
+def _mount(destination: str, mtype: str, source: str, options: Iterable[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"destination": destination, "type": mtype, "source": source}
+    opts = list(options)
+    if opts:
+        out["options"] = opts
+    return out
+
+
+# ---------------------------------------------------------------- policy checks
+
+
+def _check_mount(m: Mount, origin: str, policy: DevicePolicy) -> None:
+    dest = m.destination
+    if not dest.startswith("/"):
+        raise _Fail(f"{origin}: mount destination {dest!r} is not absolute")
+    if posixpath.normpath(dest) != dest:
+        raise _Fail(f"{origin}: mount destination {dest!r} is not normalized")
+    if dest == "/":
+        raise _Fail(f"{origin}: mount destination '/' is not allowed")
+    for protected in policy.protected_mounts:
+        if _under(dest, protected):
+            raise _Fail(f"{origin}: mount destination {dest!r} is not allowed (under {protected})")
+    for opt in m.options:
+        if "," in opt:
+            raise _Fail(
+                f"{origin}: mount option {opt!r} for {dest} holds ','; give one option per element"
+            )
+        if "=" in opt:
+            key = opt.split("=", 1)[0]
+            if key not in policy.option_keys:
+                known = ", ".join(sorted(policy.option_keys))
+                raise _Fail(
+                    f"{origin}: mount option {opt!r} for {dest}: key {key!r} is not allowed "
+                    f"(known keys: {known})"
+                )
+
+
+def _check_host_entry(h: HostEntry, origin: str) -> None:
+    try:
+        ipaddress.ip_address(h.ip)
+    except ValueError:
+        raise _Fail(f"{origin}: host entry {h.hostname!r} has an invalid ip {h.ip!r}") from None
+    if not _HOSTNAME_RE.match(h.hostname):
+        raise _Fail(f"{origin}: host entry has an invalid hostname {h.hostname!r}")
+
+
+def _check_container_path(
+    path: str, origin: str, policy: DevicePolicy, *, base: bool = False
+) -> None:
+    """A device's container path lies strictly below the container root; the base path of a
+    directory or glob may also be the root itself (``/dev/dri/*:/dev``)."""
+    root = policy.container_root.rstrip("/")
+    if not path.startswith("/") or posixpath.normpath(path) != path:
+        raise _Fail(f"{origin}: container device path {path!r} is not absolute and normalized")
+    if not path.startswith(root + "/") and not (base and path == root):
+        raise _Fail(f"{origin}: container device path {path!r} is not under {root}/")
+
+
+def _check_host_path(path: str, origin: str, policy: DevicePolicy) -> None:
+    norm = posixpath.normpath(path)
+    if not path.startswith("/") or not any(_under(norm, r) for r in policy.host_roots):
+        roots = ", ".join(policy.host_roots)
+        raise _Fail(f"{origin}: host device {path!r} is outside the allowed roots ({roots})")
+
+
+# ---------------------------------------------------------------- steps
+
+
+def _apply_device_string(
+    draft: _Draft,
+    text: str,
+    mode: str,
+    origin: str,
+    devices: DeviceLookup,
+    policy: DevicePolicy,
+) -> None:
+    try:
+        spec = parse_device_string(text)
+    except ValueError as e:
+        raise _Fail(f"{origin}: {e}") from None
+    _check_host_path(spec.host, f"{origin}: device {text!r}", policy)
+    _check_container_path(spec.container, f"{origin}: device {text!r}", policy, base=True)
+    try:
+        found = devices.expand(spec.host)
+    except DeviceLookupError as e:
+        raise _Fail(f"{origin}: device {text!r}: {e}") from None
+    access = intersect_access(spec.permissions, mode)
+    host = posixpath.normpath(spec.host)
+    base = _glob_base(spec.host) if is_glob(spec.host) else host
+    seen: set[str] = set()
+    for node in sorted(found, key=lambda n: n.where):
+        where = posixpath.normpath(node.where)
+        if where in seen:
+            continue
+        seen.add(where)
+        what = f"{origin}: device {text!r}"
+        if node.type not in ("c", "b"):
+            raise _Fail(f"{what}: {node.path!r} is not a character or block device")
+        if node.major < 0 or node.minor < 0 or not 0 <= node.file_mode <= 0o777:
+            raise _Fail(f"{what}: {node.path!r} has an invalid major, minor or mode")
+        _check_host_path(node.path, what, policy)
+        _check_host_path(where, what, policy)
+        rel = "." if where == host else posixpath.relpath(where, base)
+        if rel.startswith(".."):
+            raise _Fail(f"{what}: {where!r} was found outside {base!r}")
+        target = spec.container if rel == "." else posixpath.join(spec.container, rel)
+        _check_container_path(target, what, policy)
+        if not access:
+            continue  # permissions ∩ mode is empty: the device is not exposed at all
+        entry = {
+            "path": target,
+            "type": node.type,
+            "major": node.major,
+            "minor": node.minor,
+            "fileMode": node.file_mode,
+            "uid": node.uid,
+            "gid": node.gid,
+        }
+        rule = {
+            "allow": True,
+            "type": node.type,
+            "major": node.major,
+            "minor": node.minor,
+            "access": access,
+        }
+        draft.set_device(entry, rule)
+
+
+def _apply_resources(
+    draft: _Draft,
+    service: Service,
+    node: Node,
+    groups: GroupLookup,
+    devices: DeviceLookup,
+    policy: DevicePolicy,
+) -> None:
+    by_name = {r.name: r for r in node.host_resources}
+    for request in service.resources:
+        origin = f"resource {request.name!r}"
+        res = by_name.get(request.name)
+        if res is None:
+            raise _Fail(f"node {node.id!r} has no resource named {request.name!r}")
+        for group in res.groups:
+            gid = groups(group)
+            if gid is None:
+                raise _Fail(f"{origin}: unknown group {group!r} (not in the group database)")
+            if not 0 <= gid <= _MAX_ID:
+                raise _Fail(f"{origin}: group {group!r} has an invalid gid {gid}")
+            draft.add_gid(gid)
+        for m in res.mounts:
+            _check_mount(m, origin, policy)
+            draft.set_mount(_mount(m.destination, m.type, m.source, m.options))
+        for env in res.envs:
+            draft.set_env(env)
+        for text in res.devices:
+            _apply_device_string(draft, text, request.mode, origin, devices, policy)
+        for h in res.hosts:
+            _check_host_entry(h, origin)
+            draft.add_host(h.ip, h.hostname)
+
+
+def _apply_pool_devices(
+    draft: _Draft,
+    placement: Placement,
+    node: Node,
+    devices: DeviceLookup,
+    policy: DevicePolicy,
+) -> None:
+    pools = {p.resource: p for p in node.devicePools}
+    for resource, ids in placement.devices:
+        pool = pools.get(resource)
+        if pool is None:
+            raise _Fail(f"node {node.id!r} has no device pool {resource!r}")
+        by_id: dict[str, Device] = {d.id: d for d in pool.devices}
+        for device_id in ids:
+            dev = by_id.get(device_id)
+            if dev is None:
+                raise _Fail(f"device pool {resource!r} on node {node.id!r} has no {device_id!r}")
+            origin = f"device {resource}/{device_id}"
+            for text in dev.devices:
+                _apply_device_string(draft, text, _ACCESS_ORDER, origin, devices, policy)
+            for env in dev.envs:
+                draft.set_env(env)
+        draft.set_env(f"{devices_env_name(resource)}={','.join(ids)}")
+
+
+def _check_final(config: Mapping[str, Any]) -> None:
+    """Invariants of the finished config, whatever the steps did."""
+    linux = config["linux"]
+    rules = linux["resources"]["devices"]
+    if rules[0] != {"allow": False, "access": "rwm"}:
+        raise _Fail("the device cgroup rules do not start with deny-all")
+    for rule in rules[1:]:
+        if not rule.get("allow"):
+            continue
+        if rule.get("type") not in ("c", "b") or not all(
+            isinstance(rule.get(k), int) for k in ("major", "minor")
+        ):
+            raise _Fail(f"device allow rule without type, major and minor: {rule}")
+        if not rule.get("access"):
+            raise _Fail(f"device allow rule without access: {rule}")
+
+
+def build_config(
+    service: Service,
+    placement: Placement,
+    node: Node,
+    *,
+    rootfs: str,
+    uid: int,
+    gid: int,
+    hosts_path: str,
+    groups: GroupLookup,
+    devices: DeviceLookup,
+    policy: DevicePolicy = _DEFAULT_POLICY,
+) -> BuiltConfig:
+    """The OCI config and hosts file of one placed instance (SPEC §11), or :class:`OciError`."""
+    label = f"instance {placement.instance_id} ({placement.label})"
+    try:
+        return _build(
+            service, placement, node, rootfs, uid, gid, hosts_path, groups, devices, policy
+        )
+    except _Fail as e:
+        raise OciError(label, str(e)) from None
+
+
+def _build(
+    service: Service,
+    placement: Placement,
+    node: Node,
+    rootfs: str,
+    uid: int,
+    gid: int,
+    hosts_path: str,
+    groups: GroupLookup,
+    devices: DeviceLookup,
+    policy: DevicePolicy,
+) -> BuiltConfig:
+    if service.key != (placement.item_id, placement.subject_id):
+        raise _Fail(f"service {service.id}:{service.subject} does not match the placement")
+    if node.id != placement.node_id:
+        raise _Fail(f"placed on node {placement.node_id!r}, not {node.id!r}")
+    if not rootfs.startswith("/"):
+        raise _Fail(f"rootfs {rootfs!r} is not an absolute path")
+    if not hosts_path.startswith("/"):
+        raise _Fail(f"hosts file path {hosts_path!r} is not absolute")
+    for what, value in (("uid", uid), ("gid", gid)):
+        if not 0 <= value <= _MAX_ID:
+            raise _Fail(f"{what} {value} is out of range")
+
+    # 1. defaults
+    draft = _Draft(
+        env=list(DEFAULT_ENV),
+        mounts=[_mount(d, t, s, o) for d, t, s, o in _DEFAULT_MOUNTS],
+    )
+    # 2-4. uid/gid, root, process from the image
+    image = service.image
+    args = [*image.entrypoint, *image.cmd]
+    if not args:
+        raise _Fail("the image has neither entrypoint nor cmd: nothing to run")
+    for env in image.env:
+        draft.set_env(env)
+    # 5. instance env
+    draft.set_env(f"INSTANCE_ID={placement.instance_id}")
+    draft.set_env(f"ITEM_ID={placement.item_id}")
+    draft.set_env(f"SUBJECT_ID={placement.subject_id}")
+    draft.set_env(f"INSTANCE_INDEX={placement.index}")
+    # 6. hostname and sysctl
+    hostname = service.hostname or placement.instance_id
+    sysctl: dict[str, str] = {}
+    for key in sorted(service.sysctl):
+        if not _SYSCTL_RE.match(key):
+            raise _Fail(f"invalid sysctl name {key!r}")
+        sysctl[key] = service.sysctl[key]
+    # 7. quotas
+    quotas = service.quotas
+    resources: dict[str, Any] = {"devices": [{"allow": False, "access": "rwm"}]}
+    rlimits: list[dict[str, Any]] = []
+    if quotas.cpuDMIPSLimit is not None:
+        try:
+            quota = cpu_quota(quotas.cpuDMIPSLimit, node.numCores, node.maxDMIPS)
+        except ValueError as e:
+            raise _Fail(str(e)) from None
+        resources["cpu"] = {"quota": quota, "period": CPU_PERIOD}
+    if quotas.ramLimit is not None:
+        resources["memory"] = {"limit": quotas.ramLimit}
+    if quotas.pidsLimit is not None:
+        resources["pids"] = {"limit": quotas.pidsLimit}
+    if quotas.noFileLimit is not None:
+        rlimits.append(
+            {"type": "RLIMIT_NOFILE", "soft": quotas.noFileLimit, "hard": quotas.noFileLimit}
+        )
+    if quotas.tmpLimit is not None:
+        options = (*_TMP_OPTIONS, f"size={quotas.tmpLimit}")
+        draft.set_mount(_mount("/tmp", "tmpfs", "tmpfs", options))
+    # 8. named resources, in the service's order
+    _apply_resources(draft, service, node, groups, devices, policy)
+    # 9. allocated pool devices, by resource
+    _apply_pool_devices(draft, placement, node, devices, policy)
+    # 10. hosts, bind-mounted read-only at /etc/hosts (last, so nothing shadows it)
+    lines = ["127.0.0.1 localhost", f"127.0.1.1 {hostname}"]
+    lines += [f"{ip} {name}" for ip, name in draft.hosts]
+    hosts = "\n".join(lines) + "\n"
+    draft.set_mount(_mount("/etc/hosts", "bind", hosts_path, _HOSTS_OPTIONS))
+
+    user: dict[str, Any] = {"uid": uid, "gid": gid}
+    if draft.gids:
+        user["additionalGids"] = list(draft.gids)
+    caps = list(_CAPABILITIES)
+    process: dict[str, Any] = {
+        "terminal": False,
+        "user": user,
+        "args": args,
+        "env": list(draft.env),
+        "cwd": image.workingDir,
+        "capabilities": {"bounding": caps, "effective": caps[:], "permitted": caps[:]},
+        "noNewPrivileges": True,
+    }
+    if rlimits:
+        process["rlimits"] = rlimits
+    resources["devices"] += draft.rules
+    linux: dict[str, Any] = {
+        "resources": resources,
+        "namespaces": [{"type": t} for t in _NAMESPACES],
+        "maskedPaths": list(_MASKED_PATHS),
+        "readonlyPaths": list(_READONLY_PATHS),
+    }
+    if draft.devices:
+        linux["devices"] = list(draft.devices)
+    if sysctl:
+        linux["sysctl"] = sysctl
+    config: dict[str, Any] = {
+        "ociVersion": OCI_VERSION,
+        "process": process,
+        "root": {"path": rootfs, "readonly": False},
+        "hostname": hostname,
+        "mounts": list(draft.mounts),
+        "linux": linux,
+    }
+    _check_final(config)
+    return BuiltConfig(config=config, hosts=hosts)
+
+
+# ---------------------------------------------------------------- many instances
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigJob:
+    """The inputs of one :func:`build_config` call besides the lookups and the policy."""
+
+    service: Service
+    placement: Placement
+    node: Node
+    rootfs: str
+    uid: int
+    gid: int
+    hosts_path: str
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    built: dict[str, BuiltConfig]  # instance id → config, for every job that succeeded
+    errors: dict[str, str]  # instance id → the one-line OciError message
+
+
+def build_all(
+    jobs: Iterable[ConfigJob],
+    *,
+    groups: GroupLookup,
+    devices: DeviceLookup,
+    policy: DevicePolicy = _DEFAULT_POLICY,
+) -> BuildResult:
+    """Build every job; one instance's failure never stops the others (SPEC §11)."""
+    built: dict[str, BuiltConfig] = {}
+    errors: dict[str, str] = {}
+    for job in sorted(jobs, key=lambda j: j.placement.instance_id):
+        try:
+            built[job.placement.instance_id] = build_config(
+                job.service,
+                job.placement,
+                job.node,
+                rootfs=job.rootfs,
+                uid=job.uid,
+                gid=job.gid,
+                hosts_path=job.hosts_path,
+                groups=groups,
+                devices=devices,
+                policy=policy,
+            )
+        except OciError as e:
+            errors[job.placement.instance_id] = str(e)
+    return BuildResult(built, errors)
