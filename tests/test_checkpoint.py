@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -95,7 +96,7 @@ class TestRestart:
         node = demo_copy / "nodes" / "edge-2.yaml"
         node.write_text(node.read_text().replace("- {id: npu0}", "- {id: npu0, healthy: false}"))
         c = compute_once(demo_copy, ReconcileOptions(), read_only=True)
-        vision = [p for p in c.result.placements if p.item_id == "com.example.vision"][0]
+        vision = next(p for p in c.result.placements if p.item_id == "com.example.vision")
         assert vision.devices == first.allocations[vision.instance_id].devices
         assert vision.unhealthy_devices == ("npu0",)
         assert not c.plan.changes_present
@@ -106,7 +107,7 @@ class TestRestart:
         node = demo_copy / "nodes" / "edge-2.yaml"
         node.write_text(node.read_text().replace("      - {id: npu0}\n", ""))
         c = compute_once(demo_copy, ReconcileOptions(), read_only=True)
-        vision = [p for p in c.result.placements if p.item_id == "com.example.vision"][0]
+        vision = next(p for p in c.result.placements if p.item_id == "com.example.vision")
         assert vision.devices == (("example.com/npu", ("npu1",)),)
         reasons = {(a.action, a.reason) for a in c.plan.actions}
         assert reasons == {("stop", "moved"), ("start", "moved")}
@@ -223,10 +224,8 @@ class TestCrashPoints:
             if name == step and seen.count(step) == nth:
                 raise Boom(step)
 
-        try:
+        with contextlib.suppress(Boom):
             save_checkpoint(cpdir, new, hook=hook)
-        except Boom:
-            pass
         got = load_checkpoint(cpdir, {}, quarantine=False).checkpoint
         assert got in (old, new)
         assert not [p for p in cpdir.iterdir() if p.name.startswith(".")]  # no temp left
