@@ -29,6 +29,8 @@ from .planner import Plan, failure_json
 from .reconcile import Computed, ReconcileError, ReconcileOptions, compute_once, reconcile
 from .render import render_explanation, render_placements, render_plan, render_status
 from .schema import all_schemas
+from .values import parse_duration
+from .watch import WatchOptions, watch_loop
 
 __all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_USAGE", "cli", "main"]
 
@@ -396,6 +398,51 @@ def rebalance(state_dir: Path, as_json: bool, allow_empty: bool) -> int:
         mode="rebalance", allow_empty=allow_empty, instance_outputs=default_instance_outputs()
     )
     return _run_reconcile(state_dir, opts, as_json)
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    try:
+        return parse_duration(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+@cli.command()
+@state_option
+@_mode_option
+@_allow_empty_option
+@click.option(
+    "--debounce",
+    default="200ms",
+    show_default=True,
+    callback=_duration,
+    help="Quiet time after the last change before a run (e.g. 200ms, 1s).",
+)
+@click.option(
+    "--resync",
+    default="60s",
+    show_default=True,
+    callback=_duration,
+    help="Full reconcile at least this often, even without events (e.g. 60s, 5m).",
+)
+def watch(
+    state_dir: Path, mode: str | None, allow_empty: bool, debounce: float, resync: float
+) -> int:
+    """Reconcile on every change of the inputs, until SIGTERM.
+
+    Watches the state directory (unit.yaml, desired/, nodes/, actual/; never out/ or
+    checkpoint/) with inotify, waits for DEBOUNCE of quiet, then runs one reconcile, which
+    re-reads every input. A full reconcile also runs every RESYNC, so an event lost by the
+    kernel queue or a file outside the state directory is never missed for long. Logs one
+    line per run on stderr (readable in journalctl). SIGTERM or SIGINT stops it cleanly.
+
+    Exit codes: 0 stopped by a signal, 1 error.
+    """
+    logging.getLogger("reconciler").setLevel(min(logging.INFO, logging.getLogger().level))
+    opts = ReconcileOptions(
+        mode=_mode(mode), allow_empty=allow_empty, instance_outputs=default_instance_outputs()
+    )
+    return watch_loop(state_dir, opts, WatchOptions(debounce=debounce, resync=resync))
 
 
 @cli.command()

@@ -117,3 +117,50 @@ class TestSchema:
 def test_example_copy_keeps_demo_untouched(demo_copy: Path) -> None:
     shutil.rmtree(demo_copy / "desired")
     assert (DEMO / "desired" / "navigation.yaml").exists()
+
+
+def _run_in_pty(args: list[str], env: dict[str, str]) -> bytes:
+    """Run the CLI on a pseudo-terminal, as a person would, and return what it printed."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reconciler", *args],
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+        env=env,
+        close_fds=True,
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    proc.wait(timeout=60)
+    os.close(leader)
+    return b"".join(chunks)
+
+
+class TestColor:
+    def test_colors_on_a_terminal_and_never_with_no_color(self) -> None:
+        import os
+
+        env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+        env["TERM"] = "xterm-256color"
+        colored = _run_in_pty(["validate", "--state", str(DEMO)], env)
+        assert b"\x1b[" in colored and b"valid" in colored
+        plain = _run_in_pty(["validate", "--state", str(DEMO)], {**env, "NO_COLOR": "1"})
+        assert b"valid" in plain and b"\x1b[3" not in plain  # no color codes
+
+    def test_no_color_when_piped(self, capsys: pytest.CaptureFixture[str]) -> None:
+        code, out, _ = run(capsys, "validate", "--state", str(DEMO))
+        assert code == 0 and "\x1b[" not in out

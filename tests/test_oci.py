@@ -11,7 +11,7 @@ import json
 import os
 import stat
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -76,8 +76,7 @@ def schema_errors(config: Mapping[str, Any]) -> list[str]:
     if VALIDATOR is None:
         return []
     return [
-        f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
-        for e in VALIDATOR.iter_errors(config)
+        f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in VALIDATOR.iter_errors(config)
     ]
 
 
@@ -136,7 +135,12 @@ GPU0: dict[str, Any] = {
     "sharedCount": 2,
     "groups": ["video", "render"],
     "mounts": [
-        {"destination": "/dev/dri", "type": "bind", "source": "/dev/dri", "options": ["rbind", "rw"]}
+        {
+            "destination": "/dev/dri",
+            "type": "bind",
+            "source": "/dev/dri",
+            "options": ["rbind", "rw"],
+        }
     ],
     "envs": ["GPU_NAME=gpu0"],
     "hosts": [{"hostname": "gpu-server", "ip": "10.0.0.100"}],
@@ -581,12 +585,9 @@ def test_unknown_group_fails_only_that_instance() -> None:
     bad = make_service(id="com.example.bad", resources=[{"name": "gpu0", "mode": "rw"}])
     node = make_node(resources=[GPU0, {"name": "serial0", "groups": ["dialout"]}])
     jobs = [
-        ConfigJob(s, make_placement(s, node), node, ROOTFS, 5000, 5000, HOSTS)
-        for s in (bad, good)
+        ConfigJob(s, make_placement(s, node), node, ROOTFS, 5000, 5000, HOSTS) for s in (bad, good)
     ]
-    result = build_all(
-        jobs, groups=FakeGroups({"video": 44, "dialout": 20}), devices=HostDevices()
-    )
+    result = build_all(jobs, groups=FakeGroups({"video": 44, "dialout": 20}), devices=HostDevices())
     good_id, bad_id = instance_id(good.id, "default", 0), instance_id(bad.id, "default", 0)
     assert list(result.built) == [good_id]
     assert list(result.errors) == [bad_id]
@@ -894,7 +895,7 @@ def test_symlink_to_directory_is_followed(devtree: Path) -> None:
     assert [n.found for n in found] == [f"{devtree}/gpus/{r}" for r in ("card0", "card1")] + [
         f"{devtree}/gpus/sub/renderD128"
     ]
-    assert [n.path for n in found][0] == f"{devtree}/dri/card0"  # resolved on the host
+    assert found[0].path == f"{devtree}/dri/card0"  # resolved on the host
 
 
 @needs_root
@@ -942,7 +943,7 @@ def test_host_devices_refuse_paths_resolving_outside(devtree: Path) -> None:
 
 def test_host_devices_on_real_dev() -> None:
     [null] = HostDevices().expand("/dev/null")
-    assert null == real_node("/dev/null")
+    assert null == replace(real_node("/dev/null"), found="/dev/null")
     with pytest.raises(DeviceLookupError, match="outside /dev"):
         HostDevices().expand("/etc/passwd")
 
@@ -1024,14 +1025,22 @@ def test_resources_property(
             if _GIDS[g] not in want_gids:
                 want_gids.append(_GIDS[g])
     assert built.config["process"]["user"].get("additionalGids", []) == want_gids
-    # devices: one allow rule each, access never wider than the mode
+    # devices: one allow rule each; a later string for the same container path wins in place;
+    # access = permissions ∩ the resource's mode, and a device with no access is left out
     assert_one_rule_per_device(built)
     mode_of = {r["name"]: r["mode"] for r in requests}
-    for rule in allow_rules(built):
-        assert rule["access"] and set(rule["access"]) <= set("rwm")
-    paths = [d["path"] for d in devices_of(built)]
-    assert len(paths) == len(set(paths))
-    assert all(set(r["access"]) <= set(mode_of["a"]) | set(mode_of["b"]) for r in allow_rules(built))
+    want_devices: dict[str, tuple[int, str]] = {}
+    for res in in_order:
+        for text in res["devices"]:
+            spec = parse_device_string(text)
+            access = intersect_access(spec.permissions, mode_of[res["name"]])
+            if access:
+                want_devices[spec.container] = (real_node(spec.host).minor, access)
+    got = {
+        d["path"]: (d["minor"], r["access"])
+        for d, r in zip(devices_of(built), allow_rules(built), strict=True)
+    }
+    assert list(got.items()) == list(want_devices.items())
     # hosts: fixed head, then unique lines
     lines = built.hosts.splitlines()
     assert lines[:2] == ["127.0.0.1 localhost", "127.0.1.1 h"]
@@ -1052,7 +1061,9 @@ def _built(n: int, tag: str = "") -> dict[str, BuiltConfig]:
 def _mtimes(state: Path) -> dict[str, int]:
     root = state / "out" / "instances"
     return {
-        str(p.relative_to(root)): p.stat().st_mtime_ns for p in sorted(root.rglob("*")) if p.is_file()
+        str(p.relative_to(root)): p.stat().st_mtime_ns
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
     }
 
 
@@ -1074,7 +1085,7 @@ def test_writer_rewrites_only_changed_files_and_removes_stale(tmp_path: Path) ->
     built = _built(3)
     write_instance_outputs(tmp_path, built, sync=False)
     before = _mtimes(tmp_path)
-    os.utime(tmp_path, None)  # a coarse clock must not hide a rewrite: compare inodes too
+    # a coarse clock could hide a rewrite: compare inodes too (a rewrite renames a new file in)
     inodes = {p: (tmp_path / "out/instances" / p).stat().st_ino for p in before}
 
     report = write_instance_outputs(tmp_path, built, sync=False)

@@ -1,0 +1,131 @@
+"""``watch``: reconcile on every input change, debounced, with a periodic full resync (SPEC §14).
+
+Events only wake the loop; every run re-reads every input (level-triggered), so a lost, merged
+or overflowed event never loses an edit: at worst the timer's resync picks it up. The watcher
+watches the state directory itself (never single files: an editor's atomic save replaces the
+file, and a watch on the old inode goes silent) and ignores ``out/``, ``checkpoint/``, the lock
+and temp files, so the controller's own writes do not wake it.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import watchfiles
+
+from .lock import LockTimeout
+from .reconcile import ReconcileError, ReconcileOptions, ReconcileReport, reconcile
+
+__all__ = ["WatchOptions", "input_filter", "watch_loop"]
+
+log = logging.getLogger("reconciler.watch")
+
+_IGNORED_TOP = {"out", "checkpoint", ".lock"}
+
+
+def input_filter(root: Path) -> Callable[[watchfiles.Change, str], bool]:
+    """True for paths that are inputs: not out/, checkpoint/, the lock or hidden temp files."""
+    root = root.resolve()
+
+    def accept(change: watchfiles.Change, path: str) -> bool:
+        p = Path(path)
+        try:
+            rel = p.resolve().relative_to(root) if p.is_absolute() else p
+        except ValueError:
+            return True  # outside the state dir (a resourcesFile elsewhere): an input
+        if not rel.parts or rel.parts[0] in _IGNORED_TOP:
+            return False
+        return not p.name.startswith(".")
+
+    return accept
+
+
+@dataclass(frozen=True)
+class WatchOptions:
+    debounce: float = 0.2  # seconds of quiet before a run
+    resync: float = 60.0  # seconds between full resyncs without events
+    max_batch: float = 5.0  # never wait longer than this while events keep coming
+
+
+def summary(report: ReconcileReport, elapsed: float) -> str:
+    p = report.plan
+    return (
+        f"reconciled in {elapsed:.2f}s: {len(p.starts())} to start, {len(p.stops())} to stop, "
+        f"{len(p.failures)} unplaceable; {len(report.written)} file(s) written"
+        + (", new checkpoint" if report.checkpoint_written else "")
+    )
+
+
+def watch_loop(
+    state_dir: Path,
+    opts: ReconcileOptions,
+    wopts: WatchOptions | None = None,
+    stop: threading.Event | None = None,
+    on_run: Callable[[ReconcileReport | None], None] | None = None,
+) -> int:
+    """Run until ``stop`` is set (SIGTERM and SIGINT set it when run from the main thread)."""
+    wopts = wopts or WatchOptions()
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+
+        def handle(signum: int, _frame: FrameType | None) -> None:
+            log.info("received %s; stopping", signal.Signals(signum).name)
+            stop.set()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+    def run(reason: str) -> None:
+        t0 = time.monotonic()
+        try:
+            report = reconcile(state_dir, opts)
+        except (ReconcileError, LockTimeout, OSError) as e:
+            log.error("reconcile failed (%s): %s", reason, e)
+            if on_run is not None:
+                on_run(None)
+            return
+        for d in report.computed.diagnostics:
+            log.warning("%s", d)
+        log.info("%s (%s)", summary(report, time.monotonic() - t0), reason)
+        if on_run is not None:
+            on_run(report)
+
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    log.info(
+        "watching %s (debounce %.0f ms, resync every %.0f s)",
+        state_dir,
+        wopts.debounce * 1000,
+        wopts.resync,
+    )
+    run("start")
+    last = time.monotonic()
+    watcher = watchfiles.watch(
+        state_dir,
+        watch_filter=input_filter(state_dir),
+        debounce=int(wopts.max_batch * 1000),
+        step=int(wopts.debounce * 1000),
+        stop_event=stop,
+        rust_timeout=int(min(wopts.resync, 5.0) * 1000),
+        yield_on_timeout=True,
+        raise_interrupt=False,
+    )
+    for changes in watcher:
+        if stop.is_set():
+            break
+        if changes:
+            names = sorted({Path(p).name for _, p in changes})
+            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            run(f"changed: {shown}")
+            last = time.monotonic()
+        elif time.monotonic() - last >= wopts.resync:
+            run("periodic resync")
+            last = time.monotonic()
+    log.info("stopped")
+    return 0

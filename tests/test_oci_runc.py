@@ -1,0 +1,285 @@
+"""A generated config.json run by the real runtime (SPEC §11: "accepted and run by runc").
+
+A state directory (a service with a named resource, a pool device and a tmpfs quota; a node with
+device nodes made by mknod) is loaded, balanced, built and written to ``out/instances/<id>/``,
+which is then the bundle of ``runc run``. Inside, busybox reports the supplementary groups, the
+env, ``/etc/hosts``, each device's type, major and minor, that the device cgroup grants exactly
+the intersected access, the ``/tmp`` tmpfs and a read-only bind mount.
+
+Skips, saying why, only when runc cannot run here at all: not root, no runc, no static busybox,
+or runc failing a plain ``runc spec`` container. A config of ours that runc rejects fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import struct
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from reconciler.balancer import balance
+from reconciler.hostdevices import HostDevices
+from reconciler.loader import load_state
+from reconciler.oci import DevicePolicy, build_config
+from reconciler.oci_writer import hosts_path, instance_dir, write_instance_outputs
+from reconciler.values import instance_id
+
+APPLETS = ("sh", "cat", "echo", "grep", "head", "hostname", "id", "ls", "stat", "true", "sleep")
+GIDS = {"video": 44, "render": 4242}
+
+
+class Groups:
+    """video and render as on a GPU host, whether or not this machine has them."""
+
+    def __call__(self, name: str, /) -> int | None:
+        return GIDS.get(name)
+
+
+def _is_static_elf(path: str) -> bool:
+    """True for a 64-bit little-endian ELF without a PT_INTERP (no dynamic loader needed)."""
+    with open(path, "rb") as f:
+        head = f.read(64)
+        if head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+            return False
+        phoff = struct.unpack_from("<Q", head, 0x20)[0]
+        phentsize, phnum = struct.unpack_from("<HH", head, 0x36)
+        f.seek(phoff)
+        table = f.read(phentsize * phnum)
+    return all(
+        struct.unpack_from("<I", table, i * phentsize)[0] != 3  # PT_INTERP
+        for i in range(phnum)
+    )
+
+
+def _find_busybox() -> str | None:
+    for candidate in ("/bin/busybox", shutil.which("busybox")):
+        if candidate and os.path.isfile(candidate) and _is_static_elf(candidate):
+            return candidate
+    return None
+
+
+def _runc(runc_root: Path, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["runc", "--root", str(runc_root), *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _make_rootfs(rootfs: Path, busybox: str) -> None:
+    (rootfs / "bin").mkdir(parents=True)
+    shutil.copy2(busybox, rootfs / "bin" / "busybox")
+    for applet in APPLETS:
+        (rootfs / "bin" / applet).symlink_to("busybox")
+    # no /tmp: runc gives a tmpfs mounted over an existing directory that directory's mode,
+    # ignoring mode=1777 (images ship /tmp as 1777); here the mount option must do it
+    for d in ("etc", "proc", "sys", "dev", "data"):
+        (rootfs / d).mkdir(exist_ok=True)
+
+
+@pytest.fixture
+def runc_env(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """(runc --root dir, static busybox path) after a probe with a plain `runc spec` config."""
+    if os.geteuid() != 0:
+        pytest.skip("runc containers need root here (euid is not 0)")
+    if shutil.which("runc") is None:
+        pytest.skip("runc is not on PATH (scripts/bootstrap or .ci/run installs it)")
+    busybox = _find_busybox()
+    if busybox is None:
+        pytest.skip("no static busybox (/bin/busybox from busybox-static) for the rootfs")
+    runc_root = tmp_path / "runc-root"
+    runc_root.mkdir()
+    probe = tmp_path / "probe"
+    _make_rootfs(probe / "rootfs", busybox)
+    spec = subprocess.run(
+        ["runc", "spec", "--bundle", str(probe)], capture_output=True, text=True, check=False
+    )
+    if spec.returncode != 0:
+        pytest.skip(f"`runc spec` fails here: {spec.stderr.strip()}")
+    config = json.loads((probe / "config.json").read_text())
+    config["process"]["terminal"] = False
+    config["process"]["args"] = ["/bin/true"]
+    (probe / "config.json").write_text(json.dumps(config))
+    cid = f"probe-{uuid.uuid4().hex[:12]}"
+    try:
+        ran = _runc(runc_root, "run", "--bundle", str(probe), cid)
+    finally:
+        _runc(runc_root, "delete", "--force", cid)
+    if ran.returncode != 0:
+        pytest.skip(f"runc cannot run even a plain `runc spec` container here: {ran.stderr}")
+    yield runc_root, busybox
+
+
+def _mknod(path: Path, major: int, minor: int, mode: int = 0o666) -> None:
+    os.mknod(path, stat.S_IFCHR | mode, os.makedev(major, minor))
+    os.chmod(path, mode)  # mknod's mode is filtered by the umask
+
+
+SCRIPT = r"""
+echo "ids=$(id -u) $(id -G)"
+echo "env=$INSTANCE_ID $ITEM_ID $INSTANCE_INDEX $GPU_NAME $MAP_REGION"
+echo "pool=$DEVICES_EXAMPLE_COM_GPU $GPU_VENDOR"
+echo "hostname=$(hostname)"
+echo "--hosts"; cat /etc/hosts; echo "--end"
+for d in /dev/gpu0 /dev/gpu0-null /dev/dri/card0 /dev/dri/sub/card1 /dev/gpu-pool; do
+  stat -c "dev=%n %F %t:%T" "$d"
+done
+cat /dev/gpu0 2>&1 | head -n 1
+(echo x > /dev/gpu0) 2>&1
+grep " /tmp " /proc/mounts
+echo hi > /tmp/f && echo "tmp-write=ok"
+echo "data=$(cat /data/hello)"
+(echo x > /data/x) 2>/dev/null || echo "data-write=refused"
+"""
+
+
+def test_runc_runs_a_generated_config(runc_env: tuple[Path, str], tmp_path: Path) -> None:
+    runc_root, busybox = runc_env
+    hostdev = tmp_path / "hostdev"
+    (hostdev / "dri" / "sub").mkdir(parents=True)
+    _mknod(hostdev / "probe", 1, 12)  # mem minor 12: no driver, so an allowed open is ENXIO
+    _mknod(hostdev / "dri" / "card0", 226, 0)
+    _mknod(hostdev / "dri" / "sub" / "card1", 226, 1)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "hello").write_text("from-the-host")
+    shared.chmod(0o755)
+    (shared / "hello").chmod(0o644)
+
+    state = tmp_path / "state"
+    (state / "desired").mkdir(parents=True)
+    (state / "nodes").mkdir()
+    _make_rootfs(state / "rootfs" / "busybox", busybox)
+    (state / "desired" / "nav.yaml").write_text(
+        f"""apiVersion: reconciler/v1
+kind: Service
+id: com.example.nav
+version: 1.0.0
+runtimes: [runc]
+image:
+  rootfs: rootfs/busybox
+  entrypoint: [/bin/sh, -c]
+  cmd: [{json.dumps(SCRIPT)}]
+  env: [MAP_REGION=eu]
+quotas: {{cpuDMIPSLimit: 500, ramLimit: 64Mi, pidsLimit: 32, noFileLimit: 256, tmpLimit: 2Mi}}
+resources:
+  - {{name: gpu0, mode: r}}
+devices:
+  - {{resource: example.com/gpu, count: 1}}
+hostname: nav
+"""
+    )
+    resource = {
+        "name": "gpu0",
+        "groups": ["video", "render"],
+        "mounts": [
+            {
+                "destination": "/data",
+                "type": "bind",
+                "source": str(shared),
+                "options": ["rbind", "ro"],
+            }
+        ],
+        "envs": ["GPU_NAME=gpu0"],
+        "hosts": [{"hostname": "gpu-server", "ip": "10.0.0.100"}],
+        "devices": [
+            f"{hostdev}/probe:/dev/gpu0:rw",  # rw ∩ mode r = r
+            "/dev/null:/dev/gpu0-null:w",  # w ∩ r is empty: not exposed, so runc's default
+            f"{hostdev}/dri:/dev/dri",
+        ],
+    }
+    node = {
+        "apiVersion": "reconciler/v1",
+        "kind": "Node",
+        "id": "edge-1",
+        "type": "main",
+        "maxDMIPS": 4000,
+        "totalRAM": "8Gi",
+        "numCores": 2,
+        "runtimes": [{"id": "runc-1", "type": "runc", "platform": {"architecture": "x86_64"}}],
+        "resources": [resource],
+        "devicePools": [
+            {
+                "resource": "example.com/gpu",
+                "policy": "exclusive",
+                "devices": [
+                    {"id": "g0", "devices": ["/dev/zero:/dev/gpu-pool"], "envs": ["GPU_VENDOR=x"]}
+                ],
+            }
+        ],
+    }
+    (state / "nodes" / "edge-1.yaml").write_text(json.dumps(node))  # JSON is YAML 1.2
+
+    view, diagnostics = load_state(state)
+    assert [str(d) for d in diagnostics if d.severity == "error"] == []
+    result = balance(view.unit, list(view.nodes.values()), view.services_sorted())
+    assert result.failures == ()
+    [placement] = result.placements
+    iid = instance_id("com.example.nav", "default", 0)
+    assert placement.instance_id == iid
+    service = view.services[("com.example.nav", "default")]
+    roots = ("/dev", str(hostdev))
+    built = build_config(
+        service,
+        placement,
+        view.nodes[placement.node_id],
+        rootfs=str((state / service.image.rootfs).resolve()),
+        uid=5000,
+        gid=5000,
+        hosts_path=str(hosts_path(state, iid)),
+        groups=Groups(),
+        devices=HostDevices(roots),
+        policy=DevicePolicy(host_roots=roots),
+    )
+    write_instance_outputs(state, {iid: built}, sync=False)
+    bundle = instance_dir(state, iid)
+
+    cid = f"reconciler-test-{uuid.uuid4().hex[:12]}"
+    try:
+        ran = _runc(runc_root, "run", "--bundle", str(bundle), cid)
+    finally:
+        _runc(runc_root, "delete", "--force", cid)
+    out = ran.stdout
+    assert ran.returncode == 0, f"runc rejected or failed the config:\n{ran.stderr}\n{out}"
+
+    lines = out.splitlines()
+    assert "ids=5000 5000 44 4242" in lines
+    assert f"env={iid} com.example.nav 0 gpu0 eu" in lines
+    assert "pool=g0 x" in lines
+    assert "hostname=nav" in lines
+    hosts = out.split("--hosts\n", 1)[1].split("--end\n", 1)[0]
+    assert hosts == "127.0.0.1 localhost\n127.0.1.1 nav\n10.0.0.100 gpu-server\n"
+
+    def hexdev(path: str) -> str:
+        rdev = os.stat(path).st_rdev
+        return f"{os.major(rdev):x}:{os.minor(rdev):x}"
+
+    expected_devices = {
+        "/dev/gpu0": hexdev(f"{hostdev}/probe"),
+        "/dev/dri/card0": hexdev(f"{hostdev}/dri/card0"),
+        "/dev/dri/sub/card1": hexdev(f"{hostdev}/dri/sub/card1"),
+        "/dev/gpu-pool": hexdev("/dev/zero"),
+    }
+    for path, majmin in expected_devices.items():
+        assert f"dev={path} character special file {majmin}" in lines, out
+    # /dev/gpu0-null was left out (no common access): stat fails, so no dev= line for it
+    assert not any(line.startswith("dev=/dev/gpu0-null") for line in lines)
+    # the allow rule grants exactly r: read reaches the (absent) driver, write is refused
+    assert "cat: can't open '/dev/gpu0': No such device or address" in lines
+    assert "/bin/sh: can't create /dev/gpu0: Operation not permitted" in lines
+    tmp = next(line for line in lines if " /tmp " in line)
+    assert tmp.startswith("tmpfs /tmp tmpfs") and "size=2048k" in tmp
+    assert "tmp-write=ok" in lines
+    assert "data=from-the-host" in lines
+    assert "data-write=refused" in lines
+    assert not (shared / "x").exists()
