@@ -23,7 +23,7 @@ from .checkpoint import load_checkpoint
 from .loader import Diagnostic, load_state
 from .lock import LockTimeout, StateLock
 from .models import Service
-from .oci_glue import default_instance_outputs
+from .oci_glue import default_config_builder
 from .placement import Mode, expand_instances
 from .planner import Plan, failure_json
 from .reconcile import Computed, ReconcileError, ReconcileOptions, compute_once, reconcile
@@ -230,7 +230,9 @@ def plan(state_dir: Path, as_json: bool, mode: str | None, allow_empty: bool) ->
     unplaceable, 1 error (including the mass-deletion guard's refusal).
     """
     _require_state(state_dir)
-    opts = ReconcileOptions(mode=_mode(mode), allow_empty=allow_empty)
+    opts = ReconcileOptions(
+        mode=_mode(mode), allow_empty=allow_empty, configs=default_config_builder()
+    )
     try:
         comp = compute_once(state_dir, opts, read_only=True)
     except ReconcileError as e:
@@ -284,15 +286,12 @@ def _run_reconcile(state_dir: Path, opts: ReconcileOptions, as_json: bool) -> in
                 "checkpointGeneration": comp.checkpoint.generation,
                 "actions": [a.to_json() for a in p.actions],
                 "failures": [failure_json(f) for f in p.failures],
-                "instanceErrors": list(report.instance_errors),
                 "invalidInputs": [d.to_json() for d in comp.diagnostics],
             }
         )
     else:
         console = _console()
         render_plan(console, p)
-        for err in report.instance_errors:
-            console.print(f"[red]instance error:[/red] {err}", markup=True)
         console.print(
             f"Wrote {len(report.written)} file(s)"
             + (
@@ -334,7 +333,7 @@ def reconcile_cmd(
         mode=_mode(mode),
         allow_empty=allow_empty,
         lock_timeout=lock_timeout,
-        instance_outputs=default_instance_outputs(),
+        configs=default_config_builder(),
     )
     return _run_reconcile(state_dir, opts, as_json)
 
@@ -363,7 +362,7 @@ def apply(planfile: Path, state_dir: Path, as_json: bool, allow_empty: bool) -> 
     opts = ReconcileOptions(
         mode=_mode(saved_mode),
         allow_empty=allow_empty,
-        instance_outputs=default_instance_outputs(),
+        configs=default_config_builder(),
     )
     with StateLock(state_dir):
         try:
@@ -395,7 +394,7 @@ def rebalance(state_dir: Path, as_json: bool, allow_empty: bool) -> int:
     Exit codes: 0 done, 1 error.
     """
     opts = ReconcileOptions(
-        mode="rebalance", allow_empty=allow_empty, instance_outputs=default_instance_outputs()
+        mode="rebalance", allow_empty=allow_empty, configs=default_config_builder()
     )
     return _run_reconcile(state_dir, opts, as_json)
 
@@ -440,7 +439,7 @@ def watch(
     """
     logging.getLogger("reconciler").setLevel(min(logging.INFO, logging.getLogger().level))
     opts = ReconcileOptions(
-        mode=_mode(mode), allow_empty=allow_empty, instance_outputs=default_instance_outputs()
+        mode=_mode(mode), allow_empty=allow_empty, configs=default_config_builder()
     )
     return watch_loop(state_dir, opts, WatchOptions(debounce=debounce, resync=resync))
 

@@ -402,12 +402,13 @@ def _apply_device_string(
         what = f"{origin}: device {text!r}"
         if node.type not in ("c", "b"):
             raise _Fail(f"{what}: {node.path!r} is not a character or block device")
-        if node.major < 0 or node.minor < 0 or not 0 <= node.file_mode <= 0o777:
-            raise _Fail(f"{what}: {node.path!r} has an invalid major, minor or mode")
+        numbers = (node.major, node.minor, node.uid, node.gid)
+        if not all(0 <= n <= _MAX_ID for n in numbers) or not 0 <= node.file_mode <= 0o777:
+            raise _Fail(f"{what}: {node.path!r} has an invalid major, minor, mode, uid or gid")
         _check_host_path(node.path, what, policy)
         _check_host_path(where, what, policy)
         rel = "." if where == host else posixpath.relpath(where, base)
-        if rel.startswith(".."):
+        if rel == ".." or rel.startswith("../"):
             raise _Fail(f"{what}: {where!r} was found outside {base!r}")
         target = spec.container if rel == "." else posixpath.join(spec.container, rel)
         _check_container_path(target, what, policy)

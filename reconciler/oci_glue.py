@@ -1,11 +1,53 @@
-"""The OCI step of ``reconcile``: build and write every placed instance's config."""
+"""The OCI step of ``reconcile``: build every placed instance's config with the real host
+lookups (the system group database, the devices under /dev)."""
 
 from __future__ import annotations
 
-from .reconcile import InstanceOutputs
+import os
+from pathlib import Path
 
-__all__ = ["default_instance_outputs"]
+from .checkpoint import Checkpoint
+from .hostdevices import HostDevices, SystemGroups
+from .loader import StateView
+from .oci import BuildResult, ConfigJob, build_all
+from .oci_writer import hosts_path
+from .placement import BalanceResult
+from .reconcile import ConfigBuilder
+
+__all__ = ["default_config_builder", "resolve_rootfs"]
 
 
-def default_instance_outputs() -> InstanceOutputs | None:
-    return None
+def resolve_rootfs(state_dir: Path, rootfs: str) -> str:
+    """An image rootfs relative to the state directory, or absolute (SPEC §3.2)."""
+    path = Path(rootfs)
+    return os.path.normpath(path if path.is_absolute() else state_dir.resolve() / path)
+
+
+def default_config_builder() -> ConfigBuilder:
+    groups = SystemGroups()
+    devices = HostDevices()
+
+    def build(
+        state_dir: Path, view: StateView, result: BalanceResult, cp: Checkpoint
+    ) -> BuildResult:
+        services = {s.key: s for s in view.services.values()}
+        jobs = []
+        for p in result.placements:
+            alloc = cp.allocations.get(p.instance_id)
+            if alloc is None:
+                continue
+            service = services[(p.item_id, p.subject_id)]
+            jobs.append(
+                ConfigJob(
+                    service=service,
+                    placement=p,
+                    node=view.nodes[p.node_id],
+                    rootfs=resolve_rootfs(state_dir, service.image.rootfs),
+                    uid=alloc.uid,
+                    gid=alloc.gid,
+                    hosts_path=str(hosts_path(state_dir.resolve(), p.instance_id)),
+                )
+            )
+        return build_all(jobs, groups=groups, devices=devices)
+
+    return build

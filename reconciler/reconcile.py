@@ -22,13 +22,16 @@ from .checkpoint import Checkpoint, LoadReport, assign_ids, load_checkpoint, sav
 from .fsio import WriteHook, ensure_dir, remove_stale_temp_files, write_if_changed
 from .loader import Diagnostic, StateView, load_state, mass_deletion_guard
 from .lock import StateLock
-from .placement import BalanceResult, Mode
+from .oci import BuildResult, BuiltConfig
+from .oci_writer import write_instance_outputs
+from .placement import BalanceResult, Failure, Mode
 from .planner import Plan, make_plan
 from .status import build_status
 from .values import validate_id
 
 __all__ = [
-    "InstanceOutputs",
+    "CONFIG_FAILURE",
+    "ConfigBuilder",
     "ReconcileError",
     "ReconcileOptions",
     "ReconcileReport",
@@ -39,8 +42,11 @@ __all__ = [
 
 log = logging.getLogger("reconciler.reconcile")
 
-InstanceOutputs = Callable[[Path, StateView, BalanceResult, Checkpoint], list[str]]
-"""Writes ``out/instances/`` for the placements (the OCI step); returns per-instance errors."""
+ConfigBuilder = Callable[[Path, StateView, BalanceResult, Checkpoint], BuildResult]
+"""Builds the OCI config of every placement (reads the host's groups and devices)."""
+
+CONFIG_FAILURE = "Config"
+"""The failure code of an instance whose OCI config cannot be built (SPEC §11)."""
 
 
 class ReconcileError(RuntimeError):
@@ -55,7 +61,7 @@ class ReconcileOptions:
     overload: Overload | None = None
     alerts: tuple[Mapping[str, Any], ...] = ()
     write_hook: WriteHook | None = None
-    instance_outputs: InstanceOutputs | None = None
+    configs: ConfigBuilder | None = None
     lock_timeout: float | None = None
 
 
@@ -68,6 +74,7 @@ class Computed:
     checkpoint: Checkpoint  # what the checkpoint should hold after this run
     plan: Plan
     id_errors: list[str]
+    built: Mapping[str, BuiltConfig] | None = None  # None: configs were not built
 
 
 @dataclass(frozen=True)
@@ -76,7 +83,6 @@ class ReconcileReport:
     computed: Computed
     written: tuple[str, ...] = ()
     checkpoint_written: bool = False
-    instance_errors: tuple[str, ...] = ()
     problems: tuple[str, ...] = field(default=())
 
     @property
@@ -109,6 +115,14 @@ def compute_once(
     )
     allocations, gids, id_errors = assign_ids(result, cp.allocations, cp.gids)
     new_cp = Checkpoint(cp.lineage, cp.generation, allocations, gids, cp.alerts)
+    built: dict[str, BuiltConfig] | None = None
+    if opts.configs is not None:
+        configs = opts.configs(state_dir, view, result, new_cp)
+        built = configs.built
+        if configs.errors:
+            result = _without(result, configs.errors)
+            allocations = {i: a for i, a in allocations.items() if i not in configs.errors}
+            new_cp = Checkpoint(cp.lineage, cp.generation, allocations, gids, cp.alerts)
     if loaded.source != "current" or not new_cp.same_data(cp):
         new_cp = Checkpoint(cp.lineage, cp.generation + 1, allocations, gids, cp.alerts)
     plan = make_plan(
@@ -118,7 +132,30 @@ def compute_once(
         fingerprint=fingerprint(view, new_cp.generation),
         rebalanced=opts.mode == "rebalance",
     )
-    return Computed(view, diags, loaded, result, new_cp, plan, id_errors)
+    return Computed(view, diags, loaded, result, new_cp, plan, id_errors, built)
+
+
+def _without(result: BalanceResult, errors: Mapping[str, str]) -> BalanceResult:
+    """The result with the instances whose config failed turned into failures."""
+    failures = list(result.failures)
+    for p in result.placements:
+        if p.instance_id in errors:
+            failures.append(
+                Failure(
+                    p.instance_id,
+                    p.item_id,
+                    p.subject_id,
+                    p.index,
+                    p.version,
+                    p.priority,
+                    CONFIG_FAILURE,
+                    errors[p.instance_id],
+                    ((CONFIG_FAILURE, 1),),
+                )
+            )
+    failures.sort(key=lambda f: (-f.priority, f.item_id, f.subject_id, f.index))
+    kept = tuple(p for p in result.placements if p.instance_id not in errors)
+    return BalanceResult(kept, tuple(failures), result.preempted)
 
 
 def fingerprint(view: StateView, generation: int) -> str:
@@ -164,6 +201,10 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
     uids = {iid: (a.uid, a.gid) for iid, a in c.checkpoint.allocations.items()}
     status = build_status(c.view, c.result, slots, c.diagnostics, alerts=opts.alerts, uids=uids)
     put(out / "status.json", status)
+    if c.built is not None:
+        report = write_instance_outputs(state_dir, c.built)
+        written += [f"out/{f}" for f in report.written]
+        written += [f"out/instances/{i}" for i in report.removed]
     return written
 
 
@@ -178,7 +219,6 @@ def reconcile(state_dir: Path, opts: ReconcileOptions | None = None) -> Reconcil
         previous_view: StateView | None = None
         written: list[str] = []
         cp_written = False
-        instance_errors: list[str] = []
         problems: list[str] = []
         for n in range(1, opts.max_passes + 1):
             c = compute_once(state_dir, opts, previous_view)
@@ -191,16 +231,10 @@ def reconcile(state_dir: Path, opts: ReconcileOptions | None = None) -> Reconcil
                 save_checkpoint(state_dir / "checkpoint", c.checkpoint, hook=opts.write_hook)
                 cp_written = True
             written += _write_outputs(state_dir, c, opts)
-            if opts.instance_outputs is not None:
-                instance_errors += opts.instance_outputs(state_dir, c.view, c.result, c.checkpoint)
             after, _ = load_state(state_dir, c.view)
             if after.input_hash == c.view.input_hash:
-                return ReconcileReport(
-                    n, c, tuple(written), cp_written, tuple(instance_errors), tuple(problems)
-                )
+                return ReconcileReport(n, c, tuple(written), cp_written, tuple(problems))
             log.info("inputs changed during the run; reconciling again")
             previous_view = after
         log.warning("inputs kept changing for %d passes; stopping here", opts.max_passes)
-        return ReconcileReport(
-            opts.max_passes, c, tuple(written), cp_written, tuple(instance_errors), tuple(problems)
-        )
+        return ReconcileReport(opts.max_passes, c, tuple(written), cp_written, tuple(problems))
