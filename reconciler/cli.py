@@ -7,10 +7,12 @@ to stderr; ``--json`` gives machine output with a ``formatVersion``.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -234,7 +236,10 @@ def plan(state_dir: Path, as_json: bool, mode: str | None, allow_empty: bool) ->
         mode=_mode(mode), allow_empty=allow_empty, configs=default_config_builder()
     )
     try:
-        comp = compute_once(state_dir, opts, read_only=True)
+        with _progress() as on_stage:
+            comp = compute_once(
+                state_dir, dataclasses.replace(opts, on_stage=on_stage), read_only=True
+            )
     except ReconcileError as e:
         _err_console().print(f"error: {e}", markup=False)
         return EXIT_ERROR
@@ -263,9 +268,21 @@ def _effective_mode(comp: Computed, opts: ReconcileOptions) -> str:
     return opts.mode or (comp.view.unit.placement if comp.view.unit else "stable")
 
 
+@contextlib.contextmanager
+def _progress() -> Iterator[Callable[[str], None] | None]:
+    """A spinner with the current stage on stderr, only when stderr is a terminal."""
+    console = _err_console()
+    if not console.is_terminal:
+        yield None
+        return
+    with console.status("starting", spinner="dots") as status:
+        yield lambda text: status.update(f"{text}...")
+
+
 def _run_reconcile(state_dir: Path, opts: ReconcileOptions, as_json: bool) -> int:
     try:
-        report = reconcile(state_dir, opts)
+        with _progress() as on_stage:
+            report = reconcile(state_dir, dataclasses.replace(opts, on_stage=on_stage))
     except ReconcileError as e:
         _err_console().print(f"error: {e}", markup=False)
         return EXIT_ERROR

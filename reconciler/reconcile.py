@@ -62,6 +62,7 @@ class ReconcileOptions:
     alerts: tuple[Mapping[str, Any], ...] = ()
     write_hook: WriteHook | None = None
     configs: ConfigBuilder | None = None
+    on_stage: Callable[[str], None] | None = None  # progress: told each stage as it starts
     lock_timeout: float | None = None
 
 
@@ -99,12 +100,17 @@ def compute_once(
 ) -> Computed:
     """Load, recover, balance, assign ids and plan; writes nothing except, when not
     ``read_only``, moving a corrupt checkpoint to quarantine."""
+    stage = opts.on_stage or (lambda _text: None)
+    stage("loading inputs")
     view, diags = load_state(state_dir, previous_view)
+    stage("recovering the checkpoint")
     loaded = load_checkpoint(state_dir / "checkpoint", view.actual, quarantine=not read_only)
     cp = loaded.checkpoint
     refused = mass_deletion_guard(view, allow_empty=opts.allow_empty)
     if refused is not None:
         raise ReconcileError(str(refused))
+    n_instances = sum(s.instances for s in view.services.values())
+    stage(f"placing {n_instances} instances on {len(view.nodes)} nodes")
     result = balance(
         view.unit,
         list(view.nodes.values()),
@@ -117,6 +123,7 @@ def compute_once(
     new_cp = Checkpoint(cp.lineage, cp.generation, allocations, gids, cp.alerts)
     built: dict[str, BuiltConfig] | None = None
     if opts.configs is not None:
+        stage(f"building {len(result.placements)} OCI configs")
         configs = opts.configs(state_dir, view, result, new_cp)
         built = configs.built
         if configs.errors:
@@ -125,6 +132,7 @@ def compute_once(
             new_cp = Checkpoint(cp.lineage, cp.generation, allocations, gids, cp.alerts)
     if loaded.source != "current" or not new_cp.same_data(cp):
         new_cp = Checkpoint(cp.lineage, cp.generation + 1, allocations, gids, cp.alerts)
+    stage("planning")
     plan = make_plan(
         result,
         view.actual,
@@ -225,6 +233,8 @@ def reconcile(state_dir: Path, opts: ReconcileOptions | None = None) -> Reconcil
             problems.extend(c.loaded.problems)
             for p in c.loaded.problems:
                 log.error("checkpoint: %s", p)
+            if opts.on_stage is not None:
+                opts.on_stage("writing out/ and the checkpoint")
             if c.checkpoint.generation != c.loaded.checkpoint.generation or (
                 c.loaded.source != "current"
             ):

@@ -456,3 +456,20 @@ def test_stable_invariants(scenario: Scenario, data: st.DataObject) -> None:
     prev = shuffled_previous(data, previous)
     other = balance(scenario.unit, other_nodes, svcs, previous=prev, mode="stable")
     assert other == second
+
+
+@SETTINGS
+@given(scenario=scenarios(), data=st.data())
+def test_class_indexes_give_the_exhaustive_result(scenario: Scenario, data: st.DataObject) -> None:
+    """The fast pass 2 (node classes, sorted indexes, refused-node memory) must equal evaluating
+    every filter on every node for every instance, in fresh and in stable mode."""
+    nodes = scenario.nodes()
+    fast = balance(scenario.unit, nodes, scenario.services, mode="fresh")
+    slow = balance(scenario.unit, nodes, scenario.services, mode="fresh", exhaustive=True)
+    assert fast == slow
+    dropped = data.draw(st.integers(0, len(scenario.services) - 1), label="dropped")
+    fewer = tuple(s for i, s in enumerate(scenario.services) if i != dropped)
+    previous = previous_of(balance(scenario.unit, nodes, fewer, mode="fresh"))
+    fast = balance(scenario.unit, nodes, scenario.services, previous, mode="stable")
+    slow = balance(scenario.unit, nodes, scenario.services, previous, "stable", exhaustive=True)
+    assert fast == slow
