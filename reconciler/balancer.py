@@ -150,10 +150,12 @@ class NodeSlot:
     pools: dict[str, PoolState]
     placed: dict[str, Reservation] = field(default_factory=dict)
     overloaded: frozenset[str] = frozenset()
-    request_key: tuple[ResourceRatios, bool] = (_DEFAULT_RATIOS, False)
+    request_key: tuple[int, int, int, int, bool] = (50, 50, 50, 50, False)
+    version: int = 0  # bumped by every reservation and release on this node
 
     def __post_init__(self) -> None:
-        self.request_key = (self.ratios, bool(self.overloaded))
+        r = self.ratios
+        self.request_key = (r.cpu, r.ram, r.storage, r.state, bool(self.overloaded))
 
     def partition_key(self, kind: str) -> str | None:
         return self.partition_of.get(kind)
@@ -194,11 +196,13 @@ def _make_slot(unit: UnitConfig | None, node: Node, overload: frozenset[str]) ->
         runtimes.append(
             RuntimeSlot(
                 rt,
-                Inventory(f"{rt.id}/instances", total=rt.maxInstances) if rt.maxInstances else None,
-                Inventory(f"{rt.id}/cpu", total=rt.allowedDMIPS)
+                Inventory.simple(f"{rt.id}/instances", rt.maxInstances)
+                if rt.maxInstances
+                else None,
+                Inventory.simple(f"{rt.id}/cpu", rt.allowedDMIPS)
                 if rt.allowedDMIPS is not None
                 else None,
-                Inventory(f"{rt.id}/ram", total=rt.allowedRAM)
+                Inventory.simple(f"{rt.id}/ram", rt.allowedRAM)
                 if rt.allowedRAM is not None
                 else None,
             )
@@ -209,7 +213,7 @@ def _make_slot(unit: UnitConfig | None, node: Node, overload: frozenset[str]) ->
         for kind in ("storages", "states"):
             if kind in part.types and kind not in partition_of:
                 partition_of[kind] = part.name
-                partitions[part.name] = Inventory(part.name, total=part.totalSize)
+                partitions[part.name] = Inventory.simple(part.name, part.totalSize)
     shared = REGISTRY["shared-count"]
     resources = {
         r.name: shared.new_state(r.name, (Item(r.name),), r.sharedCount)
@@ -227,8 +231,8 @@ def _make_slot(unit: UnitConfig | None, node: Node, overload: frozenset[str]) ->
         priority=cfg.priority if cfg is not None else _DEFAULT_CONFIG_PRIORITY,
         labels=frozenset(cfg.labels) if cfg is not None else frozenset(),
         ratios=cfg.resourceRatios if cfg is not None else _DEFAULT_RATIOS,
-        cpu=Inventory("cpu", total=max(0, cpu_base - sys_cpu)),
-        ram=Inventory("ram", total=max(0, ram_base - sys_ram)),
+        cpu=Inventory.simple("cpu", max(0, cpu_base - sys_cpu)),
+        ram=Inventory.simple("ram", max(0, ram_base - sys_ram)),
         runtimes=runtimes,
         partitions=partitions,
         partition_of=partition_of,
@@ -256,14 +260,14 @@ class Ask:
     keep_runtime: str | None = None
     keep_devices: dict[str, tuple[str, ...]] = field(default_factory=dict)
     usage: tuple[int, int] | None = None  # measured (cpu, ram) of this instance
-    _cache: dict[tuple[ResourceRatios, bool], Requested] = field(default_factory=dict)
+    _cache: dict[tuple[int, int, int, int, bool], Requested] = field(default_factory=dict)
 
     def requested(self, slot: NodeSlot) -> Requested:
         """SPEC §7.2 on ``slot`` (cached per ratios and overload)."""
         key = slot.request_key
         got = self._cache.get(key)
         if got is None:
-            measured = self.usage if key[1] else None
+            measured = self.usage if key[4] else None
             got = requested_amounts(self.instance.service, slot.ratios, measured)
             self._cache[key] = got
         return got
@@ -485,7 +489,10 @@ def _dynamic_runtime(slot: NodeSlot, ask: Ask, runtimes: tuple[int, ...]) -> int
             return None
     for i in runtimes:
         rt = slot.runtimes[i]
-        if all(rf.check(slot, rt, ask) is None for rf in DYNAMIC_RUNTIME_FILTERS):
+        for rf in DYNAMIC_RUNTIME_FILTERS:
+            if rf.check(slot, rt, ask) is not None:
+                break
+        else:
             return i
     return None
 
@@ -537,6 +544,9 @@ class _Run:
         self.levels = [by_priority[p] for p in sorted(by_priority, reverse=True)]
         self.static: dict[tuple[tuple[str, str], int], tuple[int, ...]] = {}
         self.refused: dict[object, set[str]] = {}
+        # the dynamic answer per (group, node) at a node version: a node that did not change
+        # since it was last checked for this group answers the same
+        self.answers: dict[tuple[object, str], tuple[int, int]] = {}
         self.failed: dict[object, tuple[str, tuple[tuple[str, int], ...]]] = {}
 
     def ask(self, instance: Instance) -> Ask:
@@ -549,6 +559,7 @@ class _Run:
             _reserve(slot, ask, runtime_index)
         finally:
             index.add(_entry(slot))
+            slot.version += 1
         self.where[ask.instance.id] = slot.id
 
     def release(self, slot: NodeSlot, iid: str) -> None:
@@ -556,6 +567,7 @@ class _Run:
         index.remove(_entry(slot))
         _release(slot, iid)
         index.add(_entry(slot))
+        slot.version += 1
         del self.where[iid]
         self.refused.clear()  # something became free: forget what was refused
         self.failed.clear()
@@ -590,11 +602,17 @@ class _Run:
                         node_id = entry[2]
                         if node_id in refused:
                             continue
-                        ri = _dynamic_runtime(self.slots[node_id], ask, runtimes)
-                        if ri is None:
+                        slot = self.slots[node_id]
+                        known_answer = self.answers.get((group, node_id))
+                        if known_answer is not None and known_answer[0] == slot.version:
+                            found = (entry, known_answer[1])
+                            break
+                        answer = _dynamic_runtime(slot, ask, runtimes)
+                        if answer is None:
                             refused.add(node_id)
                             continue
-                        found = (entry, ri)
+                        self.answers[(group, node_id)] = (slot.version, answer)
+                        found = (entry, answer)
                         break
                 if found is not None:
                     break

@@ -145,6 +145,25 @@ class Inventory:
             self.total - self.reserved if capacity is None else math.floor(capacity),
         )
 
+    @staticmethod
+    def simple(resource_class: str, total: int) -> Inventory:
+        """``Inventory(resource_class, total=total)`` with every other field at its default,
+        built without the general validation (only ``total >= 0`` can be wrong here)."""
+        if type(total) is not int or total < 0 or not resource_class:
+            return Inventory(resource_class, total=total)  # raises the usual error
+        new = object.__new__(Inventory)
+        _set = object.__setattr__
+        _set(new, "resource_class", resource_class)
+        _set(new, "total", total)
+        _set(new, "reserved", 0)
+        _set(new, "allocation_ratio", 1.0)
+        _set(new, "min_unit", 1)
+        _set(new, "max_unit", None)
+        _set(new, "step_size", 1)
+        _set(new, "_capacity", total)
+        _set(new, "used", 0)
+        return new
+
     def _derive(self, used: int) -> Inventory:
         """A copy with another ``used``, skipping the validation the original passed."""
         new = object.__new__(Inventory)

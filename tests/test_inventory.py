@@ -291,3 +291,16 @@ class TestConstruction:
         assert inv.with_used(7).used == 7
         with pytest.raises(InvalidInventoryError):
             inv.with_used(-1)
+
+
+class TestSimpleConstructor:
+    @given(st.integers(min_value=0, max_value=2**40), st.sampled_from(["cpu", "ram", "gpu/x"]))
+    def test_equals_the_validated_constructor(self, total: int, name: str) -> None:
+        fast = Inventory.simple(name, total)
+        assert fast == Inventory(name, total=total)
+        assert (fast.capacity, fast.free) == (total, total)
+        assert fast.consume(total).free == 0
+
+    def test_refuses_what_the_constructor_refuses(self) -> None:
+        with pytest.raises(InvalidInventoryError):
+            Inventory.simple("cpu", -1)

@@ -73,7 +73,28 @@ class PoolState:
             object.__setattr__(self, "by_id", {i.id: i for i in self.items})
 
     def holders_of(self, item_id: str) -> int:
-        return dict(self.holders).get(item_id, 0)
+        for key, n in self.holders:
+            if key == item_id:
+                return n
+        return 0
+
+    def evolve(
+        self,
+        slots: Inventory,
+        holders: tuple[tuple[str, int], ...] | None = None,
+        memory_used: tuple[tuple[str, int], ...] | None = None,
+    ) -> PoolState:
+        """The next state of the same pool (same items, so the id index is shared)."""
+        new = object.__new__(PoolState)
+        _set = object.__setattr__
+        _set(new, "resource", self.resource)
+        _set(new, "policy", self.policy)
+        _set(new, "items", self.items)
+        _set(new, "slots", slots)
+        _set(new, "holders", self.holders if holders is None else holders)
+        _set(new, "memory_used", self.memory_used if memory_used is None else memory_used)
+        _set(new, "by_id", self.by_id)
+        return new
 
 
 @dataclass(frozen=True, slots=True)

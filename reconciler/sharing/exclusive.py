@@ -13,7 +13,7 @@ class ExclusivePolicy(SharingPolicy):
 
     def new_state(self, resource: str, items: tuple[Item, ...], limit: int = 0) -> PoolState:
         ordered = tuple(sorted(items, key=lambda i: i.id))
-        return PoolState(resource, self.name, ordered, Inventory(resource, total=len(ordered)))
+        return PoolState(resource, self.name, ordered, Inventory.simple(resource, len(ordered)))
 
     def _choose(
         self, state: PoolState, request: ShareRequest, keep: tuple[str, ...]
@@ -58,11 +58,11 @@ class ExclusivePolicy(SharingPolicy):
         for i in chosen:
             holders = bump(holders, i, 1)
         slots = state.slots.consume(len(chosen))
-        return PoolState(state.resource, self.name, state.items, slots, holders), chosen
+        return state.evolve(slots, holders), chosen
 
     def release(self, state: PoolState, request: ShareRequest, ids: tuple[str, ...]) -> PoolState:
         holders = state.holders
         for i in ids:
             holders = bump(holders, i, -1)
         slots = state.slots.release(len(ids))
-        return PoolState(state.resource, self.name, state.items, slots, holders)
+        return state.evolve(slots, holders)

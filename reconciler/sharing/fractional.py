@@ -23,7 +23,7 @@ class FractionalPolicy(SharingPolicy):
 
     def new_state(self, resource: str, items: tuple[Item, ...], limit: int = 0) -> PoolState:
         ordered = tuple(sorted(items, key=lambda i: i.id))
-        return PoolState(resource, self.name, ordered, Inventory(resource, total=len(ordered)))
+        return PoolState(resource, self.name, ordered, Inventory.simple(resource, len(ordered)))
 
     @staticmethod
     def _free(state: PoolState, item: Item) -> int:
@@ -66,7 +66,7 @@ class FractionalPolicy(SharingPolicy):
         holders = bump(state.holders, chosen, 1)
         slots = state.slots if state.holders_of(chosen) else state.slots.consume(1)
         memory = bump(state.memory_used, chosen, request.memory)
-        new = PoolState(state.resource, self.name, state.items, slots, holders, memory)
+        new = state.evolve(slots, holders, memory)
         return new, (chosen,)
 
     def release(self, state: PoolState, request: ShareRequest, ids: tuple[str, ...]) -> PoolState:
@@ -77,7 +77,7 @@ class FractionalPolicy(SharingPolicy):
             memory = bump(memory, i, -request.memory)
             if dict(holders).get(i, 0) == 0:
                 slots = slots.release(1)
-        return PoolState(state.resource, self.name, state.items, slots, holders, memory)
+        return state.evolve(slots, holders, memory)
 
     def status(self, state: PoolState) -> PoolStatus:
         base = super().status(state)

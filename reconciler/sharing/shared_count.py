@@ -15,7 +15,7 @@ class SharedCountPolicy(SharingPolicy):
 
     def new_state(self, resource: str, items: tuple[Item, ...], limit: int = 0) -> PoolState:
         total = limit if limit > 0 else UNLIMITED
-        return PoolState(resource, self.name, items, Inventory(resource, total=total))
+        return PoolState(resource, self.name, items, Inventory.simple(resource, total))
 
     def filter(self, state: PoolState, request: ShareRequest, keep: tuple[str, ...] = ()) -> Status:
         if state.slots.can_provide(1):
@@ -29,7 +29,7 @@ class SharedCountPolicy(SharingPolicy):
         self, state: PoolState, request: ShareRequest, keep: tuple[str, ...] = ()
     ) -> tuple[PoolState, tuple[str, ...]]:
         slots = state.slots.consume(1)
-        return PoolState(state.resource, self.name, state.items, slots), (state.resource,)
+        return state.evolve(slots), (state.resource,)
 
     def release(self, state: PoolState, request: ShareRequest, ids: tuple[str, ...]) -> PoolState:
-        return PoolState(state.resource, self.name, state.items, state.slots.release(1))
+        return state.evolve(state.slots.release(1))
