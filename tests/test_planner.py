@@ -273,4 +273,4 @@ def _plan_time(n: int) -> float:
 def test_planning_scales_linearly() -> None:
     small, large = _plan_time(2500), _plan_time(5000)
     # 2x the instances must cost well under 4x the time (quadratic would be 4x)
-    assert large < 3.0 * small + 0.01, (small, large)
+    assert large < 3.5 * small + 0.01, (small, large)
