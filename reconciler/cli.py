@@ -28,7 +28,7 @@ from .models import Service
 from .oci_glue import default_config_builder
 from .placement import Mode, expand_instances
 from .planner import Plan, failure_json
-from .reconcile import Computed, ReconcileError, ReconcileOptions, compute_once, reconcile
+from .reconcile import ReconcileError, ReconcileOptions, compute_once, reconcile
 from .render import render_explanation, render_placements, render_plan, render_status
 from .schema import all_schemas
 from .values import parse_duration
@@ -248,7 +248,7 @@ def plan(state_dir: Path, as_json: bool, mode: str | None, allow_empty: bool) ->
         log.error("checkpoint: %s", problem)
     if as_json:
         doc = comp.plan.to_json()
-        doc["inputs"]["mode"] = _effective_mode(comp, opts)
+        doc["inputs"]["mode"] = comp.mode
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     else:
         console = _console()
@@ -262,10 +262,6 @@ def _plan_exit(p: Plan) -> int:
     if p.failures:
         return EXIT_PLAN_UNPLACEABLE
     return EXIT_PLAN_CHANGES if p.changes_present else EXIT_OK
-
-
-def _effective_mode(comp: Computed, opts: ReconcileOptions) -> str:
-    return opts.mode or (comp.view.unit.placement if comp.view.unit else "stable")
 
 
 @contextlib.contextmanager
@@ -496,6 +492,8 @@ def _mode(mode: str | None) -> Mode | None:
         return "stable"
     if mode == "fresh":
         return "fresh"
+    if mode == "rebalance":
+        return "rebalance"
     return None
 
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .balancer import Overload, balance, node_states
+from .alerts import AlertUpdate, observe
+from .balancer import balance, node_states
 from .checkpoint import Checkpoint, LoadReport, assign_ids, load_checkpoint, save_checkpoint
 from .fsio import WriteHook, ensure_dir, remove_stale_temp_files, write_if_changed
 from .loader import Diagnostic, StateView, load_state, mass_deletion_guard
@@ -58,8 +60,7 @@ class ReconcileOptions:
     mode: Mode | None = None
     allow_empty: bool = False
     max_passes: int = 5
-    overload: Overload | None = None
-    alerts: tuple[Mapping[str, Any], ...] = ()
+    clock: Callable[[], float] | None = None  # seconds since the epoch; default time.time
     write_hook: WriteHook | None = None
     configs: ConfigBuilder | None = None
     on_stage: Callable[[str], None] | None = None  # progress: told each stage as it starts
@@ -76,6 +77,8 @@ class Computed:
     plan: Plan
     id_errors: list[str]
     built: Mapping[str, BuiltConfig] | None = None  # None: configs were not built
+    alerts: AlertUpdate | None = None
+    mode: Mode = "stable"  # the mode the placement ran in
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,12 @@ def compute_once(
     refused = mass_deletion_guard(view, allow_empty=opts.allow_empty)
     if refused is not None:
         raise ReconcileError(str(refused))
+    now = opts.clock() if opts.clock is not None else time.time()
+    alerts = observe(cp.alerts, view.unit, list(view.nodes.values()), now)
+    mode: Mode = opts.mode or (view.unit.placement if view.unit is not None else "stable")
+    if alerts.rebalance and mode != "fresh":
+        mode = "rebalance"  # SPEC §8: a raise, and each minTimeout while raised
+    overload = alerts.overload if mode == "rebalance" else None
     n_instances = sum(s.instances for s in view.services.values())
     stage(f"placing {n_instances} instances on {len(view.nodes)} nodes")
     result = balance(
@@ -116,11 +125,11 @@ def compute_once(
         list(view.nodes.values()),
         view.services_sorted(),
         cp.previous(),
-        opts.mode,
-        opts.overload,
+        mode,
+        overload,
     )
     allocations, gids, id_errors = assign_ids(result, cp.allocations, cp.gids)
-    new_cp = Checkpoint(cp.lineage, cp.generation, allocations, gids, cp.alerts)
+    new_cp = Checkpoint(cp.lineage, cp.generation, allocations, gids, alerts.timelines)
     built: dict[str, BuiltConfig] | None = None
     if opts.configs is not None:
         stage(f"building {len(result.placements)} OCI configs")
@@ -129,18 +138,18 @@ def compute_once(
         if configs.errors:
             result = _without(result, configs.errors)
             allocations = {i: a for i, a in allocations.items() if i not in configs.errors}
-            new_cp = Checkpoint(cp.lineage, cp.generation, allocations, gids, cp.alerts)
+            new_cp = Checkpoint(cp.lineage, cp.generation, allocations, gids, alerts.timelines)
     if loaded.source != "current" or not new_cp.same_data(cp):
-        new_cp = Checkpoint(cp.lineage, cp.generation + 1, allocations, gids, cp.alerts)
+        new_cp = Checkpoint(cp.lineage, cp.generation + 1, allocations, gids, alerts.timelines)
     stage("planning")
     plan = make_plan(
         result,
         view.actual,
         set(view.nodes),
         fingerprint=fingerprint(view, new_cp.generation),
-        rebalanced=opts.mode == "rebalance",
+        rebalanced=mode == "rebalance",
     )
-    return Computed(view, diags, loaded, result, new_cp, plan, id_errors, built)
+    return Computed(view, diags, loaded, result, new_cp, plan, id_errors, built, alerts, mode)
 
 
 def _without(result: BalanceResult, errors: Mapping[str, str]) -> BalanceResult:
@@ -190,7 +199,7 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
             written.append(str(path.relative_to(state_dir)))
 
     plan_doc = c.plan.to_json()
-    plan_doc["inputs"]["mode"] = opts.mode or (c.view.unit.placement if c.view.unit else "stable")
+    plan_doc["inputs"]["mode"] = c.mode
     put(out / "plan.json", plan_doc)
     for node_id, ops in c.plan.patches.items():
         validate_id(node_id, "node id")
@@ -199,15 +208,17 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
         if stale.stem not in c.plan.patches and not stale.is_symlink():
             stale.unlink()
             written.append(str(stale.relative_to(state_dir)))
+    overload = c.alerts.overload if c.alerts is not None and c.mode == "rebalance" else None
     slots = node_states(
         c.view.unit,
         list(c.view.nodes.values()),
         c.view.services_sorted(),
         c.result,
-        opts.overload,
+        overload,
     )
     uids = {iid: (a.uid, a.gid) for iid, a in c.checkpoint.allocations.items()}
-    status = build_status(c.view, c.result, slots, c.diagnostics, alerts=opts.alerts, uids=uids)
+    raised = c.alerts.raised if c.alerts is not None else []
+    status = build_status(c.view, c.result, slots, c.diagnostics, alerts=raised, uids=uids)
     put(out / "status.json", status)
     if c.built is not None:
         report = write_instance_outputs(state_dir, c.built)
@@ -231,6 +242,9 @@ def reconcile(state_dir: Path, opts: ReconcileOptions | None = None) -> Reconcil
         for n in range(1, opts.max_passes + 1):
             c = compute_once(state_dir, opts, previous_view)
             problems.extend(c.loaded.problems)
+            if c.alerts is not None:
+                for event in c.alerts.events:
+                    log.warning("alert: %s", event)
             for p in c.loaded.problems:
                 log.error("checkpoint: %s", p)
             if opts.on_stage is not None:

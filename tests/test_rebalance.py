@@ -1,0 +1,157 @@
+"""Rebalancing on sustained load (SPEC §8), driven through separate reconcile runs: each run
+reads only the disk, so the alert timeline crosses runs through the checkpoint as it would cross
+oneshot processes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from freezegun import freeze_time
+
+from reconciler.reconcile import ReconcileReport, reconcile
+from reconciler.values import instance_id
+
+from .agent_sim import apply_all
+
+UNIT = """apiVersion: reconciler/v1
+kind: UnitConfig
+version: 1.0.0
+nodes:
+{entries}
+"""
+RULES = "alertRules: {cpu: {minThreshold: 75, maxThreshold: 75, minTimeout: 60s}}"
+NODE = """apiVersion: reconciler/v1
+kind: Node
+id: {id}
+type: t{id}
+maxDMIPS: 1000
+totalRAM: 1Gi
+runtimes:
+  - {{id: {rt}, type: {rt}, platform: {{architecture: x86_64, os: linux}}}}
+"""
+SERVICE = """apiVersion: reconciler/v1
+kind: Service
+id: {id}
+version: 1.0.0
+priority: {priority}
+balancingPolicy: {policy}
+image: {{rootfs: /r, cmd: [/bin/true]}}
+quotas: {{cpuDMIPSLimit: 1000}}
+"""
+
+
+def make_state(root: Path, s3_policy: str = "enabled") -> Path:
+    priorities = {"A": 100, "B": 50, "C": 50, "D": 0}
+    entries = "\n".join(
+        f"  - {{nodeType: t{n}, nodeId: {n}, priority: {p}, {RULES}}}"
+        for n, p in priorities.items()
+    )
+    (root / "nodes").mkdir(parents=True)
+    (root / "desired").mkdir()
+    (root / "unit.yaml").write_text(UNIT.format(entries=entries))
+    for n in priorities:
+        (root / "nodes" / f"{n}.yaml").write_text(
+            NODE.format(id=n, rt="runx" if n == "D" else "runc")
+        )
+    for sid, prio in (("s1", 100), ("s2", 50), ("s3", 50)):
+        policy = s3_policy if sid == "s3" else "enabled"
+        (root / "desired" / f"{sid}.yaml").write_text(
+            SERVICE.format(id=sid, priority=prio, policy=policy)
+        )
+    return root
+
+
+def report_usage(root: Path, node: str, instances: dict[str, int]) -> None:
+    path = root / "nodes" / f"{node}.yaml"
+    text = path.read_text().split("usage:")[0]
+    usage = {
+        "cpu": sum(instances.values()),
+        "instances": {instance_id(s, "default", 0): {"cpu": c} for s, c in instances.items()},
+    }
+    path.write_text(text + "usage: " + json.dumps(usage) + "\n")
+
+
+def where(report: ReconcileReport) -> dict[str, str]:
+    return {p.item_id: p.node_id for p in report.computed.result.placements}
+
+
+def moves(report: ReconcileReport) -> set[tuple[str, str, str, str]]:
+    return {(a.action, a.item_id, a.node_id, a.reason) for a in report.plan.actions}
+
+
+def start_unit(root: Path) -> None:
+    first = reconcile(root)
+    assert where(first) == {"s1": "A", "s2": "A", "s3": "B"}
+    apply_all(root)
+    assert not reconcile(root).plan.changes_present
+
+
+class TestSustainedLoad:
+    def test_rebalance_moves_s2_and_s3(self, tmp_path: Path) -> None:
+        root = make_state(tmp_path / "state")
+        with freeze_time("2026-11-22 08:00:00") as clock:
+            start_unit(root)
+            report_usage(root, "A", {"s1": 500, "s2": 500})
+            clock.tick(10)
+            assert reconcile(root).computed.mode == "stable"  # the timer starts
+            clock.tick(30)
+            assert reconcile(root).computed.mode == "stable"  # 30 s: not yet
+            clock.tick(30)
+            report = reconcile(root)  # 60 s at 100 % >= 75 %: raised, rebalance
+        assert report.computed.mode == "rebalance"
+        assert where(report) == {"s1": "A", "s2": "B", "s3": "C"}
+        assert moves(report) == {
+            ("stop", "s2", "A", "rebalanced"),
+            ("start", "s2", "B", "rebalanced"),
+            ("stop", "s3", "B", "rebalanced"),
+            ("start", "s3", "C", "rebalanced"),
+        }
+        status = json.loads((root / "out" / "status.json").read_text())
+        assert [(a["node"], a["resource"]) for a in status["alerts"]] == [("A", "cpu")]
+        assert status["alerts"][0]["since"].startswith("2026-11-22T08:01")
+
+    def test_a_disabled_balancing_policy_pins_s3(self, tmp_path: Path) -> None:
+        root = make_state(tmp_path / "state", s3_policy="disabled")
+        with freeze_time("2026-11-22 08:00:00") as clock:
+            start_unit(root)
+            report_usage(root, "A", {"s1": 500, "s2": 500})
+            clock.tick(10)
+            reconcile(root)
+            clock.tick(60)
+            report = reconcile(root)
+        assert report.computed.mode == "rebalance"
+        assert where(report) == {"s1": "A", "s2": "C", "s3": "B"}
+        assert moves(report) == {
+            ("stop", "s2", "A", "rebalanced"),
+            ("start", "s2", "C", "rebalanced"),
+        }
+        assert not [a for a in report.plan.actions if a.node_id == "B"]
+
+    def test_a_short_spike_triggers_nothing(self, tmp_path: Path) -> None:
+        root = make_state(tmp_path / "state")
+        with freeze_time("2026-11-22 08:00:00") as clock:
+            start_unit(root)
+            report_usage(root, "A", {"s1": 500, "s2": 500})
+            clock.tick(10)
+            reconcile(root)
+            clock.tick(40)
+            report_usage(root, "A", {"s1": 100, "s2": 100})
+            clock.tick(1)
+            reconcile(root)
+            for _ in range(5):
+                clock.tick(60)
+                report = reconcile(root)
+                assert report.computed.mode == "stable" and not report.plan.changes_present
+
+    def test_a_raised_alert_retriggers_each_min_timeout(self, tmp_path: Path) -> None:
+        root = make_state(tmp_path / "state")
+        modes = []
+        with freeze_time("2026-11-22 08:00:00") as clock:
+            start_unit(root)
+            report_usage(root, "A", {"s1": 500, "s2": 500})
+            for _ in range(19):  # every 10 s for 3 minutes, usage stays at 100 %
+                clock.tick(10)
+                modes.append(reconcile(root).computed.mode)
+        # raised after 60 s (the 7th observation), then again every further 60 s
+        assert [i for i, m in enumerate(modes) if m == "rebalance"] == [6, 12, 18]
