@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -30,6 +30,8 @@ from .yamlsafe import DEFAULT_MAX_BYTES, Parsed, YamlRejected, parse_yaml
 
 __all__ = [
     "Diagnostic",
+    "Doc",
+    "Fallback",
     "FileRecord",
     "LoadOptions",
     "StateView",
@@ -75,11 +77,17 @@ class FileRecord:
     deps: tuple[tuple[str, StatKey | None], ...]  # other files read for it (resourcesFile)
     good: Doc | None  # the last good object, possibly from an earlier content
     diagnostics: tuple[Diagnostic, ...]  # problems of the current content
+    current: bool = False  # True when ``good`` is the file's current content
+
+
+Fallback = Callable[[str], "Doc | None"]
+"""The last good version of an input file by relative path, kept across processes."""
 
 
 @dataclass(frozen=True)
 class LoadOptions:
     max_bytes: int = DEFAULT_MAX_BYTES
+    fallback: Fallback | None = None  # consulted when a file is invalid and no view has it
 
 
 @dataclass(frozen=True)
@@ -245,22 +253,25 @@ def _load_one(
     opts: LoadOptions,
 ) -> FileRecord:
     display = str(root / rel)
-    last_good = prev.good if prev is not None else None
     if prev is not None and key is not None and prev.key == key and _deps_unchanged(prev.deps):
         return prev
+
+    def keep() -> Doc | None:
+        return _last_good(rel, prev, opts)
+
     if key is None:
         diag = Diagnostic(display, 1, 1, "is a symlink or not a regular file; not read")
-        return FileRecord(None, "", (), last_good, (diag,))
+        return FileRecord(None, "", (), keep(), (diag,))
     try:
         raw, real_key = read_bytes_at(root / rel, opts.max_bytes)
     except FileReadError as e:
-        return FileRecord(key, "", (), last_good, (Diagnostic(display, 1, 1, str(e)),))
+        return FileRecord(key, "", (), keep(), (Diagnostic(display, 1, 1, str(e)),))
     sha = hashlib.sha256(raw).hexdigest()
     if prev is not None and prev.sha256 == sha and _deps_unchanged(prev.deps):
-        return FileRecord(real_key, sha, prev.deps, prev.good, prev.diagnostics)
+        return FileRecord(real_key, sha, prev.deps, prev.good, prev.diagnostics, prev.current)
     result = _validate(display, raw, dir_kind, opts.max_bytes)
     if isinstance(result, list):
-        return FileRecord(real_key, sha, (), last_good, tuple(result))
+        return FileRecord(real_key, sha, (), keep(), tuple(result))
     diags: list[Diagnostic] = []
     deps: tuple[tuple[str, StatKey | None], ...] = ()
     obj: Doc = result
@@ -268,17 +279,25 @@ def _load_one(
     if isinstance(obj, Node):
         if obj.id != stem:
             msg = f"id: the node id {obj.id!r} must equal the file name {stem!r}"
-            return FileRecord(real_key, sha, (), last_good, (Diagnostic(display, 1, 1, msg),))
+            return FileRecord(real_key, sha, (), keep(), (Diagnostic(display, 1, 1, msg),))
         if obj.resourcesFile is not None:
             pos = parse_yaml(raw, max_bytes=opts.max_bytes).position(("resourcesFile",))
             node, diags, deps = _resolve_resources_file(root, obj, display, pos, opts.max_bytes)
             if node is None:
-                return FileRecord(real_key, sha, deps, last_good, tuple(diags))
+                return FileRecord(real_key, sha, deps, keep(), tuple(diags))
             obj = node
     if isinstance(obj, ActualState) and obj.nodeId != stem:
         msg = f"nodeId: {obj.nodeId!r} must equal the file name {stem!r}"
-        return FileRecord(real_key, sha, (), last_good, (Diagnostic(display, 1, 1, msg),))
-    return FileRecord(real_key, sha, deps, obj, tuple(diags))
+        return FileRecord(real_key, sha, (), keep(), (Diagnostic(display, 1, 1, msg),))
+    return FileRecord(real_key, sha, deps, obj, tuple(diags), current=True)
+
+
+def _last_good(rel: str, prev: FileRecord | None, opts: LoadOptions) -> Doc | None:
+    if prev is not None and prev.good is not None:
+        return prev.good
+    if opts.fallback is not None:
+        return opts.fallback(rel)
+    return None
 
 
 def _regular_key(path: Path) -> StatKey | None:

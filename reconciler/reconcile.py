@@ -22,7 +22,8 @@ from .alerts import AlertUpdate, observe
 from .balancer import balance, node_states
 from .checkpoint import Checkpoint, LoadReport, assign_ids, load_checkpoint, save_checkpoint
 from .fsio import WriteHook, ensure_dir, remove_stale_temp_files, write_if_changed
-from .loader import Diagnostic, StateView, load_state, mass_deletion_guard
+from .lastgood import LastGoodStore
+from .loader import Diagnostic, LoadOptions, StateView, load_state, mass_deletion_guard
 from .lock import StateLock
 from .oci import BuildResult, BuiltConfig
 from .oci_writer import write_instance_outputs
@@ -46,6 +47,8 @@ log = logging.getLogger("reconciler.reconcile")
 
 ConfigBuilder = Callable[[Path, StateView, BalanceResult, Checkpoint], BuildResult]
 """Builds the OCI config of every placement (reads the host's groups and devices)."""
+
+LAST_GOOD = "last-good"
 
 CONFIG_FAILURE = "Config"
 """The failure code of an instance whose OCI config cannot be built (SPEC §11)."""
@@ -105,7 +108,8 @@ def compute_once(
     ``read_only``, moving a corrupt checkpoint to quarantine."""
     stage = opts.on_stage or (lambda _text: None)
     stage("loading inputs")
-    view, diags = load_state(state_dir, previous_view)
+    last_good = LastGoodStore(state_dir / "checkpoint" / LAST_GOOD)
+    view, diags = load_state(state_dir, previous_view, LoadOptions(fallback=last_good.get))
     stage("recovering the checkpoint")
     loaded = load_checkpoint(state_dir / "checkpoint", view.actual, quarantine=not read_only)
     cp = loaded.checkpoint
@@ -255,6 +259,7 @@ def reconcile(state_dir: Path, opts: ReconcileOptions | None = None) -> Reconcil
                 save_checkpoint(state_dir / "checkpoint", c.checkpoint, hook=opts.write_hook)
                 cp_written = True
             written += _write_outputs(state_dir, c, opts)
+            LastGoodStore(state_dir / "checkpoint" / LAST_GOOD).sync(c.view, opts.write_hook)
             after, _ = load_state(state_dir, c.view)
             if after.input_hash == c.view.input_hash:
                 return ReconcileReport(n, c, tuple(written), cp_written, tuple(problems))

@@ -103,9 +103,9 @@ def parse_duration(value: object) -> float:
     """``1h30m`` → 5400.0 seconds; ``30s``, ``5m``, ``200ms``; an integer is seconds."""
     if isinstance(value, bool):
         raise ValueError("a duration must be an integer of seconds or a string like 30s")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError("a duration cannot be negative")
+    if isinstance(value, int | float):
+        if not value >= 0 or value == float("inf"):
+            raise ValueError("a duration must be a finite number of seconds >= 0")
         return float(value)
     if isinstance(value, str):
         text = value.strip()

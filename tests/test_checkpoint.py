@@ -22,6 +22,7 @@ from reconciler.checkpoint import (
     save_checkpoint,
 )
 from reconciler.loader import load_state
+from reconciler.models import Node
 from reconciler.reconcile import ReconcileOptions, compute_once, reconcile
 
 from .agent_sim import apply_all
@@ -271,3 +272,54 @@ def test_example_units_reconcile(tmp_path: Path) -> None:
         shutil.copytree(example, dst)
         report = reconcile(dst)
         assert report.computed.checkpoint.allocations
+
+
+class TestLastGoodAcrossProcesses:
+    def test_a_broken_desired_file_stops_nothing_in_a_oneshot_run(self, demo_copy: Path) -> None:
+        reconcile(demo_copy)
+        apply_all(demo_copy)
+        svc = demo_copy / "desired" / "telemetry.yaml"
+        svc.write_text("apiVersion: reconciler/v1\nkind: Service\nid: [broken\n")
+        # a new process knows nothing but the disk
+        c = compute_once(demo_copy, ReconcileOptions(), read_only=True)
+        assert not c.plan.changes_present
+        assert any(d.path.endswith("telemetry.yaml") for d in c.diagnostics)
+        assert {p.item_id for p in c.result.placements} >= {"com.example.telemetry"}
+        report = reconcile(demo_copy)
+        assert not report.plan.stops()
+
+    def test_a_broken_node_keeps_its_instances(self, demo_copy: Path) -> None:
+        reconcile(demo_copy)
+        apply_all(demo_copy)
+        node = demo_copy / "nodes" / "edge-2.yaml"
+        node.write_bytes(node.read_bytes() + b"\x00")
+        c = compute_once(demo_copy, ReconcileOptions(), read_only=True)
+        assert not c.plan.changes_present and "edge-2" in c.view.nodes
+
+    def test_a_deleted_file_is_forgotten(self, demo_copy: Path) -> None:
+        reconcile(demo_copy)
+        apply_all(demo_copy)
+        (demo_copy / "desired" / "telemetry.yaml").unlink()
+        reconcile(demo_copy)
+        # recreated broken: it never had a good version since it was deleted
+        (demo_copy / "desired" / "telemetry.yaml").write_text("kind: [")
+        c = compute_once(demo_copy, ReconcileOptions(), read_only=True)
+        assert "com.example.telemetry" not in {p.item_id for p in c.result.placements}
+
+    def test_every_bundled_document_round_trips(self, tmp_path: Path) -> None:
+        from reconciler.lastgood import LastGoodStore
+
+        from .conftest import DEMO, EXAMPLES
+
+        for state in (DEMO, *EXAMPLES):
+            view, diags = load_state(state)
+            assert diags == []
+            store = LastGoodStore(tmp_path / state.name)
+            assert store.sync(view) == len(view.files)
+            for rel, rec in view.files.items():
+                expected = rec.good
+                if isinstance(expected, Node) and expected.resourcesFile is not None:
+                    # kept resolved: the resources inline, no file to read again
+                    expected = expected.model_copy(update={"resourcesFile": None})
+                assert store.get(rel) == expected, rel
+            assert store.sync(view) == 0  # nothing rewritten
