@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,6 +21,7 @@ import click
 from rich.console import Console
 
 from . import __version__
+from .agent import AgentError, agent_watch, run_agent_once
 from .balancer import explain as explain_instance
 from .checkpoint import load_checkpoint
 from .loader import Diagnostic, load_state
@@ -30,6 +32,7 @@ from .placement import Mode, expand_instances
 from .planner import Plan, failure_json
 from .reconcile import ReconcileError, ReconcileOptions, compute_once, reconcile
 from .render import render_explanation, render_placements, render_plan, render_status
+from .runc import Runc, RuncError
 from .schema import all_schemas
 from .values import parse_duration
 from .watch import WatchOptions, watch_loop
@@ -455,6 +458,90 @@ def watch(
         mode=_mode(mode), allow_empty=allow_empty, configs=default_config_builder()
     )
     return watch_loop(state_dir, opts, WatchOptions(debounce=debounce, resync=resync))
+
+
+@cli.command()
+@click.option("--node", "node_id", required=True, help="The node this agent runs on (its id).")
+@state_option
+@json_option
+@click.option(
+    "--runtime",
+    type=click.Choice(["runc"]),
+    default="runc",
+    show_default=True,
+    help="The OCI runtime binary that runs the containers.",
+)
+@click.option(
+    "--runc-root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="runc's state directory (--root); give each local agent its own.",
+)
+@click.option(
+    "--once/--watch",
+    default=True,
+    show_default=True,
+    help="Apply the current plan once, or keep applying every new plan until SIGTERM.",
+)
+@click.option(
+    "--stop-timeout",
+    default="10s",
+    show_default=True,
+    callback=_duration,
+    help="How long a container gets between SIGTERM and SIGKILL.",
+)
+@click.option(
+    "--log-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Append each container's stdout and stderr to LOG_DIR/<container>.log.",
+)
+def agent(
+    node_id: str,
+    state_dir: Path,
+    as_json: bool,
+    runtime: str,
+    runc_root: Path | None,
+    once: bool,
+    stop_timeout: float,
+    log_dir: Path | None,
+) -> int:
+    """The node agent: apply out/nodes/NODE.json to this node with runc.
+
+    Refuses a plan whose revision test fails against actual/NODE.yaml (a stale plan: nothing
+    is started or stopped). For each stop: runc kill (SIGTERM, then SIGKILL after
+    --stop-timeout) and runc delete; for each start: runc run --detach with the bundle
+    out/instances/<id>/ (config.json, hosts). A running instance is never started twice. Then
+    writes actual/NODE.yaml with revision + 1 and each instance's real state from runc state
+    (running: active, created: activating, stopped or gone: failed), which closes the loop: the
+    next plan is empty. Containers are named <node>.<instance id>.
+
+    Exit codes: 0 applied (or nothing to do), 4 stale plan, 1 error. With --watch: runs until
+    SIGTERM, then 0.
+    """
+    _require_state(state_dir)
+    del runtime  # only runc is supported (crun refuses this kind of cgroup setup)
+    runc = Runc(binary="runc", root=runc_root)
+    if not once:
+        logging.getLogger("reconciler").setLevel(min(logging.INFO, logging.getLogger().level))
+        agent_watch(
+            state_dir, node_id, runc, threading.Event(), stop_timeout=stop_timeout, log_dir=log_dir
+        )
+        return EXIT_OK
+    try:
+        report = run_agent_once(
+            state_dir, node_id, runc, stop_timeout=stop_timeout, log_dir=log_dir
+        )
+    except (AgentError, RuncError, LockTimeout, OSError) as e:
+        _err_console().print(f"error: {e}", markup=False)
+        return EXIT_ERROR
+    if as_json:
+        _print_json(report.to_json())
+    else:
+        _console().print(report.summary(), markup=False)
+        for iid, why in sorted(report.failed.items()):
+            _console().print(f"  failed {iid}: {why}", markup=False)
+    return EXIT_STALE if report.stale else EXIT_OK
 
 
 @cli.command()

@@ -9,18 +9,29 @@ validation error deep in a document can be reported as ``file:line:col``.
 
 from __future__ import annotations
 
+import json
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from types import ModuleType
+from typing import Any, Literal
 
 from ruamel.yaml import YAML
-from ruamel.yaml import events as ev
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+_LIBYAML: ModuleType | None
+try:  # PyYAML with its C extension: used for events only
+    import yaml as _pyyaml
+
+    _LIBYAML = _pyyaml if hasattr(_pyyaml, "CSafeLoader") else None
+except ImportError:  # pragma: no cover - PyYAML is a dependency
+    _LIBYAML = None
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
     "MAX_DEPTH",
+    "Engine",
     "Parsed",
     "Path",
     "YamlRejected",
@@ -49,9 +60,14 @@ class Parsed:
     data: Any
     value_pos: dict[Path, tuple[int, int]] = field(default_factory=dict)
     key_pos: dict[Path, tuple[int, int]] = field(default_factory=dict)
+    source: bytes | None = None  # set when positions are computed only on demand
 
     def position(self, path: Path, *, prefer_key: bool = False) -> tuple[int, int]:
         """The position of the longest prefix of ``path`` that is known."""
+        if self.source is not None and not self.value_pos:
+            located = parse_yaml(self.source, max_bytes=len(self.source), engine="ruamel")
+            self.value_pos.update(located.value_pos)
+            self.key_pos.update(located.key_pos)
         for n in range(len(path), -1, -1):
             prefix = path[:n]
             if prefer_key and prefix in self.key_pos:
@@ -143,9 +159,113 @@ class _Container:
         self.key_at: dict[str, tuple[int, int]] = {}
 
 
-def parse_yaml(raw: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Parsed:
-    """Parse one untrusted YAML document; raise :class:`YamlRejected` for anything unsafe."""
+Engine = Literal["auto", "ruamel", "libyaml", "json"]
+
+
+def parse_yaml(
+    raw: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES, engine: Engine = "auto"
+) -> Parsed:
+    """Parse one untrusted YAML document; raise :class:`YamlRejected` for anything unsafe.
+
+    Engines, all with the same rules and results (the tests run every case on each):
+    ``json`` for a document that is JSON (machine-written files: ``json`` with duplicate-key
+    detection, positions computed only when an error needs them); ``libyaml``, PyYAML's C
+    parser, used for its *event stream* only and only when a bracket pre-scan shows nesting within
+    the limit (its loaders crash on deep nesting, its event parser does not recurse);
+    ``ruamel``, the pure-Python parser, the reference. ``auto`` picks the fastest that applies.
+    """
     text = decode_strict(raw, max_bytes)
+    if engine == "auto":
+        engine = _choose_engine(text)
+    if engine == "json":
+        data = _parse_json(text)
+        if data is not _NOT_JSON:
+            if data is None:
+                raise YamlRejected(1, 1, "the document is empty (null)")
+            return Parsed(data, source=raw)
+        engine = "libyaml" if _LIBYAML is not None and _shallow(text) else "ruamel"
+    if engine == "libyaml":
+        if _LIBYAML is None:
+            engine = "ruamel"
+        elif not _shallow(text):
+            engine = "ruamel"  # only the pure-Python parser sees deeply nested input
+    if engine == "libyaml":
+        assert _LIBYAML is not None
+        return _compose(text, _libyaml_events(text), _LIBYAML.MarkedYAMLError, _LIBYAML.YAMLError)
+    return _compose(text, _ruamel_events(text), MarkedYAMLError, YAMLError)
+
+
+def _choose_engine(text: str) -> Engine:
+    head = text.lstrip()[:1]
+    if head in ("{", "["):
+        return "json"
+    return "libyaml" if _LIBYAML is not None else "ruamel"
+
+
+def _shallow(text: str) -> bool:
+    """A cheap upper bound of flow nesting: every bracket counts, quoted or not."""
+    depth = peak = 0
+    for ch in _NOT_BRACKET.sub("", text):
+        if ch in "[{":
+            depth += 1
+            if depth > peak:
+                peak = depth
+                if peak > MAX_DEPTH:
+                    return False
+        elif ch in "]}":
+            depth -= 1
+    return True
+
+
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_NOT_JSON: Any = object()
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed")
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def _parse_json(text: str) -> Any:
+    """The document as JSON, or ``_NOT_JSON`` when it is not plain, safe JSON (then a YAML
+    engine reads it and reports any problem with its position)."""
+    if not _shallow(text):
+        return _NOT_JSON
+    try:
+        return json.loads(text, object_pairs_hook=_pairs, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        return _NOT_JSON
+
+
+def _ruamel_events(text: str) -> Iterator[Any]:
+    yield from YAML(typ="rt", pure=True).parse(text)
+
+
+def _libyaml_events(text: str) -> Iterator[Any]:
+    assert _LIBYAML is not None
+    loader = _LIBYAML.CSafeLoader(text)
+    try:
+        while loader.check_event():
+            yield loader.get_event()
+    finally:
+        loader.dispose()
+
+
+def _compose(
+    text: str,
+    events: Iterator[Any],
+    marked_error: type[Exception],
+    yaml_error: type[Exception],
+) -> Parsed:
+    """Build plain values from an event stream, enforcing every rule of SPEC §5."""
     value_pos: dict[Path, tuple[int, int]] = {}
     key_pos: dict[Path, tuple[int, int]] = {}
     stack: list[_Container] = []
@@ -181,24 +301,27 @@ def parse_yaml(raw: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Parsed:
             raise YamlRejected(*_pos(event), f"explicit tags are not allowed ({event.tag})")
 
     try:
-        parser = YAML(typ="rt", pure=True)
-        for event in parser.parse(text):
-            if isinstance(event, ev.DocumentStartEvent):
+        for event in events:
+            kind = type(event).__name__
+            if kind == "DocumentStartEvent":
                 if event.version is not None or event.tags:
-                    raise YamlRejected(*_pos(event), "%YAML and %TAG directives are not allowed")
+                    line = next(
+                        (n for n, t in enumerate(text.splitlines(), 1) if t.startswith("%")), 1
+                    )
+                    raise YamlRejected(line, 1, "%YAML and %TAG directives are not allowed")
                 documents += 1
                 if documents > 1:
                     raise YamlRejected(*_pos(event), "more than one document in the file")
                 continue
-            if isinstance(event, ev.AliasEvent):
+            if kind == "AliasEvent":
                 raise YamlRejected(*_pos(event), "anchors and aliases are not allowed")
             is_key = bool(stack) and stack[-1].is_map and stack[-1].key is None
-            if isinstance(event, ev.ScalarEvent):
+            if kind == "ScalarEvent":
                 check_node(event)
                 if is_key:
                     top = stack[-1]
                     key = event.value
-                    if event.style is None and key == "<<":
+                    if event.style in (None, "") and key == "<<":
                         raise YamlRejected(*_pos(event), "merge keys (<<) are not allowed")
                     if key in top.key_at:
                         first = top.key_at[key]
@@ -211,8 +334,9 @@ def parse_yaml(raw: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Parsed:
                     continue
                 path = child_path() if stack else ()
                 value_pos[path] = _pos(event)
-                attach(_resolve_plain(event.value) if event.style is None else event.value)
-            elif isinstance(event, ev.MappingStartEvent | ev.SequenceStartEvent):
+                plain = event.style is None or event.style == ""
+                attach(_resolve_plain(event.value) if plain else event.value)
+            elif kind in ("MappingStartEvent", "SequenceStartEvent"):
                 check_node(event)
                 if is_key:
                     raise YamlRejected(*_pos(event), "mapping keys must be plain strings")
@@ -220,18 +344,18 @@ def parse_yaml(raw: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Parsed:
                     raise YamlRejected(*_pos(event), f"nesting deeper than {MAX_DEPTH} levels")
                 path = child_path() if stack else ()
                 value_pos[path] = _pos(event)
-                stack.append(_Container(isinstance(event, ev.MappingStartEvent), path))
-            elif isinstance(event, ev.MappingEndEvent | ev.SequenceEndEvent):
+                stack.append(_Container(kind == "MappingStartEvent", path))
+            elif kind in ("MappingEndEvent", "SequenceEndEvent"):
                 done = stack.pop()
                 attach(done.value)
     except YamlRejected:
         raise
-    except MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
+    except marked_error as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
-        problem = e.problem or e.context or "invalid YAML"
+        problem = getattr(e, "problem", None) or getattr(e, "context", None) or "invalid YAML"
         raise YamlRejected(line, col, f"invalid YAML: {problem}") from None
-    except YAMLError as e:
+    except yaml_error as e:
         raise YamlRejected(1, 1, f"invalid YAML: {e}") from None
     except (RecursionError, MemoryError, ValueError, TypeError) as e:
         raise YamlRejected(1, 1, f"cannot parse: {type(e).__name__}") from None

@@ -1,0 +1,826 @@
+"""The node agent (SPEC §15) against a fake runc: no root, no containers.
+
+The fake keeps containers in a dict and records every call, so each test can say exactly what
+was started, signalled and deleted, and that a refused (stale) plan touched nothing.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import json
+import os
+import signal as signals
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reconciler.agent import (
+    AgentError,
+    AgentReport,
+    agent_watch,
+    container_id,
+    observed_state,
+    run_agent_once,
+)
+from reconciler.loader import load_state
+from reconciler.lock import LockTimeout, StateLock
+from reconciler.models import ActualState
+from reconciler.oci_glue import default_config_builder
+from reconciler.planner import pointer
+from reconciler.reconcile import ReconcileOptions, reconcile
+from reconciler.runc import ContainerState, Runc, RuncError
+from reconciler.values import instance_id
+from reconciler.yamlsafe import parse_yaml
+
+NODE = "n1"
+
+
+@dataclass
+class Container:
+    id: str
+    bundle: Path
+    pid: int
+    status: str = "running"
+
+
+class FakeRunc:
+    """The agent's view of runc, in memory. ``ignore_term``: SIGTERM does not stop anything
+    (like a shell as pid 1); ``fail_start``: container ids whose start fails."""
+
+    def __init__(self) -> None:
+        self.containers: dict[str, Container] = {}
+        self.calls: list[tuple[str, ...]] = []
+        self.ignore_term = False
+        self.fail_start: set[str] = set()
+        self._pid = 1000
+
+    def add(self, cid: str, status: str = "running") -> None:
+        self._pid += 1
+        self.containers[cid] = Container(cid, Path("/nowhere"), self._pid, status)
+
+    def state(self, container_id: str) -> ContainerState | None:
+        c = self.containers.get(container_id)
+        if c is None:
+            return None
+        return ContainerState(c.id, c.status, c.pid if c.status != "stopped" else 0, str(c.bundle))
+
+    def list(self) -> list[ContainerState]:
+        states = [self.state(cid) for cid in sorted(self.containers)]
+        return [s for s in states if s is not None]
+
+    def run_detached(self, container_id: str, bundle: Path, log: Path | None = None) -> None:
+        self.calls.append(("run", container_id))
+        cmd = ["runc", "run", "--detach", container_id]
+        if container_id in self.containers:
+            raise RuncError(cmd, f"container with id exists: {container_id}")
+        if container_id in self.fail_start:
+            raise RuncError(cmd, "unable to start container process: exec: no such file")
+        if not (bundle / "config.json").is_file():
+            raise RuncError(cmd, "open config.json: no such file or directory")
+        if log is not None:
+            with log.open("a") as f:
+                f.write("started\n")
+        self._pid += 1
+        self.containers[container_id] = Container(container_id, bundle, self._pid)
+
+    def kill(self, container_id: str, signal: int | str = signals.SIGTERM) -> None:
+        if isinstance(signal, int):
+            sig = signals.Signals(signal)
+        else:
+            sig = signals.Signals["SIG" + signal.removeprefix("SIG")]
+        self.calls.append(("kill", container_id, sig.name))
+        c = self.containers.get(container_id)
+        if c is None:
+            raise RuncError(["runc", "kill"], "container does not exist")
+        if c.status != "running":
+            raise RuncError(["runc", "kill"], "container not running")
+        if sig == signals.SIGKILL or not self.ignore_term:
+            c.status = "stopped"
+
+    def delete(self, container_id: str, force: bool = False) -> None:
+        self.calls.append(("delete", container_id))
+        c = self.containers.get(container_id)
+        if c is None:
+            if force:
+                return
+            raise RuncError(["runc", "delete"], "container does not exist")
+        if c.status == "running" and not force:
+            raise RuncError(["runc", "delete"], "cannot delete container that is not stopped")
+        del self.containers[container_id]
+
+    def actions(self) -> builtins.list[tuple[str, ...]]:
+        return [c for c in self.calls if c[0] in ("run", "kill", "delete")]
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def iid(item: str, index: int = 0) -> str:
+    return instance_id(item, "default", index)
+
+
+def cid(instance: str) -> str:
+    return container_id(NODE, instance)
+
+
+A0, A1, B0, B1 = (
+    iid("com.example.a"),
+    iid("com.example.a", 1),
+    iid("com.example.b"),
+    iid("com.example.b", 1),
+)
+
+
+def record(
+    item: str, index: int = 0, version: str = "1.0.0", state: str = "active"
+) -> dict[str, Any]:
+    return {
+        "itemId": item,
+        "subjectId": "default",
+        "index": index,
+        "version": version,
+        "runtimeId": "runc",
+        "state": state,
+        "devices": {},
+    }
+
+
+RECORDS = {
+    A0: record("com.example.a"),
+    A1: record("com.example.a", 1),
+    B0: record("com.example.b"),
+    B1: record("com.example.b", 1),
+}
+
+
+def write_actual(state: Path, revision: int, ids: dict[str, dict[str, Any]]) -> Path:
+    (state / "actual").mkdir(exist_ok=True)
+    doc = {
+        "apiVersion": "reconciler/v1",
+        "kind": "ActualState",
+        "nodeId": NODE,
+        "revision": revision,
+        "instances": ids,
+    }
+    path = state / "actual" / f"{NODE}.yaml"
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def write_patch(
+    state: Path,
+    revision: int,
+    remove: tuple[str, ...] = (),
+    add: dict[str, dict[str, Any]] | None = None,
+) -> None:
+    ops: list[dict[str, Any]] = [{"op": "test", "path": "/revision", "value": revision}]
+    ops += [{"op": "remove", "path": pointer("instances", i)} for i in sorted(remove)]
+    for i, rec in sorted((add or {}).items()):
+        ops.append(
+            {"op": "add", "path": pointer("instances", i), "value": rec | {"state": "activating"}}
+        )
+    (state / "out" / "nodes").mkdir(parents=True, exist_ok=True)
+    (state / "out" / "nodes" / f"{NODE}.json").write_text(json.dumps(ops, indent=2) + "\n")
+
+
+def make_bundle(state: Path, instance: str) -> None:
+    d = state / "out" / "instances" / instance
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text("{}\n")
+
+
+def read_actual(state: Path) -> ActualState:
+    raw = (state / "actual" / f"{NODE}.yaml").read_bytes()
+    return ActualState.model_validate(parse_yaml(raw).data)
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Path:
+    d = tmp_path / "state"
+    d.mkdir()
+    return d
+
+
+def once(state: Path, runc: FakeRunc, **kw: Any) -> AgentReport:
+    return run_agent_once(state, NODE, runc, stop_timeout=kw.pop("stop_timeout", 1.0), **kw)
+
+
+# ---------------------------------------------------------------- applying a plan
+
+
+def test_a_plan_stops_and_starts_exactly_the_planned_instances(state: Path) -> None:
+    runc = FakeRunc()
+    runc.add(cid(A0))
+    runc.add(cid(A1))
+    write_actual(state, 3, {A0: RECORDS[A0], A1: RECORDS[A1]})
+    write_patch(state, 3, remove=(A1,), add={B0: RECORDS[B0], B1: RECORDS[B1]})
+    make_bundle(state, B0)
+    make_bundle(state, B1)
+
+    report = once(state, runc)
+
+    assert not report.stale and report.applied and report.written
+    assert report.stopped == (A1,)
+    assert report.started == tuple(sorted((B0, B1)))
+    assert report.already_running == () and dict(report.failed) == {}
+    assert set(runc.containers) == {cid(A0), cid(B0), cid(B1)}
+    # stops first (TERM, then delete), then starts; A0 is never touched
+    assert runc.actions()[:2] == [("kill", cid(A1), "SIGTERM"), ("delete", cid(A1))]
+    assert sorted(runc.actions()[2:]) == sorted([("run", cid(B0)), ("run", cid(B1))])
+    bundle = runc.containers[cid(B0)].bundle
+    assert bundle == (state / "out" / "instances" / B0).resolve() and bundle.is_absolute()
+
+    actual = read_actual(state)
+    assert actual.revision == 4 == report.revision
+    assert set(actual.instances) == {A0, B0, B1}
+    assert {i: r.state for i, r in actual.instances.items()} == dict.fromkeys(
+        (A0, B0, B1), "active"
+    )
+    assert (
+        actual.instances[B0]
+        == ActualState.model_validate(
+            {
+                "apiVersion": "reconciler/v1",
+                "kind": "ActualState",
+                "nodeId": NODE,
+                "instances": {B0: RECORDS[B0]},
+            }
+        ).instances[B0]
+    )
+
+
+def test_the_written_actual_loads_with_the_controllers_loader(state: Path) -> None:
+    runc = FakeRunc()
+    write_patch(state, 0, add={A0: RECORDS[A0] | {"devices": {"example.com/gpu": ["g0"]}}})
+    make_bundle(state, A0)
+    report = once(state, runc)
+    assert report.revision == 1 and report.started == (A0,)
+    view, diagnostics = load_state(state)
+    assert diagnostics == []
+    actual = view.actual[NODE]
+    assert actual.revision == 1
+    assert actual.instances[A0].state == "active"
+    assert dict(actual.instances[A0].devices) == {"example.com/gpu": ("g0",)}
+    mode = (state / "actual" / f"{NODE}.yaml").stat().st_mode & 0o777
+    assert mode == 0o600
+
+
+def test_a_missing_actual_file_is_revision_zero(state: Path) -> None:
+    runc = FakeRunc()
+    write_patch(state, 0, add={A0: RECORDS[A0]})
+    make_bundle(state, A0)
+    assert once(state, runc).revision == 1
+    assert read_actual(state).revision == 1
+
+
+def test_a_version_bump_restarts_the_container(state: Path) -> None:
+    runc = FakeRunc()
+    runc.add(cid(A0))
+    pid = runc.containers[cid(A0)].pid
+    write_actual(state, 1, {A0: RECORDS[A0]})
+    write_patch(state, 1, remove=(A0,), add={A0: record("com.example.a", version="2.0.0")})
+    make_bundle(state, A0)
+    report = once(state, runc)
+    assert report.stopped == (A0,) and report.started == (A0,)
+    assert runc.actions() == [
+        ("kill", cid(A0), "SIGTERM"),
+        ("delete", cid(A0)),
+        ("run", cid(A0)),
+    ]
+    assert runc.containers[cid(A0)].pid != pid
+    assert read_actual(state).instances[A0].version == "2.0.0"
+
+
+def test_sigterm_ignored_escalates_to_sigkill_after_the_timeout(state: Path) -> None:
+    runc = FakeRunc()
+    runc.ignore_term = True
+    runc.add(cid(A0))
+    runc.add(cid(A1))
+    write_actual(state, 1, {A0: RECORDS[A0], A1: RECORDS[A1]})
+    write_patch(state, 1, remove=(A0, A1))
+    t0 = time.monotonic()
+    report = once(state, runc, stop_timeout=0.3)
+    elapsed = time.monotonic() - t0
+    assert report.stopped == tuple(sorted((A0, A1)))
+    assert runc.containers == {}
+    kills = [c for c in runc.calls if c[0] == "kill"]
+    assert sorted(kills) == sorted(
+        ("kill", cid(i), s) for i in (A0, A1) for s in ("SIGTERM", "SIGKILL")
+    )
+    # both waited for together, not one timeout each
+    assert 0.3 <= elapsed < 0.6 + 0.3
+    assert read_actual(state).instances == {}
+
+
+def test_stopping_a_container_that_is_already_gone_is_fine(state: Path) -> None:
+    runc = FakeRunc()
+    runc.add(cid(A1), status="stopped")
+    write_actual(state, 2, {A0: RECORDS[A0], A1: RECORDS[A1]})
+    write_patch(state, 2, remove=(A0, A1))
+    report = once(state, runc)
+    assert report.stopped == tuple(sorted((A0, A1))) and dict(report.failed) == {}
+    assert ("kill", cid(A1), "SIGTERM") not in runc.calls  # not running: only deleted
+    assert ("delete", cid(A1)) in runc.calls
+    assert runc.containers == {}
+    assert read_actual(state).revision == 3
+
+
+# ---------------------------------------------------------------- stale plans
+
+
+def test_a_stale_patch_is_refused_and_nothing_is_started_or_stopped(state: Path) -> None:
+    runc = FakeRunc()
+    runc.add(cid(A0))
+    actual_path = write_actual(state, 5, {A0: RECORDS[A0]})
+    before = actual_path.read_bytes()
+    write_patch(state, 4, remove=(A0,), add={B0: RECORDS[B0]})  # planned from revision 4
+    make_bundle(state, B0)
+
+    report = once(state, runc)
+
+    assert report.stale and not report.applied and not report.written
+    assert "stale plan refused" in report.message and "revision 4" in report.message
+    assert "revision 5" in report.message
+    assert report.started == report.stopped == () and report.revision == 5
+    assert runc.actions() == []
+    assert set(runc.containers) == {cid(A0)}
+    assert actual_path.read_bytes() == before
+
+
+def test_a_patch_whose_operation_fails_is_refused_whole(state: Path) -> None:
+    runc = FakeRunc()
+    runc.add(cid(A0))
+    actual_path = write_actual(state, 1, {A0: RECORDS[A0]})
+    before = actual_path.read_bytes()
+    # the revision matches, but A1 is not in the document: someone else changed it
+    write_patch(state, 1, remove=(A0, A1), add={B0: RECORDS[B0]})
+    make_bundle(state, B0)
+    report = once(state, runc)
+    assert report.stale and report.started == report.stopped == ()
+    assert runc.actions() == [] and actual_path.read_bytes() == before
+
+
+# ---------------------------------------------------------------- idempotency
+
+
+def test_a_running_instance_is_never_started_twice(state: Path) -> None:
+    runc = FakeRunc()
+    actual_path = write_actual(state, 0, {})
+    before = actual_path.read_bytes()
+    write_patch(state, 0, add={A0: RECORDS[A0]})
+    make_bundle(state, A0)
+    assert once(state, runc).started == (A0,)
+
+    # the same plan again: now stale (the agent bumped the revision), so nothing happens
+    again = once(state, runc)
+    assert again.stale and again.started == ()
+
+    # an agent that crashed after starting but before writing actual re-applies the plan
+    actual_path.write_bytes(before)
+    retry = once(state, runc)
+    assert retry.already_running == (A0,) and retry.started == ()
+    assert [c for c in runc.calls if c[0] == "run"] == [("run", cid(A0))]
+    assert read_actual(state).instances[A0].state == "active"
+
+    # the controller's next plan only tests the new revision: nothing to do, nothing written
+    rev = read_actual(state).revision
+    write_patch(state, rev)
+    idle = once(state, runc)
+    assert idle.applied and not idle.written and idle.revision == rev
+    assert idle.started == idle.stopped == ()
+    assert read_actual(state).revision == rev
+
+
+def test_a_stopped_container_of_an_added_instance_is_deleted_and_started_again(
+    state: Path,
+) -> None:
+    runc = FakeRunc()
+    runc.add(cid(A0), status="stopped")
+    write_patch(state, 0, add={A0: RECORDS[A0]})
+    make_bundle(state, A0)
+    report = once(state, runc)
+    assert report.started == (A0,)
+    assert runc.actions() == [("delete", cid(A0)), ("run", cid(A0))]
+    assert runc.containers[cid(A0)].status == "running"
+
+
+# ---------------------------------------------------------------- observed states
+
+
+def test_a_container_that_died_shows_as_failed(state: Path) -> None:
+    runc = FakeRunc()
+    write_patch(state, 0, add={A0: RECORDS[A0], A1: RECORDS[A1]})
+    make_bundle(state, A0)
+    make_bundle(state, A1)
+    assert once(state, runc).revision == 1
+
+    runc.containers[cid(A0)].status = "stopped"  # it exited
+    write_patch(state, 1)  # the controller's next plan: nothing to change
+    report = once(state, runc)
+    assert report.written and report.revision == 2
+    assert report.states == {A0: "failed", A1: "active"}
+    assert "stopped" in report.failed[A0]
+    actual = read_actual(state)
+    assert actual.instances[A0].state == "failed" and actual.instances[A1].state == "active"
+    # no restart by the agent
+    assert sorted(runc.actions()) == sorted([("run", cid(A0)), ("run", cid(A1))])
+
+    # still dead, nothing else changed: no new revision
+    write_patch(state, 2)
+    assert not once(state, runc).written
+    assert read_actual(state).revision == 2
+
+    # a container that vanished entirely (a reboot) is failed too
+    del runc.containers[cid(A1)]
+    report = once(state, runc)
+    assert report.states[A1] == "failed" and report.revision == 3
+
+
+def test_without_a_patch_the_states_are_still_refreshed(state: Path) -> None:
+    runc = FakeRunc()
+    runc.add(cid(A0))
+    runc.add(cid(A1), status="created")
+    write_actual(state, 7, {A0: RECORDS[A0] | {"state": "activating"}, A1: RECORDS[A1]})
+    report = once(state, runc)
+    assert not report.applied and not report.stale and report.written
+    assert report.states == {A0: "active", A1: "activating"}
+    assert read_actual(state).revision == 8
+    assert runc.actions() == []
+    # unchanged states: no write
+    assert not once(state, runc).written
+    assert read_actual(state).revision == 8
+
+
+def test_without_a_patch_or_actual_nothing_is_written(state: Path) -> None:
+    report = once(state, FakeRunc())
+    assert report.revision == 0 and not report.written and not report.applied
+    assert not (state / "actual").exists()
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        ("running", "active"),
+        ("created", "activating"),
+        ("paused", "inactive"),
+        ("stopped", "failed"),
+        (None, "failed"),
+    ],
+)
+def test_state_mapping(status: str | None, expected: str) -> None:
+    st = None if status is None else ContainerState("x", status, 1)
+    assert observed_state(st)[0] == expected
+
+
+# ---------------------------------------------------------------- failures of one instance
+
+
+def test_a_missing_config_fails_that_instance_only(state: Path) -> None:
+    runc = FakeRunc()
+    write_patch(state, 0, add={A0: RECORDS[A0], A1: RECORDS[A1], B0: RECORDS[B0]})
+    make_bundle(state, A0)
+    make_bundle(state, B0)
+    (state / "out" / "instances" / A1).mkdir(parents=True)  # a directory, but no config
+    runc.fail_start.add(cid(B0))
+    report = once(state, runc)
+    assert report.started == (A0,)
+    assert "config.json" in report.failed[A1]
+    assert "unable to start container process" in report.failed[B0]
+    assert [c for c in runc.calls if c[0] == "run"] == [("run", cid(A0)), ("run", cid(B0))]
+    actual = read_actual(state)
+    assert {i: r.state for i, r in actual.instances.items()} == {
+        A0: "active",
+        A1: "failed",
+        B0: "failed",
+    }
+
+
+def test_bundles_are_not_followed_through_symlinks(state: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / A0).mkdir(parents=True)
+    (elsewhere / A0 / "config.json").write_text("{}")
+    (state / "out").mkdir()
+    (state / "out" / "instances").symlink_to(elsewhere)
+    write_patch(state, 0, add={A0: RECORDS[A0]})
+    runc = FakeRunc()
+    report = once(state, runc)
+    assert "symlink" in report.failed[A0] and report.started == ()
+    assert runc.actions() == []
+
+
+def test_report_json_and_summary(state: Path) -> None:
+    runc = FakeRunc()
+    write_patch(state, 0, add={A0: RECORDS[A0], A1: RECORDS[A1]})
+    make_bundle(state, A0)
+    report = once(state, runc)
+    doc = report.to_json()
+    assert doc["started"] == [A0] and doc["failed"] == {A1: report.failed[A1]}
+    assert doc["states"] == {A0: "active", A1: "failed"} and doc["revision"] == 1
+    assert report.summary() == (
+        "n1: 1 started, 0 stopped, 0 already running, 1 failed; actual revision 1 written"
+    )
+
+
+def test_container_logs_go_to_the_log_dir(state: Path, tmp_path: Path) -> None:
+    runc = FakeRunc()
+    write_patch(state, 0, add={A0: RECORDS[A0]})
+    make_bundle(state, A0)
+    logs = tmp_path / "logs"
+    once(state, runc, log_dir=logs)
+    assert (logs / f"{A0}.log").read_text() == "started\n"
+
+
+def test_orphan_containers_of_this_node_are_stopped(state: Path) -> None:
+    runc = FakeRunc()
+    runc.add(cid(A0))
+    runc.add(cid(B1))  # an orphan: started by an interrupted run, no longer planned
+    runc.add(container_id("n2", B0))  # another node's container in a shared root
+    runc.add("unrelated")
+    write_actual(state, 1, {A0: RECORDS[A0]})
+    write_patch(state, 1)
+    report = once(state, runc)
+    assert report.orphans_stopped == (B1,) and report.stopped == ()
+    assert set(runc.containers) == {cid(A0), container_id("n2", B0), "unrelated"}
+    assert not report.written  # the document did not change
+
+    runc.add(cid(B1))
+    assert once(state, runc, reap_orphans=False).orphans_stopped == ()
+    assert cid(B1) in runc.containers
+
+
+# ---------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize("node", ["../n1", "n1/x", "-n1", ""])
+def test_an_invalid_node_id_is_refused_before_any_work(state: Path, node: str) -> None:
+    runc = FakeRunc()
+    with pytest.raises(AgentError, match="invalid node id"):
+        run_agent_once(state, node, runc)
+    assert runc.calls == [] and not (state / ".lock").exists()
+
+
+@pytest.mark.parametrize(
+    "ops",
+    [
+        [{"op": "remove", "path": "/instances/x"}],  # no revision test
+        [{"op": "test", "path": "/revision", "value": 0}, {"op": "replace", "path": "/nodeId"}],
+        [
+            {"op": "test", "path": "/revision", "value": 0},
+            {"op": "add", "path": "/instances/..~1..~1etc", "value": {}},
+        ],
+        [{"op": "test", "path": "/revision", "value": 0}, {"op": "remove", "path": "/revision"}],
+        {"op": "test"},
+    ],
+)
+def test_a_malformed_patch_is_an_error_and_touches_nothing(state: Path, ops: Any) -> None:
+    runc = FakeRunc()
+    runc.add(cid(A0))
+    write_actual(state, 0, {A0: RECORDS[A0]})
+    (state / "out" / "nodes").mkdir(parents=True)
+    (state / "out" / "nodes" / f"{NODE}.json").write_text(json.dumps(ops))
+    with pytest.raises(AgentError):
+        once(state, runc)
+    assert runc.actions() == []
+
+
+def test_an_invalid_actual_file_is_an_error_with_its_position(state: Path) -> None:
+    (state / "actual").mkdir()
+    (state / "actual" / f"{NODE}.yaml").write_text(
+        "apiVersion: reconciler/v1\nkind: ActualState\nnodeId: n1\nrevision: -1\n"
+    )
+    with pytest.raises(AgentError, match=r"n1\.yaml:4:\d+: revision"):
+        once(state, FakeRunc())
+
+
+def test_the_agent_holds_the_controllers_lock(state: Path) -> None:
+    with StateLock(state), pytest.raises(LockTimeout):
+        run_agent_once(state, NODE, FakeRunc(), lock_timeout=0.1)
+
+
+# ---------------------------------------------------------------- with the controller
+
+
+def test_the_loop_closes_with_the_controller(demo_copy: Path) -> None:
+    """reconcile, every node's agent, reconcile: nothing left to plan; agents idle."""
+    opts = ReconcileOptions(configs=default_config_builder())
+    first = reconcile(demo_copy, opts)
+    assert first.plan.changes_present
+    nodes = sorted(first.plan.patches)
+    runtimes = {n: FakeRunc() for n in nodes}
+    # what the demo's actual files say runs is really running
+    for n in nodes:
+        actual = first.computed.view.actual.get(n)
+        for i in actual.instances if actual else ():
+            runtimes[n].add(container_id(n, i))
+    reports = {n: run_agent_once(demo_copy, n, runtimes[n], stop_timeout=0.5) for n in nodes}
+    starts = {(a.node_id, a.instance_id) for a in first.plan.starts()}
+    stops = {(a.node_id, a.instance_id) for a in first.plan.stops()}
+    assert {(n, i) for n, r in reports.items() for i in r.started} == starts
+    assert {(n, i) for n, r in reports.items() for i in r.stopped} == stops
+    assert all(not r.failed for r in reports.values()), reports
+
+    second = reconcile(demo_copy, opts)
+    assert not second.plan.changes_present
+    idle = [run_agent_once(demo_copy, n, runtimes[n]) for n in nodes]
+    assert not any(r.written or r.started or r.stopped or r.stale for r in idle)
+    third = reconcile(demo_copy, opts)
+    assert not third.plan.changes_present and third.written == ()
+    for n in nodes:
+        running = {s.id for s in runtimes[n].list() if s.status == "running"}
+        placed = {p.instance_id for p in third.computed.result.placements if p.node_id == n}
+        assert running == {container_id(n, i) for i in placed}
+
+
+# ---------------------------------------------------------------- watch
+
+
+@pytest.fixture
+def watching(state: Path) -> Iterator[tuple[FakeRunc, list[AgentReport | None], threading.Event]]:
+    runc = FakeRunc()
+    runs: list[AgentReport | None] = []
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=agent_watch,
+        args=(state, NODE, runc, stop),
+        kwargs={"resync": 0.5, "debounce": 0.05, "on_run": runs.append, "stop_timeout": 0.2},
+    )
+    thread.start()
+    try:
+        yield runc, runs, stop
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        assert not thread.is_alive(), "agent_watch did not return on stop"
+
+
+def _wait_for(cond: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_watch_applies_a_new_plan_and_resyncs(
+    state: Path, watching: tuple[FakeRunc, list[AgentReport | None], threading.Event]
+) -> None:
+    runc, runs, stop = watching
+    _wait_for(lambda: len(runs) >= 1)  # the first run, before any plan exists
+    make_bundle(state, A0)
+    write_patch(state, 0, add={A0: RECORDS[A0]})  # creates out/nodes: picked up
+    _wait_for(lambda: cid(A0) in runc.containers)
+    assert read_actual(state).revision == 1
+    runc.containers[cid(A0)].status = "stopped"
+    write_patch(state, 1)  # a new plan (a file replaced in the watched directory)
+    _wait_for(lambda: read_actual(state).instances[A0].state == "failed")
+    n = len(runs)
+    _wait_for(lambda: len(runs) > n + 1)  # periodic resyncs keep running
+    assert all(r is not None for r in runs)
+    t0 = time.monotonic()
+    stop.set()
+    assert time.monotonic() - t0 < 2
+
+
+# ---------------------------------------------------------------- the runc wrapper
+
+FAKE_RUNC = r"""
+import json, os, sys, time
+args = sys.argv[1:]
+with open(os.environ["FAKE_RUNC_CALLS"], "a") as f:
+    f.write(json.dumps({"args": args, "stdin_is_devnull": os.path.samestat(
+        os.fstat(0), os.stat(os.devnull))}) + "\n")
+log = None
+i = 0
+while args[i].startswith("--"):
+    if args[i] == "--log":
+        log = args[i + 1]
+    i += 2
+cmd, rest = args[i], args[i + 1:]
+if cmd == "list":
+    print(os.environ.get("FAKE_LIST", "null"))
+elif cmd == "state":
+    if rest[0] == "slow":
+        time.sleep(5)
+    if rest[0] == "missing":
+        sys.stderr.write('time="x" level=error msg="container does not exist"\n')
+        sys.exit(1)
+    if rest[0] == "broken":
+        sys.stderr.write('time="x" level=error msg="open state.json: permission denied"\n')
+        sys.exit(1)
+    print(json.dumps({"id": rest[0], "pid": 42, "status": "running", "bundle": "/b",
+                      "created": "t", "owner": ""}))
+elif cmd == "run":
+    print("output of the container")
+    if rest[-1] == "bad":
+        with open(log, "a") as f:
+            f.write(json.dumps({"level": "warning", "msg": "a warning"}) + "\n")
+            f.write(json.dumps({"level": "error", "msg": "runc run failed: exec: no such file"})
+                    + "\n")
+        sys.stderr.write("runc run failed: exec: no such file\n")
+        sys.exit(1)
+    if os.fork() == 0:  # the container: keeps runc's stdout and stderr open
+        with open(os.environ["FAKE_RUNC_CHILD"], "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(5)
+        os._exit(0)
+elif cmd == "kill":
+    if rest[0] == "gone":
+        sys.stderr.write('time="x" level=error msg="container not running"\n')
+        sys.exit(1)
+"""
+
+
+@pytest.fixture
+def fake_runc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    binary = tmp_path / "fake-runc"
+    binary.write_text(f"#!{sys.executable}\n{FAKE_RUNC}")
+    binary.chmod(0o755)
+    calls = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("FAKE_RUNC_CALLS", str(calls))
+    monkeypatch.setenv("FAKE_RUNC_CHILD", str(tmp_path / "child.pid"))
+    return binary, calls
+
+
+def _calls(path: Path) -> builtins.list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_runc_wrapper_passes_its_root_and_parses_state_and_list(
+    fake_runc: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    binary, calls = fake_runc
+    runc = Runc(str(binary), root=tmp_path / "root")
+    assert runc.list() == []  # runc prints null for no containers
+    st = runc.state("n1.x")
+    assert st == ContainerState("n1.x", "running", 42, "/b", "t")
+    assert runc.state("missing") is None
+    with pytest.raises(RuncError, match=r"open state\.json: permission denied") as err:
+        runc.state("broken")
+    assert err.value.command[-2:] == ("state", "broken")
+    monkeypatch.setenv("FAKE_LIST", json.dumps([{"id": "b", "status": "stopped"}, {"id": "a"}]))
+    assert [(s.id, s.status) for s in runc.list()] == [("a", "unknown"), ("b", "stopped")]
+    runc.kill("n1.x", signals.SIGKILL)
+    runc.kill("n1.x", "TERM")
+    runc.delete("n1.x", force=True)
+    with pytest.raises(RuncError, match="container not running"):
+        runc.kill("gone")
+    args = [c["args"] for c in _calls(calls)]
+    assert all(a[:2] == ["--root", str(tmp_path / "root")] for a in args)
+    assert args[-4:-1] == [
+        ["--root", str(tmp_path / "root"), "kill", "n1.x", "9"],
+        ["--root", str(tmp_path / "root"), "kill", "n1.x", "TERM"],
+        ["--root", str(tmp_path / "root"), "delete", "--force", "n1.x"],
+    ]
+    assert all(c["stdin_is_devnull"] for c in _calls(calls))
+
+
+@pytest.mark.parametrize("bad", ["-rf", "--root=/x", "a/b", "..", "", "a b"])
+def test_runc_wrapper_refuses_ids_that_are_not_container_ids(
+    fake_runc: tuple[Path, Path], bad: str
+) -> None:
+    runc = Runc(str(fake_runc[0]))
+    with pytest.raises(ValueError):
+        runc.state(bad)
+    with pytest.raises(ValueError):
+        runc.kill("ok", "TERM; rm")
+    assert not fake_runc[1].exists()  # runc was never run
+
+
+def test_run_detached_does_not_wait_for_the_container_and_reports_runc_errors(
+    fake_runc: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    binary, calls = fake_runc
+    runc = Runc(str(binary))
+    log = tmp_path / "c.log"
+    t0 = time.monotonic()
+    runc.run_detached("n1.x", tmp_path / "bundle", log)
+    # the "container" keeps the fds for 5 s: a pipe would have made us wait for it
+    assert time.monotonic() - t0 < 3
+    child = int((tmp_path / "child.pid").read_text())
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(child, signals.SIGKILL)
+    assert log.read_text() == "output of the container\n"
+    [call] = _calls(calls)
+    assert call["stdin_is_devnull"]
+    assert call["args"][0] == "--log" and call["args"][2:4] == ["--log-format", "json"]
+    assert call["args"][4:] == ["run", "--detach", "--bundle", str(tmp_path / "bundle"), "n1.x"]
+
+    with pytest.raises(RuncError, match="runc run failed: exec: no such file") as err:
+        runc.run_detached("bad", tmp_path / "bundle")  # stdio to /dev/null
+    assert err.value.returncode == 1
+    assert "a warning" in caplog.text
+    assert not Path(_calls(calls)[-1]["args"][1]).exists()  # runc's own log is removed
+
+
+def test_runc_wrapper_times_out(fake_runc: tuple[Path, Path]) -> None:
+    runc = Runc(str(fake_runc[0]), timeout=0.3)
+    with pytest.raises(RuncError, match=r"no answer within 0\.3s"):
+        runc.state("slow")
+    with pytest.raises(RuncError, match="cannot run"):
+        Runc("/nonexistent/runc").list()
