@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .fsio import FileReadError, atomic_write, read_bytes_at
+from .fsio import FileReadError, atomic_write, atomic_write_many, read_bytes_at
 from .oci import BuiltConfig, config_json
 from .values import validate_id
 
@@ -114,6 +114,7 @@ def write_instance_outputs(
 
     written: list[str] = []
     unchanged: list[str] = []
+    batch: list[tuple[Path, bytes, int]] = []
     for iid in ids:
         directory = root / iid
         _ensure_dir(directory, replace=True)
@@ -127,8 +128,14 @@ def write_instance_outputs(
                 continue
             if target.is_dir() and not target.is_symlink():
                 shutil.rmtree(target)
-            atomic_write(target, data, mode=CONFIG_MODE, sync=sync)
+            if sync:
+                batch.append((target, data, CONFIG_MODE))
+            else:
+                atomic_write(target, data, mode=CONFIG_MODE, sync=False)
             written.append(rel)
+    # one batch: every temp written, one filesystem flush, every rename, one more flush; hosts
+    # files come before their configs in the batch, so a config never names a missing hosts file
+    atomic_write_many(batch)
 
     removed: list[str] = []
     keep = set(ids)

@@ -21,7 +21,14 @@ from typing import Any
 from .alerts import AlertUpdate, observe
 from .balancer import balance, node_states
 from .checkpoint import Checkpoint, LoadReport, assign_ids, load_checkpoint, save_checkpoint
-from .fsio import WriteHook, ensure_dir, remove_stale_temp_files, write_if_changed
+from .fsio import (
+    FileReadError,
+    WriteHook,
+    atomic_write_many,
+    ensure_dir,
+    read_bytes_at,
+    remove_stale_temp_files,
+)
 from .lastgood import LastGoodStore
 from .loader import Diagnostic, LoadOptions, StateView, load_state, mass_deletion_guard
 from .lock import StateLock
@@ -192,26 +199,38 @@ def _json_bytes(value: Any) -> bytes:
     return (json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
 
 
+def _changed(path: Path, data: bytes) -> bool:
+    try:
+        current, _ = read_bytes_at(path, len(data))
+    except FileReadError:
+        return True
+    return current != data
+
+
 def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list[str]:
+    """Write out/ in dependency order, each group as one batch (SPEC §2, §10, §11, §12):
+    instance configs first (a patch never names a config that is not there), then the node
+    patches and status, the plan last."""
     out = state_dir / "out"
     ensure_dir(out)
     ensure_dir(out / "nodes")
     written: list[str] = []
+    if c.built is not None:
+        report = write_instance_outputs(state_dir, c.built)
+        written += [f"out/{f}" for f in report.written]
+        written += [f"out/instances/{i}" for i in report.removed]
+
+    batch: list[tuple[Path, bytes, int]] = []
 
     def put(path: Path, value: Any, mode: int = 0o600) -> None:
-        if write_if_changed(path, _json_bytes(value), mode=mode, hook=opts.write_hook):
+        data = _json_bytes(value)
+        if _changed(path, data):
+            batch.append((path, data, mode))
             written.append(str(path.relative_to(state_dir)))
 
-    plan_doc = c.plan.to_json()
-    plan_doc["inputs"]["mode"] = c.mode
-    put(out / "plan.json", plan_doc)
     for node_id, ops in c.plan.patches.items():
         validate_id(node_id, "node id")
         put(out / "nodes" / f"{node_id}.json", list(ops), 0o644)
-    for stale in sorted((out / "nodes").glob("*.json")):
-        if stale.stem not in c.plan.patches and not stale.is_symlink():
-            stale.unlink()
-            written.append(str(stale.relative_to(state_dir)))
     overload = c.alerts.overload if c.alerts is not None and c.mode == "rebalance" else None
     slots = node_states(
         c.view.unit,
@@ -222,12 +241,18 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
     )
     uids = {iid: (a.uid, a.gid) for iid, a in c.checkpoint.allocations.items()}
     raised = c.alerts.raised if c.alerts is not None else []
-    status = build_status(c.view, c.result, slots, c.diagnostics, alerts=raised, uids=uids)
-    put(out / "status.json", status)
-    if c.built is not None:
-        report = write_instance_outputs(state_dir, c.built)
-        written += [f"out/{f}" for f in report.written]
-        written += [f"out/instances/{i}" for i in report.removed]
+    put(
+        out / "status.json",
+        build_status(c.view, c.result, slots, c.diagnostics, alerts=raised, uids=uids),
+    )
+    plan_doc = c.plan.to_json()
+    plan_doc["inputs"]["mode"] = c.mode
+    put(out / "plan.json", plan_doc)
+    atomic_write_many(batch, hook=opts.write_hook)
+    for stale in sorted((out / "nodes").glob("*.json")):
+        if stale.stem not in c.plan.patches and not stale.is_symlink():
+            stale.unlink()
+            written.append(str(stale.relative_to(state_dir)))
     return written
 
 
