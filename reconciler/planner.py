@@ -108,6 +108,13 @@ def pointer(*parts: str) -> str:
     return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in parts)
 
 
+def _instance_pointer(iid: str) -> str:
+    """``/instances/<id>``; instance ids are uuids, so escaping is almost never needed."""
+    if "~" in iid or "/" in iid:
+        return pointer("instances", iid)
+    return "/instances/" + iid
+
+
 def empty_actual_document(node_id: str) -> dict[str, Any]:
     """What a missing ``actual/<node>.yaml`` stands for: revision 0, nothing running."""
     return {
@@ -137,12 +144,11 @@ def _devices_of(inst: ActualInstance) -> tuple[tuple[str, tuple[str, ...]], ...]
 
 
 def _same(p: Placement, node_id: str, inst: ActualInstance) -> bool:
-    return (
-        p.node_id == node_id
-        and p.version == inst.version
-        and p.runtime_id == inst.runtimeId
-        and p.devices == _devices_of(inst)
-    )
+    if p.node_id != node_id or p.version != inst.version or p.runtime_id != inst.runtimeId:
+        return False
+    if not inst.devices:
+        return not p.devices
+    return p.devices == _devices_of(inst)
 
 
 def make_plan(
@@ -230,11 +236,11 @@ def make_plan(
         ops: list[dict[str, Any]] = [
             {"op": "test", "path": "/revision", "value": doc.revision if doc else 0}
         ]
-        ops += [{"op": "remove", "path": pointer("instances", a.instance_id)} for a in node_stops]
+        ops += [{"op": "remove", "path": _instance_pointer(a.instance_id)} for a in node_stops]
         ops += [
             {
                 "op": "add",
-                "path": pointer("instances", a.instance_id),
+                "path": _instance_pointer(a.instance_id),
                 "value": started_record(desired[a.instance_id]),
             }
             for a in node_starts
