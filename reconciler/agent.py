@@ -34,7 +34,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any, Literal
 
 import jsonpatch
@@ -47,6 +46,7 @@ from .lock import LockTimeout, StateLock
 from .models import ActualState
 from .planner import empty_actual_document, pointer
 from .runc import ContainerRuntime, ContainerState, RuncError, delete_quietly
+from .signals import stop_on_signals
 from .values import validate_id
 from .yamlsafe import DEFAULT_MAX_BYTES, YamlRejected, parse_yaml
 
@@ -514,14 +514,7 @@ def agent_watch(
     seconds, until ``stop`` is set (SIGTERM and SIGINT set it when called from the main
     thread). A failed run is logged (``on_run(None)``) and the loop goes on."""
     validate_id(node_id, "node id")
-    if threading.current_thread() is threading.main_thread():
-
-        def handle(signum: int, _frame: FrameType | None) -> None:
-            log.info("received %s; stopping", signal.Signals(signum).name)
-            stop.set()
-
-        signal.signal(signal.SIGTERM, handle)
-        signal.signal(signal.SIGINT, handle)
+    stop_on_signals(stop, log)
 
     nodes_dir = state_dir / "out" / "nodes"
     target = f"{node_id}.json"

@@ -12,12 +12,11 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Sequence
-from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
 from .models import HostResource, Node
-from .yamlsafe import YamlRejected, parse_yaml
+from .yamlsafe import YamlRejected, parse_yaml, reject_duplicate_keys
 
 __all__ = [
     "ResourceManager",
@@ -44,15 +43,6 @@ class ResourcesFileError(ValueError):
         self.message = message
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"duplicate key {k!r}")
-        out[k] = v
-    return out
-
-
 def parse_resources_json(raw: bytes) -> tuple[HostResource, ...]:
     """Parse and validate a resources file; the error names the line and column."""
     try:
@@ -60,7 +50,7 @@ def parse_resources_json(raw: bytes) -> tuple[HostResource, ...]:
     except UnicodeDecodeError:
         raise ResourcesFileError(1, 1, "not valid UTF-8") from None
     try:
-        data = json.loads(text, object_pairs_hook=_no_duplicates)
+        data = json.loads(text, object_pairs_hook=reject_duplicate_keys)
     except json.JSONDecodeError as e:
         raise ResourcesFileError(e.lineno, e.colno, f"invalid JSON: {e.msg}") from None
     except (ValueError, RecursionError) as e:

@@ -161,21 +161,20 @@ class Runc:
             cmd += ["--root", str(self.root)]
         return cmd
 
-    def _run(self, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
-        cmd = [*self._base(), *args]
+    def _spawn(self, cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        """Run ``cmd`` with stdin closed and the timeout; failures to run become RuncError."""
         try:
-            return subprocess.run(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=self.timeout,
-                check=False,
+            done: subprocess.CompletedProcess[str] = subprocess.run(
+                cmd, stdin=subprocess.DEVNULL, timeout=self.timeout, check=False, **kwargs
             )
         except subprocess.TimeoutExpired:
             raise RuncError(cmd, f"no answer within {self.timeout:g}s") from None
         except OSError as e:
             raise RuncError(cmd, f"cannot run {self.binary}: {e.strerror or e}") from None
+        return done
+
+    def _run(self, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        return self._spawn([*self._base(), *args], capture_output=True, text=True)
 
     def _check(self, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
         done = self._run(args)
@@ -240,18 +239,7 @@ class Runc:
             except OSError as e:
                 raise RuncError(cmd, f"cannot open the log {out_path}: {e.strerror}") from None
             try:
-                done = subprocess.run(
-                    cmd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out_fd,
-                    stderr=out_fd,
-                    timeout=self.timeout,
-                    check=False,
-                )
-            except subprocess.TimeoutExpired:
-                raise RuncError(cmd, f"no answer within {self.timeout:g}s") from None
-            except OSError as e:
-                raise RuncError(cmd, f"cannot run {self.binary}: {e.strerror or e}") from None
+                done = self._spawn(cmd, stdout=out_fd, stderr=out_fd)
             finally:
                 os.close(out_fd)
             try:

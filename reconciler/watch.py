@@ -10,18 +10,17 @@ and temp files, so the controller's own writes do not wake it.
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 
 import watchfiles
 
 from .lock import LockTimeout
 from .reconcile import ReconcileError, ReconcileOptions, ReconcileReport, reconcile
+from .signals import stop_on_signals
 
 __all__ = ["WatchOptions", "input_filter", "watch_loop"]
 
@@ -73,14 +72,7 @@ def watch_loop(
     """Run until ``stop`` is set (SIGTERM and SIGINT set it when run from the main thread)."""
     wopts = wopts or WatchOptions()
     stop = stop or threading.Event()
-    if threading.current_thread() is threading.main_thread():
-
-        def handle(signum: int, _frame: FrameType | None) -> None:
-            log.info("received %s; stopping", signal.Signals(signum).name)
-            stop.set()
-
-        signal.signal(signal.SIGTERM, handle)
-        signal.signal(signal.SIGINT, handle)
+    stop_on_signals(stop, log)
 
     def run(reason: str) -> None:
         t0 = time.monotonic()

@@ -37,6 +37,7 @@ __all__ = [
     "YamlRejected",
     "decode_strict",
     "parse_yaml",
+    "reject_duplicate_keys",
 ]
 
 DEFAULT_MAX_BYTES = 1024 * 1024
@@ -225,7 +226,8 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed")
 
 
-def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` for ``json.loads``: a duplicate key is an error, not last-wins."""
     out: dict[str, Any] = {}
     for k, v in pairs:
         if k in out:
@@ -240,7 +242,9 @@ def _parse_json(text: str) -> Any:
     if not _shallow(text):
         return _NOT_JSON
     try:
-        return json.loads(text, object_pairs_hook=_pairs, parse_constant=_reject_constant)
+        return json.loads(
+            text, object_pairs_hook=reject_duplicate_keys, parse_constant=_reject_constant
+        )
     except (ValueError, RecursionError):
         return _NOT_JSON
 

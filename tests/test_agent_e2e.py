@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import shutil
-import struct
 import subprocess
 import time
 from collections.abc import Iterator
@@ -33,6 +32,8 @@ from reconciler.reconcile import ReconcileOptions, ReconcileReport, reconcile
 from reconciler.runc import ContainerState, Runc, RuncError
 from reconciler.values import instance_id
 
+from .runtime_support import find_static_busybox, make_busybox_rootfs
+
 pytestmark = pytest.mark.slow
 
 NODES = ("n1", "n2")
@@ -40,33 +41,10 @@ ITEM = "com.example.sleeper"
 STOP_TIMEOUT = 1.0  # `sleep` as pid 1 ignores SIGTERM: every stop ends in SIGKILL after this
 
 
-def _is_static_elf(path: str) -> bool:
-    """A 64-bit little-endian ELF without PT_INTERP (no dynamic loader needed in the rootfs)."""
-    with open(path, "rb") as f:
-        head = f.read(64)
-        if head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
-            return False
-        phoff = struct.unpack_from("<Q", head, 0x20)[0]
-        phentsize, phnum = struct.unpack_from("<HH", head, 0x36)
-        f.seek(phoff)
-        table = f.read(phentsize * phnum)
-    return all(struct.unpack_from("<I", table, i * phentsize)[0] != 3 for i in range(phnum))
-
-
-def _busybox() -> str | None:
-    for candidate in ("/bin/busybox", shutil.which("busybox")):
-        if candidate and os.path.isfile(candidate) and _is_static_elf(candidate):
-            return candidate
-    return None
-
-
 def _make_rootfs(rootfs: Path, busybox: str) -> None:
-    (rootfs / "bin").mkdir(parents=True)
-    shutil.copy2(busybox, rootfs / "bin" / "busybox")
-    for applet in ("sh", "sleep", "true"):
-        (rootfs / "bin" / applet).symlink_to("busybox")
-    for d in ("proc", "dev", "sys", "tmp", "etc"):
-        (rootfs / d).mkdir()
+    make_busybox_rootfs(
+        rootfs, busybox, ("sh", "sleep", "true"), ("proc", "dev", "sys", "tmp", "etc")
+    )
 
 
 def _architecture() -> str:
@@ -168,7 +146,7 @@ def e2e(tmp_path: Path) -> Iterator[E2E]:
         pytest.skip("runc containers need root here (euid is not 0)")
     if shutil.which("runc") is None:
         pytest.skip("runc is not on PATH (scripts/bootstrap or .ci/run installs it)")
-    busybox = _busybox()
+    busybox = find_static_busybox()
     if busybox is None:
         pytest.skip("no static busybox (/bin/busybox from busybox-static) for the rootfs")
     _skip_unless_runc_works(tmp_path, busybox)

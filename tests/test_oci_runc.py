@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import stat
-import struct
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -31,6 +30,8 @@ from reconciler.oci import DevicePolicy, build_config
 from reconciler.oci_writer import hosts_path, instance_dir, write_instance_outputs
 from reconciler.values import instance_id
 
+from .runtime_support import find_static_busybox, make_busybox_rootfs
+
 APPLETS = ("sh", "cat", "echo", "grep", "head", "hostname", "id", "ls", "stat", "true", "sleep")
 GIDS = {"video": 44, "render": 4242}
 
@@ -40,29 +41,6 @@ class Groups:
 
     def __call__(self, name: str, /) -> int | None:
         return GIDS.get(name)
-
-
-def _is_static_elf(path: str) -> bool:
-    """True for a 64-bit little-endian ELF without a PT_INTERP (no dynamic loader needed)."""
-    with open(path, "rb") as f:
-        head = f.read(64)
-        if head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
-            return False
-        phoff = struct.unpack_from("<Q", head, 0x20)[0]
-        phentsize, phnum = struct.unpack_from("<HH", head, 0x36)
-        f.seek(phoff)
-        table = f.read(phentsize * phnum)
-    return all(
-        struct.unpack_from("<I", table, i * phentsize)[0] != 3  # PT_INTERP
-        for i in range(phnum)
-    )
-
-
-def _find_busybox() -> str | None:
-    for candidate in ("/bin/busybox", shutil.which("busybox")):
-        if candidate and os.path.isfile(candidate) and _is_static_elf(candidate):
-            return candidate
-    return None
 
 
 def _runc(runc_root: Path, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -77,14 +55,9 @@ def _runc(runc_root: Path, *args: str, timeout: float = 30) -> subprocess.Comple
 
 
 def _make_rootfs(rootfs: Path, busybox: str) -> None:
-    (rootfs / "bin").mkdir(parents=True)
-    shutil.copy2(busybox, rootfs / "bin" / "busybox")
-    for applet in APPLETS:
-        (rootfs / "bin" / applet).symlink_to("busybox")
     # no /tmp: runc gives a tmpfs mounted over an existing directory that directory's mode,
     # ignoring mode=1777 (images ship /tmp as 1777); here the mount option must do it
-    for d in ("etc", "proc", "sys", "dev", "data"):
-        (rootfs / d).mkdir(exist_ok=True)
+    make_busybox_rootfs(rootfs, busybox, APPLETS, ("etc", "proc", "sys", "dev", "data"))
 
 
 @pytest.fixture
@@ -94,7 +67,7 @@ def runc_env(tmp_path: Path) -> Iterator[tuple[Path, str]]:
         pytest.skip("runc containers need root here (euid is not 0)")
     if shutil.which("runc") is None:
         pytest.skip("runc is not on PATH (scripts/bootstrap or .ci/run installs it)")
-    busybox = _find_busybox()
+    busybox = find_static_busybox()
     if busybox is None:
         pytest.skip("no static busybox (/bin/busybox from busybox-static) for the rootfs")
     runc_root = tmp_path / "runc-root"

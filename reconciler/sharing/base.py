@@ -112,9 +112,11 @@ class SharingPolicy(ABC):
 
     name: ClassVar[str]
 
-    @abstractmethod
     def new_state(self, resource: str, items: tuple[Item, ...], limit: int = 0) -> PoolState:
-        """The empty pool; ``limit`` is the shared count where the policy has one."""
+        """The empty pool, items sorted by id; ``limit`` is the shared count where the policy
+        has one (device pools have none: their slots are their items)."""
+        ordered = tuple(sorted(items, key=lambda i: i.id))
+        return PoolState(resource, self.name, ordered, Inventory.simple(resource, len(ordered)))
 
     @abstractmethod
     def filter(self, state: PoolState, request: ShareRequest, keep: tuple[str, ...] = ()) -> Status:

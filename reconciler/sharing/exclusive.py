@@ -4,16 +4,11 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ..inventory import Inventory
-from .base import SUCCESS, Item, PoolState, ShareRequest, SharingPolicy, Status, StatusCode, bump
+from .base import SUCCESS, PoolState, ShareRequest, SharingPolicy, Status, StatusCode, bump
 
 
 class ExclusivePolicy(SharingPolicy):
     name: ClassVar[str] = "exclusive"
-
-    def new_state(self, resource: str, items: tuple[Item, ...], limit: int = 0) -> PoolState:
-        ordered = tuple(sorted(items, key=lambda i: i.id))
-        return PoolState(resource, self.name, ordered, Inventory.simple(resource, len(ordered)))
 
     def _choose(
         self, state: PoolState, request: ShareRequest, keep: tuple[str, ...]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from ..inventory import Inventory
 from .base import (
     SUCCESS,
     Item,
@@ -20,10 +19,6 @@ from .base import (
 
 class FractionalPolicy(SharingPolicy):
     name: ClassVar[str] = "fractional"
-
-    def new_state(self, resource: str, items: tuple[Item, ...], limit: int = 0) -> PoolState:
-        ordered = tuple(sorted(items, key=lambda i: i.id))
-        return PoolState(resource, self.name, ordered, Inventory.simple(resource, len(ordered)))
 
     @staticmethod
     def _free(state: PoolState, item: Item) -> int:
