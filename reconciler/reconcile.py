@@ -256,15 +256,21 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
     return written
 
 
-def reconcile(state_dir: Path, opts: ReconcileOptions | None = None) -> ReconcileReport:
-    """One reconcile under the lock, repeated while the inputs change during the run."""
+def reconcile(
+    state_dir: Path,
+    opts: ReconcileOptions | None = None,
+    previous_view: StateView | None = None,
+) -> ReconcileReport:
+    """One reconcile under the lock, repeated while the inputs change during the run.
+
+    ``previous_view`` (a long-running watcher passes the view of its last run) keeps the last
+    good versions in memory and lets unchanged files skip reading and parsing."""
     opts = opts or ReconcileOptions()
     if not state_dir.exists():
         state_dir.mkdir(mode=0o700, parents=True)
     with StateLock(state_dir, opts.lock_timeout):
         for directory in (state_dir / "checkpoint", state_dir / "out", state_dir / "out" / "nodes"):
             remove_stale_temp_files(directory)
-        previous_view: StateView | None = None
         written: list[str] = []
         cp_written = False
         problems: list[str] = []

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import watchfiles
 
+from .loader import StateView
 from .lock import LockTimeout
 from .reconcile import ReconcileError, ReconcileOptions, ReconcileReport, reconcile
 from .signals import stop_on_signals
@@ -74,15 +75,18 @@ def watch_loop(
     stop = stop or threading.Event()
     stop_on_signals(stop, log)
 
+    last_view: list[StateView] = []  # the view of the last run: parse cache, last good versions
+
     def run(reason: str) -> None:
         t0 = time.monotonic()
         try:
-            report = reconcile(state_dir, opts)
+            report = reconcile(state_dir, opts, last_view[0] if last_view else None)
         except (ReconcileError, LockTimeout, OSError) as e:
             log.error("reconcile failed (%s): %s", reason, e)
             if on_run is not None:
                 on_run(None)
             return
+        last_view[:] = [report.computed.view]
         for d in report.computed.diagnostics:
             log.warning("%s", d)
         log.info("%s (%s)", summary(report, time.monotonic() - t0), reason)
