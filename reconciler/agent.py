@@ -41,6 +41,7 @@ import watchfiles
 from pydantic import ValidationError
 
 from .fsio import FileReadError, atomic_write, ensure_dir, read_bytes_at
+from .jsonio import pretty_json
 from .loader import format_validation_error
 from .lock import LockTimeout, StateLock
 from .models import ActualState
@@ -471,7 +472,7 @@ def _run_locked(
     if changed:
         new["revision"] = revision + 1
         doc = ActualState.model_validate(new)  # never write what the loader would refuse
-        data = json.dumps(doc.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+        data = pretty_json(doc.model_dump(mode="json")).decode()
         try:
             ensure_dir(actual_path.parent)
             atomic_write(actual_path, data.encode())

@@ -15,13 +15,13 @@ instance and the cause; :func:`build_all` builds many instances and keeps going 
 from __future__ import annotations
 
 import ipaddress
-import json
 import posixpath
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from .jsonio import pretty_json
 from .models import Device, HostEntry, Mount, Node, Service
 from .placement import Placement
 
@@ -250,7 +250,7 @@ def devices_env_name(resource: str) -> str:
 
 def config_json(built: BuiltConfig) -> bytes:
     """The bytes of config.json: sorted keys, two-space indent, a final newline."""
-    return (json.dumps(built.config, sort_keys=True, indent=2) + "\n").encode()
+    return pretty_json(built.config)
 
 
 # ---------------------------------------------------------------- the draft being built

@@ -10,7 +10,6 @@ when its content changed, so a second run with unchanged inputs rewrites nothing
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -29,6 +28,7 @@ from .fsio import (
     read_bytes_at,
     remove_stale_temp_files,
 )
+from .jsonio import pretty_json
 from .lastgood import LastGoodStore
 from .loader import Diagnostic, LoadOptions, StateView, load_state, mass_deletion_guard
 from .lock import StateLock
@@ -196,7 +196,7 @@ def fingerprint(view: StateView, generation: int) -> str:
 
 
 def _json_bytes(value: Any) -> bytes:
-    return (json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+    return pretty_json(value)
 
 
 def _changed(path: Path, data: bytes) -> bool:
