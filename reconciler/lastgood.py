@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .fsio import FileReadError, WriteHook, ensure_dir, read_bytes_at, write_if_changed
+from .fsio import FileReadError, WriteHook, atomic_write_many, ensure_dir, read_bytes_at
 from .loader import Doc, StateView
 from .models import ActualState, Node, Service, UnitConfig
 
@@ -35,6 +35,7 @@ _MODELS: dict[str, type[UnitConfig] | type[Service] | type[Node] | type[ActualSt
     "actual": ActualState,
 }
 _MAX = 16 * 1024 * 1024
+INDEX = "index.json"  # input path -> sha256 of the content whose entry is stored
 
 
 def _name(rel: str) -> str:
@@ -68,23 +69,40 @@ class LastGoodStore:
         except (FileReadError, ValueError, KeyError, TypeError, ValidationError):
             return None
 
+    def _index(self) -> dict[str, str]:
+        try:
+            raw, _ = read_bytes_at(self.directory / INDEX, _MAX)
+            index = json.loads(raw)
+        except (FileReadError, ValueError):
+            return {}
+        if not isinstance(index, dict):
+            return {}
+        return {str(k): str(v) for k, v in index.items()}
+
     def sync(self, view: StateView, hook: WriteHook | None = None) -> int:
         """Record every file whose current content is valid; forget deleted files.
+        Only entries whose input changed are written (one batch), then the index.
         Returns the number of entries written or removed."""
         ensure_dir(self.directory)
-        changed = 0
-        keep: set[str] = set()
-        for rel, rec in view.files.items():
-            keep.add(_name(rel))
+        old = self._index()
+        index = {rel: sha for rel, sha in old.items() if rel in view.files}
+        batch: list[tuple[Path, bytes, int]] = []
+        for rel, rec in sorted(view.files.items()):
             if not rec.current or rec.good is None:
                 continue  # invalid now: the entry keeps the last good version
+            if old.get(rel) == rec.sha256:
+                continue
             entry = {"path": rel, "sha256": rec.sha256, "document": _dump(rec.good)}
             data = (json.dumps(entry, sort_keys=True, separators=(",", ":")) + "\n").encode()
-            if write_if_changed(self.directory / _name(rel), data, hook=hook):
-                changed += 1
-        for path in self.directory.iterdir():
-            if path.name.endswith(".json") and path.name not in keep and not path.is_symlink():
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-                    changed += 1
-        return changed
+            batch.append((self.directory / _name(rel), data, 0o600))
+            index[rel] = rec.sha256
+        removed = 0
+        for rel in sorted(set(old) - set(index)):
+            with contextlib.suppress(FileNotFoundError):
+                (self.directory / _name(rel)).unlink()
+                removed += 1
+        if batch or removed or index != old:
+            index_bytes = (json.dumps(index, sort_keys=True, indent=0) + "\n").encode()
+            batch.append((self.directory / INDEX, index_bytes, 0o600))
+        atomic_write_many(batch, hook=hook)
+        return len(batch) - (1 if batch else 0) + removed
