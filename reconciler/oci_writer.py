@@ -10,14 +10,18 @@ replaced, and files are compared through ``O_NOFOLLOW`` and replaced by rename.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .fsio import FileReadError, atomic_write, atomic_write_many, read_bytes_at
+from .jsonio import pretty_json
 from .oci import BuiltConfig, config_json
 from .values import validate_id
 
@@ -100,6 +104,44 @@ def _unchanged(path: Path, data: bytes) -> bool:
     return current == data
 
 
+MANIFEST = ".manifest.json"
+"""out/instances/.manifest.json: per instance, the digest of the hosts and config.json this
+writer wrote last, so that an unchanged instance costs no read (outputs are the controller's)."""
+
+
+_FILES = ("hosts", "config.json")
+
+
+def _read_manifest(root: Path) -> dict[str, Any]:
+    try:
+        raw, _ = read_bytes_at(root / MANIFEST, 64 * 1024 * 1024)
+        data = json.loads(raw)
+    except (FileReadError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _fingerprints(directory: Path) -> dict[str, list[int]] | None:
+    """(inode, size, mtime_ns, mode) of each file, as lstat sees them; None if one is not a
+    regular file."""
+    out: dict[str, list[int]] = {}
+    for name in _FILES:
+        try:
+            st = os.lstat(directory / name)
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        out[name] = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode]
+    return out
+
+
+def _untouched(directory: Path, recorded: object) -> bool:
+    """The files are exactly those this writer recorded (a replaced, edited or planted file has
+    another inode, size, mtime or mode)."""
+    return recorded is not None and _fingerprints(directory) == recorded
+
+
 def write_instance_outputs(
     state_dir: Path, built: Mapping[str, BuiltConfig], *, sync: bool = True
 ) -> WriteReport:
@@ -115,11 +157,25 @@ def write_instance_outputs(
     written: list[str] = []
     unchanged: list[str] = []
     batch: list[tuple[Path, bytes, int]] = []
+    manifest = _read_manifest(root)
+    new_manifest: dict[str, Any] = {}
     for iid in ids:
         directory = root / iid
-        _ensure_dir(directory, replace=True)
         # hosts first: a config never points at a hosts file that is not there yet
         files = (("hosts", built[iid].hosts.encode()), ("config.json", config_json(built[iid])))
+        digest = hashlib.sha256(files[0][1] + b"\0" + files[1][1]).hexdigest()
+        known = manifest.get(iid)
+        if (
+            isinstance(known, dict)
+            and known.get("digest") == digest
+            and _untouched(directory, known.get("files"))
+        ):
+            # written by this writer with this content and not touched since: no read needed
+            new_manifest[iid] = known
+            unchanged += [f"instances/{iid}/{name}" for name, _ in files]
+            continue
+        new_manifest[iid] = {"digest": digest, "files": None}
+        _ensure_dir(directory, replace=True)
         for name, data in files:
             rel = f"instances/{iid}/{name}"
             target = directory / name
@@ -134,8 +190,14 @@ def write_instance_outputs(
                 atomic_write(target, data, mode=CONFIG_MODE, sync=False)
             written.append(rel)
     # one batch: every temp written, one filesystem flush, every rename, one more flush; hosts
-    # files come before their configs in the batch, so a config never names a missing hosts file
+    # files come before their configs in the batch, so a config never names a missing hosts file;
+    # the manifest comes last
     atomic_write_many(batch)
+    for iid, entry in new_manifest.items():
+        if entry["files"] is None:
+            entry["files"] = _fingerprints(root / iid)
+    if new_manifest != manifest:
+        atomic_write_many([(root / MANIFEST, pretty_json(new_manifest), 0o600)])
 
     removed: list[str] = []
     keep = set(ids)

@@ -1059,11 +1059,12 @@ def _built(n: int, tag: str = "") -> dict[str, BuiltConfig]:
 
 
 def _mtimes(state: Path) -> dict[str, int]:
+    """The instances' files (not the writer's hidden manifest)."""
     root = state / "out" / "instances"
     return {
         str(p.relative_to(root)): p.stat().st_mtime_ns
         for p in sorted(root.rglob("*"))
-        if p.is_file()
+        if p.is_file() and not p.name.startswith(".")
     }
 
 

@@ -19,7 +19,7 @@ def test_every_placed_instance_gets_a_valid_config(demo_copy: Path) -> None:
     report = reconcile(demo_copy, opts())
     placed = {p.instance_id: p for p in report.computed.result.placements}
     assert len(placed) == 7 and not report.computed.result.failures
-    dirs = {d.name for d in (demo_copy / "out" / "instances").iterdir()}
+    dirs = {d.name for d in (demo_copy / "out" / "instances").iterdir() if d.is_dir()}
     assert dirs == set(placed)
     for iid, p in placed.items():
         config = json.loads((demo_copy / "out" / "instances" / iid / "config.json").read_text())
@@ -38,7 +38,7 @@ def test_unchanged_configs_are_not_rewritten_and_stale_ones_removed(demo_copy: P
     assert reconcile(demo_copy, opts()).written == ()
     (demo_copy / "desired" / "apps" / "logger.yaml").unlink()
     report = reconcile(demo_copy, opts())
-    dirs = {d.name for d in (demo_copy / "out" / "instances").iterdir()}
+    dirs = {d.name for d in (demo_copy / "out" / "instances").iterdir() if d.is_dir()}
     assert dirs == {p.instance_id for p in report.computed.result.placements}
     assert len(dirs) == 4
 
