@@ -192,8 +192,14 @@ def parse_yaml(
             engine = "ruamel"  # only the pure-Python parser sees deeply nested input
     if engine == "libyaml":
         assert _LIBYAML is not None
-        return _compose(text, _libyaml_events(text), _LIBYAML.MarkedYAMLError, _LIBYAML.YAMLError)
-    return _compose(text, _ruamel_events(text), MarkedYAMLError, YAMLError)
+        data = _compose(
+            text, _libyaml_events(text), _LIBYAML.MarkedYAMLError, _LIBYAML.YAMLError, None
+        )
+        return Parsed(data, source=raw)  # positions are found again only if an error needs them
+    value_pos: dict[Path, tuple[int, int]] = {}
+    key_pos: dict[Path, tuple[int, int]] = {}
+    data = _compose(text, _ruamel_events(text), MarkedYAMLError, YAMLError, (value_pos, key_pos))
+    return Parsed(data, value_pos, key_pos)
 
 
 def _choose_engine(text: str) -> Engine:
@@ -268,10 +274,12 @@ def _compose(
     events: Iterator[Any],
     marked_error: type[Exception],
     yaml_error: type[Exception],
-) -> Parsed:
-    """Build plain values from an event stream, enforcing every rule of SPEC §5."""
-    value_pos: dict[Path, tuple[int, int]] = {}
-    key_pos: dict[Path, tuple[int, int]] = {}
+    positions: tuple[dict[Path, tuple[int, int]], dict[Path, tuple[int, int]]] | None,
+) -> Any:
+    """Build plain values from an event stream, enforcing every rule of SPEC §5; record where
+    every value and key starts when ``positions`` is given."""
+    track = positions is not None
+    value_pos, key_pos = positions if positions is not None else ({}, {})
     stack: list[_Container] = []
     result: Any = None
     documents = 0
@@ -334,10 +342,11 @@ def _compose(
                         )
                     top.key_at[key] = _pos(event)
                     top.key = key
-                    key_pos[(*top.path, key)] = _pos(event)
+                    if track:
+                        key_pos[(*top.path, key)] = _pos(event)
                     continue
-                path = child_path() if stack else ()
-                value_pos[path] = _pos(event)
+                if track:
+                    value_pos[child_path() if stack else ()] = _pos(event)
                 plain = event.style is None or event.style == ""
                 attach(_resolve_plain(event.value) if plain else event.value)
             elif kind in ("MappingStartEvent", "SequenceStartEvent"):
@@ -346,8 +355,9 @@ def _compose(
                     raise YamlRejected(*_pos(event), "mapping keys must be plain strings")
                 if len(stack) >= MAX_DEPTH:
                     raise YamlRejected(*_pos(event), f"nesting deeper than {MAX_DEPTH} levels")
-                path = child_path() if stack else ()
-                value_pos[path] = _pos(event)
+                path = child_path() if (stack and track) else ()
+                if track:
+                    value_pos[path] = _pos(event)
                 stack.append(_Container(kind == "MappingStartEvent", path))
             elif kind in ("MappingEndEvent", "SequenceEndEvent"):
                 done = stack.pop()
@@ -367,4 +377,4 @@ def _compose(
         raise YamlRejected(1, 1, "the file holds no document (empty or only comments)")
     if result is None:
         raise YamlRejected(1, 1, "the document is empty (null)")
-    return Parsed(result, value_pos, key_pos)
+    return result
