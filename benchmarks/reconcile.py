@@ -1,0 +1,465 @@
+"""End-to-end benchmark of ``reconcile`` on a synthetic state directory (issue 9, SPEC §16).
+
+.venv/bin/python -m benchmarks.reconcile [--nodes 5000] [--instances 20000]
+    [--node-format yaml|json] [--no-configs] [--seed 1] [--dir DIR] [--keep] [--profile]
+
+Every figure is printed beside the floor: the time PyYAML's C loader
+(``yaml.load(f, Loader=yaml.CSafeLoader)``) needs merely to parse the same input files, measured
+in the same run (best of 3, files already in the page cache, as they are for every run below).
+
+What is measured, in this order, in one process:
+
+- the state directory is generated in a child process (so its memory is not in the peak RSS);
+- cold ``reconcile``: the first ``reconcile()`` of this process on a directory with no ``out/``
+  and no ``checkpoint/``; the Python modules are already imported (interpreter start-up and
+  imports are not included), nothing else is cached;
+- a second ``reconcile()`` with unchanged inputs;
+- ``reconcile()`` right after one desired file is edited (its ``instances`` + 1, saved by
+  rename like an editor does): what ``watch`` runs after its debounce (``reconcile()`` builds its
+  views itself, so this shows whatever cache survives between runs in one process);
+- ``load_state(root, previous_view)`` after another edit of that file, with the view of the
+  previous run: the loader's per-file cache alone; also with no edit and with no previous view;
+- ``balance()`` alone on the loaded view (fresh and stable mode), in placements per second;
+- ``make_plan()`` alone: the cold run's plan (every instance to start) and a steady state
+  (every instance already running where it is placed: nothing to do);
+- output writing: the "writing out/ and the checkpoint" stage of each run (``on_stage``);
+- peak RSS (``ru_maxrss``) after the cold run and at the end.
+
+``--profile`` adds a cold ``reconcile()`` of a second, identical fresh directory under cProfile
+(after every measurement above, so the profiler slows nothing else) and prints its top 15.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import dataclasses
+import io
+import os
+import platform
+import pstats
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from reconciler.balancer import balance
+from reconciler.loader import StateView, load_state
+from reconciler.models import ActualState
+from reconciler.oci_glue import default_config_builder
+from reconciler.placement import BalanceResult
+from reconciler.planner import make_plan
+from reconciler.reconcile import ReconcileOptions, ReconcileReport, reconcile
+
+from .statedir import bump_instances, iter_input_files
+
+__all__ = ["Stages", "floor_parse", "machine_description", "main", "peak_rss_mib"]
+
+REPO = Path(__file__).resolve().parent.parent
+
+# on_stage texts (their first words) -> short names in the table
+_STAGE_NAMES = (
+    ("loading", "load"),
+    ("recovering", "checkpoint"),
+    ("placing", "balance"),
+    ("building", "configs"),
+    ("planning", "plan"),
+    ("writing", "write"),
+)
+
+
+def _progress(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def machine_description() -> str:
+    cpu = platform.processor() or "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (
+        f"{platform.platform()}; {cpu}; nproc {usable}; "
+        f"Python {platform.python_version()} ({platform.python_implementation()}); "
+        f"PyYAML {yaml.__version__} (C loader: {hasattr(yaml, 'CSafeLoader')})"
+    )
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process so far (ru_maxrss is in KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def floor_parse(files: list[Path]) -> float:
+    """Seconds for PyYAML's C loader to open and parse every file (the results are dropped)."""
+    t0 = time.perf_counter()
+    for path in files:
+        with open(path, "rb") as f:
+            yaml.load(f, Loader=yaml.CSafeLoader)
+    return time.perf_counter() - t0
+
+
+@dataclass
+class Stages:
+    """An ``on_stage`` callback that records when each stage starts; durations by short name
+    (a stage repeated by a second pass is summed)."""
+
+    start: float = 0.0
+    end: float = 0.0
+    marks: list[tuple[str, float]] = field(default_factory=list)
+
+    def __call__(self, text: str) -> None:
+        self.marks.append((text, time.perf_counter()))
+
+    @staticmethod
+    def name(text: str) -> str:
+        for prefix, short in _STAGE_NAMES:
+            if text.startswith(prefix):
+                return short
+        return text.split(" ", 1)[0]
+
+    def durations(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if self.marks:
+            out["lock+setup"] = self.marks[0][1] - self.start
+        for n, (text, at) in enumerate(self.marks):
+            until = self.marks[n + 1][1] if n + 1 < len(self.marks) else self.end
+            key = self.name(text)
+            out[key] = out.get(key, 0.0) + until - at
+        return out
+
+    @property
+    def total(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class Table:
+    floor: float
+    rows: list[tuple[str, str, str, str]] = field(default_factory=list)
+
+    def add(self, what: str, seconds: float | None, note: str = "", extra: str = "") -> None:
+        if seconds is None:
+            self.rows.append((what, "", "", note))
+            return
+        ratio = f"{seconds / self.floor:6.2f}x" if self.floor > 0 else "-"
+        shown = f"{seconds * 1000:9.1f} ms" if seconds < 10 else f"{seconds:9.2f} s "
+        self.rows.append((what, shown + (f"  {extra}" if extra else ""), ratio, note))
+
+    def print(self) -> None:
+        w0 = max(len(r[0]) for r in self.rows)
+        w1 = max(len(r[1]) for r in self.rows)
+        print(f"{'measure':<{w0}}  {'time':>{w1}}  {'x floor':>7}  notes")
+        print("-" * (w0 + w1 + 30))
+        for what, t, ratio, note in self.rows:
+            print(f"{what:<{w0}}  {t:>{w1}}  {ratio:>7}  {note}".rstrip())
+
+
+def _generate(root: Path, args: argparse.Namespace) -> None:
+    """Write the state directory in a child process: its memory stays out of our peak RSS."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.statedir",
+        str(root),
+        "--nodes",
+        str(args.nodes),
+        "--instances",
+        str(args.instances),
+        "--seed",
+        str(args.seed),
+        "--node-format",
+        args.node_format,
+    ]
+    subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+
+
+def _run(root: Path, opts: ReconcileOptions, label: str) -> tuple[ReconcileReport, Stages]:
+    stages = Stages()
+
+    def on_stage(text: str) -> None:
+        stages(text)
+        _progress(f"  {label}: {text}")
+
+    run_opts = dataclasses.replace(opts, on_stage=on_stage)
+    stages.start = time.perf_counter()
+    report = reconcile(root, run_opts)
+    stages.end = time.perf_counter()
+    return report, stages
+
+
+def _breakdown(stages: Stages) -> str:
+    return ", ".join(f"{k} {v * 1000:.0f}" for k, v in stages.durations().items()) + " (ms)"
+
+
+@contextmanager
+def _timed(into: list[float]) -> Iterator[None]:
+    t0 = time.perf_counter()
+    yield
+    into.append(time.perf_counter() - t0)
+
+
+def _best(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
+    best = float("inf")
+    value: Any = None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        value = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, value
+
+
+def _steady_actual(result: BalanceResult) -> dict[str, ActualState]:
+    """Actual states in which every placed instance already runs where it is placed."""
+    docs: dict[str, dict[str, Any]] = {}
+    for p in result.placements:
+        doc = docs.setdefault(
+            p.node_id,
+            {
+                "apiVersion": "reconciler/v1",
+                "kind": "ActualState",
+                "nodeId": p.node_id,
+                "revision": 2,
+                "instances": {},
+            },
+        )
+        doc["instances"][p.instance_id] = {
+            "itemId": p.item_id,
+            "subjectId": p.subject_id,
+            "index": p.index,
+            "version": p.version,
+            "runtimeId": p.runtime_id,
+            "state": "active",
+            "devices": {k: list(v) for k, v in p.device_map().items()},
+        }
+    return {k: ActualState.model_validate(v) for k, v in docs.items()}
+
+
+def _dir_size(directory: Path) -> tuple[int, int]:
+    files = size = 0
+    for dirpath, _dirs, names in os.walk(directory):
+        for name in names:
+            files += 1
+            size += os.lstat(os.path.join(dirpath, name)).st_size
+    return files, size
+
+
+def _profile(root: Path, opts: ReconcileOptions, top: int) -> str:
+    """A cold reconcile of ``root`` under cProfile: the top functions by own time, then the
+    project's functions by cumulative time."""
+    profiler = cProfile.Profile()
+    t0 = time.perf_counter()
+    profiler.enable()
+    reconcile(root, opts)
+    profiler.disable()
+    elapsed = time.perf_counter() - t0
+    parts = [f"cold reconcile under cProfile: {elapsed:.2f} s (profiler overhead included)"]
+    for sort, restrict, title in (
+        ("tottime", (top,), f"top {top} by own time"),
+        ("cumulative", ("/reconciler/", top), f"top {top} functions of reconciler/ by cumtime"),
+    ):
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats(sort).print_stats(*restrict)
+        text = out.getvalue()
+        head = text.find("   ncalls")  # drop pstats' preamble up to the column header
+        parts.append(f"-- {title}\n{(text[head:] if head >= 0 else text).strip()}")
+    return "\n".join(parts).replace(str(REPO) + "/", "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description="Benchmark reconcile on a synthetic state directory (issue 9).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--instances", type=int, default=20000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--node-format", choices=("yaml", "json"), default="yaml")
+    parser.add_argument("--no-configs", action="store_true", help="do not build OCI configs")
+    parser.add_argument("--dir", type=Path, help="where to create the state dirs (default: /tmp)")
+    parser.add_argument("--keep", action="store_true", help="keep the state dirs")
+    parser.add_argument("--profile", action="store_true", help="cProfile a second cold run")
+    parser.add_argument("--top", type=int, default=15, help="rows of the profile (default 15)")
+    args = parser.parse_args()
+
+    base = Path(tempfile.mkdtemp(prefix="reconcile-bench-", dir=args.dir))
+    root = base / "state"
+    try:
+        _bench(args, base, root)
+    finally:
+        if args.keep:
+            print(f"state dirs kept in {base}")
+        else:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def _bench(args: argparse.Namespace, base: Path, root: Path) -> None:
+    configs = None if args.no_configs else default_config_builder()
+    opts = ReconcileOptions(configs=configs)
+    size = f"{args.nodes} nodes x {args.instances} instances"
+    _progress(f"generating {size} ({args.node_format} node files) in {root}")
+    gen: list[float] = []
+    with _timed(gen):
+        _generate(root, args)
+    files = list(iter_input_files(root))
+    n_bytes = sum(p.stat().st_size for p in files)
+
+    _progress(f"floor: PyYAML CSafeLoader over {len(files)} files, 3 times")
+    floors = [floor_parse(files) for _ in range(3)]
+    floor = min(floors)
+    table = Table(floor)
+
+    # cold
+    _progress("cold reconcile")
+    cold, cold_stages = _run(root, opts, "cold")
+    rss_cold = peak_rss_mib()
+    view = cold.computed.view
+    result = cold.computed.result
+    n_placed = len(result.placements)
+    n_failed = len(result.failures)
+    out_files, out_bytes = _dir_size(root / "out")
+    cp_files, cp_bytes = _dir_size(root / "checkpoint")
+
+    # second, unchanged
+    _progress("second reconcile, unchanged inputs")
+    second, second_stages = _run(root, opts, "second")
+    second_written = len(second.written)
+    del second
+
+    # one desired-file edit, then reconcile (what watch runs after its debounce)
+    victim = min(s.id for s in view.services.values())
+    _progress(f"edit desired/{victim}.yaml (instances + 1), reconcile")
+    bump_instances(root, victim, +1)
+    edited, edited_stages = _run(root, opts, "after edit")
+    plan_rewritten = "out/plan.json" in edited.written
+    edited_written = len(edited.written)
+    prev_view: StateView = edited.computed.view
+    del edited
+
+    # the loader's cache alone
+    _progress("load_state with a previous view")
+    bump_instances(root, victim, -1)
+    t_load_edit, (after_edit_view, _) = _best(lambda: load_state(root, prev_view), 1)
+    t_load_same, _ = _best(lambda: load_state(root, after_edit_view), 3)
+    t_load_full, (full_view, _) = _best(lambda: load_state(root), 1)
+
+    # balance alone
+    _progress("balance alone (fresh, stable)")
+    nodes = list(full_view.nodes.values())
+    services = full_view.services_sorted()
+    t_fresh, fresh = _best(lambda: balance(full_view.unit, nodes, services, None, "fresh"), 1)
+    fresh_n = len(fresh.placements) + len(fresh.failures)
+    previous = cold.computed.checkpoint.previous()
+    t_stable, stable = _best(
+        lambda: balance(full_view.unit, nodes, services, previous, "stable"), 1
+    )
+    stable_n = len(stable.placements) + len(stable.failures)
+    del fresh, stable
+
+    # planning alone
+    _progress("make_plan alone")
+    node_ids = set(full_view.nodes)
+    t_plan, plan = _best(lambda: make_plan(result, full_view.actual, node_ids), 3)
+    steady = _steady_actual(result)
+    t_steady, steady_plan = _best(lambda: make_plan(result, steady, node_ids), 3)
+    rss_end = peak_rss_mib()
+
+    cold_d = cold_stages.durations()
+    second_d = second_stages.durations()
+    floor_note = (
+        f"best of 3 ({', '.join(f'{f:.3f}' for f in floors)} s); "
+        f"{len(files)} files, {n_bytes / 1e6:.1f} MB"
+    )
+    table.add("floor: PyYAML CSafeLoader parse of the inputs", floor, floor_note)
+    table.add(
+        "cold reconcile",
+        cold_stages.total,
+        f"fresh dir, first run in this process (modules imported); "
+        f"{n_placed} placed, {n_failed} unplaceable; {len(cold.written)} files written",
+    )
+    table.add("", None, "  " + _breakdown(cold_stages))
+    table.add(
+        "second reconcile, unchanged inputs",
+        second_stages.total,
+        f"{second_written} files written",
+    )
+    table.add("", None, "  " + _breakdown(second_stages))
+    table.add(
+        "reconcile after 1 desired-file edit",
+        edited_stages.total,
+        f"what watch runs after the debounce; plan.json rewritten: {plan_rewritten}; "
+        f"{edited_written} files written",
+    )
+    table.add("", None, "  " + _breakdown(edited_stages))
+    table.add(
+        "load_state(prev view), 1 file edited",
+        t_load_edit,
+        "the loader's per-file cache: stat every input, parse the edited file",
+    )
+    table.add("load_state(prev view), nothing changed", t_load_same, "best of 3")
+    table.add("load_state(no view)", t_load_full, "every file read, parsed and validated")
+    table.add(
+        "balance fresh",
+        t_fresh,
+        f"{fresh_n / t_fresh:,.0f} placements/s ({fresh_n} instances)",
+    )
+    table.add(
+        "balance stable",
+        t_stable,
+        f"{stable_n / t_stable:,.0f} placements/s (previous = the cold run's allocations)",
+    )
+    table.add(
+        "make_plan, cold plan",
+        t_plan,
+        f"best of 3; {len(plan.actions)} actions on {len(node_ids)} nodes",
+    )
+    table.add(
+        "make_plan, steady state",
+        t_steady,
+        f"best of 3; all {n_placed} running where placed: {len(steady_plan.actions)} actions",
+    )
+    table.add(
+        "output writing, cold",
+        cold_d.get("write", 0.0),
+        f"checkpoint, out/, last-good copies, re-read of inputs; out/ {out_files} files "
+        f"{out_bytes / 1e6:.1f} MB, checkpoint/ {cp_files} files {cp_bytes / 1e6:.1f} MB",
+    )
+    if "configs" in cold_d:
+        table.add("building OCI configs, cold", cold_d["configs"], "in memory, before writing")
+    table.add("output writing, unchanged", second_d.get("write", 0.0), "nothing to rewrite")
+
+    print(f"machine: {machine_description()}")
+    print(
+        f"inputs: {size}, {len(view.services)} services, {len(view.actual)} actual-state files, "
+        f"{args.node_format} node files, seed {args.seed}; generated in {gen[0]:.1f} s "
+        f"(child process); OCI configs: {'no' if configs is None else 'yes'}; "
+        f"loader diagnostics: {len(cold.computed.diagnostics)}"
+    )
+    table.print()
+    print(f"peak RSS: {rss_cold:.0f} MiB after the cold reconcile, {rss_end:.0f} MiB at the end")
+
+    if args.profile:
+        prof_root = base / "profile"
+        _progress("cProfile: generating a second fresh directory")
+        _generate(prof_root, args)
+        _progress("cProfile: cold reconcile")
+        print()
+        print(_profile(prof_root, opts, args.top))
+
+
+if __name__ == "__main__":
+    main()
