@@ -28,6 +28,7 @@ __all__ = [
     "iter_files",
     "read_bytes_at",
     "remove_stale_temp_files",
+    "settled_key",
     "stat_key",
     "write_if_changed",
 ]
@@ -45,6 +46,19 @@ class FileReadError(Exception):
 
 def stat_key(st: os.stat_result) -> StatKey:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+RACY_WINDOW_NS = 2_000_000_000
+"""File timestamps are coarse (a kernel tick; a second or two on some filesystems), so a file
+rewritten with the same size within one tick of being read keeps its stat key. A key is only
+trusted when the file had been quiet for this long when it was read (git's "racily clean"
+rule); otherwise the next load reads it again and compares its content hash."""
+
+
+def settled_key(key: StatKey, read_at_ns: int) -> StatKey | None:
+    """``key`` if the file was older than :data:`RACY_WINDOW_NS` when read, else ``None``."""
+    newest = max(key[3], key[4])
+    return key if newest < read_at_ns - RACY_WINDOW_NS else None
 
 
 @dataclass(frozen=True)

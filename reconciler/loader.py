@@ -7,7 +7,9 @@
   the object it held **keeps its last good version** from the previous view (a first-ever
   invalid file means the object does not exist yet);
 - a file whose stat key (device, inode, size, mtime, ctime) and, failing that, whose content hash
-  is unchanged is not parsed again.
+  is unchanged is not parsed again. A stat key is only trusted when the file had been quiet for a
+  couple of seconds when it was read (:func:`~reconciler.fsio.settled_key`): a same-size rewrite
+  within one timestamp tick would otherwise go unseen.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from .fsio import FileReadError, StatKey, iter_files, read_bytes_at, stat_key
+from .fsio import FileReadError, StatKey, iter_files, read_bytes_at, settled_key, stat_key
 from .models import ActualState, Node, Service, UnitConfig
 from .resources import ResourcesFileError, parse_resources_json
 from .values import ID_PATTERN, RESOURCE_NAME_PATTERN
@@ -220,7 +223,7 @@ def _resolve_resources_file(
             )
             return node.model_copy(update={"resources": ()}), [warn], ((str(target), None),)
         return None, [Diagnostic(display, line, col, f"resourcesFile {target}: {e}")], ()
-    deps = ((str(target), key),)
+    deps = ((str(target), settled_key(key, time.time_ns())),)
     if len(raw) > max_bytes:
         return None, [Diagnostic(str(target), 1, 1, f"file is over {max_bytes} bytes")], deps
     try:
@@ -263,9 +266,10 @@ def _load_one(
         diag = Diagnostic(display, 1, 1, "is a symlink or not a regular file; not read")
         return FileRecord(None, "", (), keep(), (diag,))
     try:
-        raw, real_key = read_bytes_at(root / rel, opts.max_bytes)
+        raw, read_key = read_bytes_at(root / rel, opts.max_bytes)
     except FileReadError as e:
-        return FileRecord(key, "", (), keep(), (Diagnostic(display, 1, 1, str(e)),))
+        return FileRecord(None, "", (), keep(), (Diagnostic(display, 1, 1, str(e)),))
+    real_key = settled_key(read_key, time.time_ns())
     sha = hashlib.sha256(raw).hexdigest()
     if prev is not None and prev.sha256 == sha and _deps_unchanged(prev.deps):
         return FileRecord(real_key, sha, prev.deps, prev.good, prev.diagnostics, prev.current)

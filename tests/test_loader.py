@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from reconciler.loader import load_state, mass_deletion_guard
 from reconciler.models import Service
 
@@ -85,6 +87,39 @@ class TestLastGoodVersion:
         view2, _ = load_state(tmp_path, view)
         assert view2.nodes["n1"] is view.nodes["n1"]
         assert view2.input_hash == view.input_hash
+
+
+class TestChangeDetection:
+    def test_a_same_size_rewrite_within_one_timestamp_tick_is_seen(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """File timestamps are coarse: on a filesystem with 1 s timestamps a rewrite of the same
+        size right after a load keeps the whole stat key. It must still be read again."""
+        import reconciler.fsio as fsio
+        import reconciler.loader as loader
+
+        def coarse(st: os.stat_result) -> fsio.StatKey:
+            second = 1_000_000_000
+            mtime, ctime = st.st_mtime_ns // second * second, st.st_ctime_ns // second * second
+            return (st.st_dev, st.st_ino, st.st_size, mtime, ctime)
+
+        monkeypatch.setattr(fsio, "stat_key", coarse)
+        monkeypatch.setattr(loader, "stat_key", coarse)
+        svc = write(tmp_path, "desired/a.yaml", SERVICE.format(id="a", version="1.0.0"))
+        view, _ = load_state(tmp_path)
+        svc.write_text(SERVICE.format(id="a", version="2.0.0"))  # same size, same second
+        view2, diags = load_state(tmp_path, view)
+        assert diags == []
+        assert view2.services[("a", "default")].version == "2.0.0"
+
+    def test_a_settled_key_is_trusted_and_a_fresh_one_is_not(self) -> None:
+        from reconciler.fsio import RACY_WINDOW_NS, settled_key
+
+        now = 10 * RACY_WINDOW_NS
+        old = (1, 2, 3, now - RACY_WINDOW_NS - 1, now - RACY_WINDOW_NS - 1)
+        assert settled_key(old, now) == old
+        assert settled_key((1, 2, 3, now - RACY_WINDOW_NS - 1, now - 5), now) is None  # chmod
+        assert settled_key((1, 2, 3, now, now), now) is None
 
 
 class TestIdentityRules:
