@@ -12,14 +12,21 @@ Passes:
   fails evict strictly lower-priority instances from one node, and the victims go back
   through pass 2.
 - ``rebalance``: a fresh run in which ``balancingPolicy: disabled`` instances are pinned first
-  (pass 1 for them only); overloaded nodes are lowered and requests raised (SPEC §8).
+  (pass 1 for them only); overloaded nodes are lowered and requests raised (SPEC §8). Its
+  placements then go through one ``stable`` run on the real capacities and requests, in which
+  an instance the lowered capacity could place nowhere keeps its previous place when it still
+  fits there. So a rebalance never stops an instance that the very next run would start again,
+  and the next run with the same inputs changes nothing.
+
+Failures are summarized at the end, against the final node states (the state ``explain``
+shows), so the next run with the same inputs reports the same reasons.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from sortedcontainers import SortedList
 
@@ -45,6 +52,7 @@ from .models import (
 )
 from .placement import (
     BalanceResult,
+    Cause,
     DeviceIds,
     Failure,
     Instance,
@@ -130,6 +138,7 @@ class Reservation:
     resources: tuple[str, ...]
     devices: DeviceIds
     device_requests: tuple[ShareRequest, ...]
+    cause: Cause | None = None
 
 
 @dataclass
@@ -260,6 +269,7 @@ class Ask:
     keep_runtime: str | None = None
     keep_devices: dict[str, tuple[str, ...]] = field(default_factory=dict)
     usage: tuple[int, int] | None = None  # measured (cpu, ram) of this instance
+    cause: Cause | None = None  # recorded with the reservation
     _cache: dict[tuple[int, int, int, int, bool], Requested] = field(default_factory=dict)
 
     def requested(self, slot: NodeSlot) -> Requested:
@@ -377,6 +387,7 @@ def _reserve(slot: NodeSlot, ask: Ask, runtime_index: int) -> Reservation:
         tuple(r.resource for r in ask.resources),
         tuple(devices),
         ask.devices,
+        ask.cause,
     )
     slot.placed[ask.instance.id] = res
     return res
@@ -513,7 +524,9 @@ class _Run:
         unit: UnitConfig | None,
         nodes: Sequence[Node],
         overload: Overload,
+        cause: Cause | None = None,
     ) -> None:
+        self.cause = cause  # recorded with every placement of pass 2 and 3
         self.slots = {
             n.id: _make_slot(unit, n, overload.get(n.id, frozenset()))
             for n in sorted(nodes, key=lambda n: n.id)
@@ -547,10 +560,12 @@ class _Run:
         # the dynamic answer per (group, node) at a node version: a node that did not change
         # since it was last checked for this group answers the same
         self.answers: dict[tuple[object, str], tuple[int, int]] = {}
-        self.failed: dict[object, tuple[str, tuple[tuple[str, int], ...]]] = {}
+        self.failed: set[object] = set()  # groups that found no node (until a release)
 
     def ask(self, instance: Instance) -> Ask:
-        return _ask_for(instance, self.usage)
+        ask = _ask_for(instance, self.usage)
+        ask.cause = self.cause
+        return ask
 
     def reserve(self, slot: NodeSlot, ask: Ask, runtime_index: int) -> None:
         index = self.index[self.class_of[slot.id]]
@@ -572,13 +587,13 @@ class _Run:
         self.refused.clear()  # something became free: forget what was refused
         self.failed.clear()
 
-    def place(self, instance: Instance) -> Failure | None:
-        """Pass 2: the best feasible node by SPEC §7.5; reserve on it."""
+    def place(self, instance: Instance, cause: Cause | None = None) -> bool:
+        """Pass 2: the best feasible node by SPEC §7.5; reserve on it. False: none fits."""
         ask = self.ask(instance)
+        ask.cause = cause or self.cause
         group: object = (instance.service.key, ask.usage)
-        known = self.failed.get(group)
-        if known is not None:
-            return _failure(instance, len(self.order), *known)
+        if group in self.failed:
+            return False
         found: tuple[tuple[int, int, str], int] | None = None
         if ask.node_id is not None:
             slot = self.slots.get(ask.node_id)
@@ -617,15 +632,15 @@ class _Run:
                 if found is not None:
                     break
         if found is None:
-            failure = self.summarize(instance, ask)
-            self.failed[group] = (failure.reason, failure.counts)
-            return failure
+            self.failed.add(group)
+            return False
         self.reserve(self.slots[found[0][2]], ask, found[1])
-        return None
+        return True
 
-    def place_by_scan(self, instance: Instance) -> Failure | None:
+    def place_by_scan(self, instance: Instance, cause: Cause | None = None) -> bool:
         """Pass 2 by evaluating every filter on every node (the reference for tests)."""
         ask = self.ask(instance)
+        ask.cause = cause or self.cause
         best: tuple[tuple[int, int, int, str], NodeSlot, Verdict] | None = None
         for slot in self.order:
             verdict = evaluate(slot, ask)
@@ -635,14 +650,33 @@ class _Run:
             if best is None or key < best[0]:
                 best = (key, slot, verdict)
         if best is None:
-            return self.summarize(instance, ask)
+            return False
         _, slot, verdict = best
         self.reserve(slot, ask, _best_runtime(slot, verdict))
-        return None
+        return True
 
     def summarize(self, instance: Instance, ask: Ask) -> Failure:
         charges = [evaluate(slot, ask).dropped_by for slot in self.order]
         return _summarize(instance, len(self.order), (c for c in charges if c is not None))
+
+    def failures(self, instances: Sequence[Instance]) -> tuple[Failure, ...]:
+        """SPEC §7.7 for every instance left unplaced, against the final node states; the
+        instances of one service (with equal measured usage) are charged alike."""
+        charged: dict[object, tuple[str, tuple[tuple[str, int], ...]]] = {}
+        out = []
+        for inst in instances:
+            if inst.id in self.where:
+                continue
+            ask = self.ask(inst)
+            group: object = (inst.service.key, ask.usage)
+            known = charged.get(group)
+            if known is None:
+                f = self.summarize(inst, ask)
+                charged[group] = (f.reason, f.counts)
+            else:
+                f = _failure(inst, len(self.order), *known)
+            out.append(f)
+        return tuple(out)
 
     def keep(self, instance: Instance, prev: PreviousAllocation) -> bool:
         """Pass 1: keep the previous node, runtime and devices if the filters still pass."""
@@ -651,6 +685,7 @@ class _Run:
             return False
         ask = self.ask(instance)
         ask.keep_runtime = prev.runtime_id
+        ask.cause = prev.cause
         prev_devices = dict(prev.devices)
         if set(prev_devices) != {d.resource for d in ask.devices}:
             return False
@@ -727,6 +762,7 @@ class _Run:
             res.resources,
             res.devices,
             tuple(sorted(unhealthy)),
+            res.cause,
         )
 
 
@@ -754,45 +790,79 @@ def balance(
     if mode is None:
         mode = unit.placement if unit is not None else "stable"
     previous = previous or {}
-    run = _Run(unit, nodes, overload or {})
     instances = expand_instances(sorted(services, key=lambda s: s.key))
-    failures: dict[str, Failure] = {}
-    preempted: set[str] = set()
-
-    if mode == "fresh":
-        pending = instances
-    else:
-        pending = []
+    if mode == "rebalance":
+        # the rebalance proper: pinned instances first, the rest afresh, on lowered capacity
+        core = _Run(unit, nodes, overload or {}, "rebalanced")
+        _passes(core, instances, previous, _pinned, preempt=False, exhaustive=exhaustive)
+        after = dict(previous)  # what the rebalance could not place falls back to its old place
         for inst in instances:
-            prev = previous.get(inst.id)
-            pinned = mode == "stable" or inst.service.balancingPolicy == "disabled"
-            if prev is not None and pinned and run.keep(inst, prev):
-                continue
-            pending.append(inst)
-    place = run.place_by_scan if exhaustive else run.place
-    for inst in pending:
-        failure = place(inst)
-        if failure is not None:
-            failures[inst.id] = failure
-
-    if mode == "stable" and failures:
-        victims: list[Instance] = []
-        by_id = {i.id: i for i in instances}
-        for inst in [i for i in instances if i.id in failures]:
-            evicted = run.preempt(inst)
-            if evicted is None:
-                continue
-            del failures[inst.id]
-            preempted.update(evicted)
-            victims.extend(by_id[v] for v in evicted)
-        for inst in sorted(victims, key=Instance.order_key):
-            failure = place(inst)
-            if failure is not None:
-                failures[inst.id] = failure
-
+            if inst.id in core.where:
+                p = core.placement(inst)
+                old = previous.get(inst.id)
+                if old is not None and (old.node_id, old.runtime_id) == (p.node_id, p.runtime_id):
+                    p = replace(p, cause=old.cause)  # it did not move
+                after[inst.id] = p.previous()
+        # ... then one stable run on the real capacities: the state the next run starts from
+        run = _Run(unit, nodes, {}, "rebalanced")
+        preempted = _passes(run, instances, after, _always, preempt=True, exhaustive=exhaustive)
+    elif mode == "fresh":
+        run = _Run(unit, nodes, {})
+        preempted = _passes(run, instances, {}, _always, preempt=False, exhaustive=exhaustive)
+    else:
+        run = _Run(unit, nodes, {})
+        preempted = _passes(run, instances, previous, _always, preempt=True, exhaustive=exhaustive)
     placements = tuple(run.placement(i) for i in instances if i.id in run.where)
-    ordered_failures = tuple(failures[i.id] for i in instances if i.id in failures)
-    return BalanceResult(placements, ordered_failures, frozenset(preempted))
+    return BalanceResult(placements, run.failures(instances), frozenset(preempted))
+
+
+def _always(_instance: Instance) -> bool:
+    return True
+
+
+def _pinned(instance: Instance) -> bool:
+    return instance.service.balancingPolicy == "disabled"
+
+
+def _passes(
+    run: _Run,
+    instances: Sequence[Instance],
+    previous: Mapping[str, PreviousAllocation],
+    keeps: Callable[[Instance], bool],
+    *,
+    preempt: bool,
+    exhaustive: bool,
+) -> set[str]:
+    """Pass 1 (keep the previous place of the instances ``keeps`` selects), pass 2 (place the
+    rest in instance order) and, with ``preempt``, pass 3; returns the evicted instances' ids.
+
+    After evictions every instance still unplaced, victims and earlier failures alike, goes
+    through pass 2 again in instance order: room a preemption left over is used now, as the
+    next run's pass 2 would use it."""
+    pending = []
+    for inst in instances:
+        prev = previous.get(inst.id)
+        if prev is not None and keeps(inst) and run.keep(inst, prev):
+            continue
+        pending.append(inst)
+    place = run.place_by_scan if exhaustive else run.place
+    failed = [inst for inst in pending if not place(inst)]
+    preempted: set[str] = set()
+    if not (preempt and failed):
+        return preempted
+    by_id = {i.id: i for i in instances}
+    unplaced = []
+    for inst in failed:
+        evicted = run.preempt(inst)
+        if evicted is None:
+            unplaced.append(inst)
+            continue
+        preempted.update(evicted)
+        unplaced.extend(by_id[v] for v in evicted)
+    if preempted:
+        for inst in sorted(unplaced, key=Instance.order_key):
+            place(inst, "preempted" if inst.id in preempted else None)
+    return preempted
 
 
 # ----------------------------------------------------------------------------- explain
@@ -803,12 +873,12 @@ def _replay(
     nodes: Sequence[Node],
     services: Sequence[Service],
     result: BalanceResult,
-    overload: Overload | None,
     skip: str | None = None,
 ) -> _Run:
-    """Node states with every placement of ``result`` (but ``skip``) reserved again."""
+    """Node states with every placement of ``result`` (but ``skip``) reserved again: real
+    capacities and requests, as every mode's final state is (a rebalance's too)."""
     instances = {i.id: i for i in expand_instances(sorted(services, key=lambda s: s.key))}
-    run = _Run(unit, nodes, overload or {})
+    run = _Run(unit, nodes, {})
     for p in result.placements:
         if p.instance_id == skip or p.instance_id not in instances:
             continue
@@ -825,10 +895,9 @@ def node_states(
     nodes: Sequence[Node],
     services: Sequence[Service],
     result: BalanceResult,
-    overload: Overload | None = None,
 ) -> dict[str, NodeSlot]:
     """Every node's inventories with the result's placements reserved (for status)."""
-    return _replay(unit, nodes, services, result, overload).slots
+    return _replay(unit, nodes, services, result).slots
 
 
 @dataclass(frozen=True)
@@ -858,7 +927,7 @@ def explain(
     result = balance(unit, nodes, services, previous, mode, overload)
     instances = {i.id: i for i in expand_instances(sorted(services, key=lambda s: s.key))}
     instance = instances[instance_id]
-    run = _replay(unit, nodes, services, result, overload, skip=instance_id)
+    run = _replay(unit, nodes, services, result, skip=instance_id)
     ask = run.ask(instance)
     rows = []
     for slot in run.order:

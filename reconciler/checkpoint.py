@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from .fsio import FileReadError, WriteHook, atomic_write, read_bytes_at
 from .models import ActualState
-from .placement import BalanceResult, DeviceIds, PreviousAllocation
+from .placement import BalanceResult, Cause, DeviceIds, PreviousAllocation
 
 __all__ = [
     "FORMAT_VERSION",
@@ -87,9 +87,10 @@ class Allocation:
     devices: DeviceIds
     uid: int
     gid: int
+    cause: Cause | None = None  # a move by a rebalance or a preemption, until the next move
 
     def previous(self) -> PreviousAllocation:
-        return PreviousAllocation(self.node_id, self.runtime_id, self.devices)
+        return PreviousAllocation(self.node_id, self.runtime_id, self.devices, self.cause)
 
     def to_json(self) -> dict[str, Any]:
         cpu, ram, storage, state = self.reserved
@@ -105,7 +106,7 @@ class Allocation:
             "devices": {r: list(ids) for r, ids in self.devices},
             "uid": self.uid,
             "gid": self.gid,
-        }
+        } | ({"cause": self.cause} if self.cause is not None else {})
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> Allocation:
@@ -122,7 +123,16 @@ class Allocation:
             tuple(sorted((str(k), tuple(str(i) for i in v)) for k, v in d["devices"].items())),
             int(d["uid"]),
             int(d["gid"]),
+            _cause(d.get("cause")),
         )
+
+
+def _cause(value: object) -> Cause | None:
+    if value is None:
+        return None
+    if value == "rebalanced" or value == "preempted":
+        return value
+    raise ValueError(f"unknown cause {value!r}")
 
 
 @dataclass(frozen=True)
@@ -269,6 +279,7 @@ def assign_ids(
             p.devices,
             uid,
             gids[p.item_id],
+            p.cause,
         )
     return allocations, gids, errors
 

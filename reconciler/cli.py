@@ -250,9 +250,7 @@ def plan(state_dir: Path, as_json: bool, mode: str | None, allow_empty: bool) ->
     for problem in comp.loaded.problems:
         log.error("checkpoint: %s", problem)
     if as_json:
-        doc = comp.plan.to_json()
-        doc["inputs"]["mode"] = comp.mode
-        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        sys.stdout.write(json.dumps(comp.plan_document(), indent=2, sort_keys=True) + "\n")
     else:
         console = _console()
         render_placements(console, comp.result)

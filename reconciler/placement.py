@@ -11,6 +11,7 @@ from .values import instance_id
 
 __all__ = [
     "BalanceResult",
+    "Cause",
     "Failure",
     "Instance",
     "Mode",
@@ -21,6 +22,12 @@ __all__ = [
 ]
 
 Mode = Literal["fresh", "stable", "rebalance"]
+
+Cause = Literal["rebalanced", "preempted"]
+"""Why an instance was last given a new place other than by an ordinary placement: by a
+rebalance (SPEC §8) or because a higher-priority instance evicted it (SPEC §7.6). It is kept
+with the allocation while the instance stays there, so the plan's reason for the move is the
+same in every run until the agents carry it out."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +89,7 @@ class PreviousAllocation:
     node_id: str
     runtime_id: str
     devices: DeviceIds = ()
+    cause: Cause | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +106,7 @@ class Placement:
     resources: tuple[str, ...]  # named host resources, in the service's order
     devices: DeviceIds
     unhealthy_devices: tuple[str, ...] = ()  # held devices now reported unhealthy
+    cause: Cause | None = None  # why it was last moved, when not an ordinary placement
 
     @property
     def label(self) -> str:
@@ -107,7 +116,7 @@ class Placement:
         return dict(self.devices)
 
     def previous(self) -> PreviousAllocation:
-        return PreviousAllocation(self.node_id, self.runtime_id, self.devices)
+        return PreviousAllocation(self.node_id, self.runtime_id, self.devices, self.cause)
 
 
 @dataclass(frozen=True, slots=True)

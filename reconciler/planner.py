@@ -157,7 +157,6 @@ def make_plan(
     nodes: frozenset[str] | set[str],
     *,
     fingerprint: str = "",
-    rebalanced: bool = False,
 ) -> Plan:
     """Diff ``result`` against ``actual`` (SPEC §10). ``nodes`` are the ids of the nodes that
     exist now; instances on any other node are lost with it."""
@@ -182,11 +181,11 @@ def make_plan(
             reason = "node-lost"
         elif p is None:
             reason = "not-desired"
-        elif iid in result.preempted:
-            reason = "preempted"
         elif p.node_id == node_id and p.version != inst.version:
             reason = "version-changed"
-        elif rebalanced:
+        elif p.cause == "preempted":
+            reason = "preempted"
+        elif p.cause == "rebalanced":
             reason = "rebalanced"
         else:
             reason = "moved"

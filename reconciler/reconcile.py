@@ -89,6 +89,15 @@ class Computed:
     built: Mapping[str, BuiltConfig] | None = None  # None: configs were not built
     alerts: AlertUpdate | None = None
     mode: Mode = "stable"  # the mode the placement ran in
+    requested: Mode = "stable"  # the mode asked for (a rebalance is triggered, not asked for)
+
+    def plan_document(self) -> dict[str, Any]:
+        """``out/plan.json``: the plan, with the mode asked for in ``inputs.mode`` (so that
+        ``apply`` reproduces it, and an alert-triggered rebalance's plan is rewritten by the next
+        run only if the placements change)."""
+        doc = self.plan.to_json()
+        doc["inputs"]["mode"] = self.requested
+        return doc
 
 
 @dataclass(frozen=True)
@@ -125,7 +134,8 @@ def compute_once(
         raise ReconcileError(str(refused))
     now = opts.clock() if opts.clock is not None else time.time()
     alerts = observe(cp.alerts, view.unit, list(view.nodes.values()), now)
-    mode: Mode = opts.mode or (view.unit.placement if view.unit is not None else "stable")
+    requested: Mode = opts.mode or (view.unit.placement if view.unit is not None else "stable")
+    mode = requested
     if alerts.rebalance and mode != "fresh":
         mode = "rebalance"  # SPEC §8: a raise, and each minTimeout while raised
     overload = alerts.overload if mode == "rebalance" else None
@@ -158,9 +168,10 @@ def compute_once(
         view.actual,
         set(view.nodes),
         fingerprint=fingerprint(view, new_cp.generation),
-        rebalanced=mode == "rebalance",
     )
-    return Computed(view, diags, loaded, result, new_cp, plan, id_errors, built, alerts, mode)
+    return Computed(
+        view, diags, loaded, result, new_cp, plan, id_errors, built, alerts, mode, requested
+    )
 
 
 def _without(result: BalanceResult, errors: Mapping[str, str]) -> BalanceResult:
@@ -231,13 +242,8 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
     for node_id, ops in c.plan.patches.items():
         validate_id(node_id, "node id")
         put(out / "nodes" / f"{node_id}.json", list(ops), 0o644)
-    overload = c.alerts.overload if c.alerts is not None and c.mode == "rebalance" else None
     slots = node_states(
-        c.view.unit,
-        list(c.view.nodes.values()),
-        c.view.services_sorted(),
-        c.result,
-        overload,
+        c.view.unit, list(c.view.nodes.values()), c.view.services_sorted(), c.result
     )
     uids = {iid: (a.uid, a.gid) for iid, a in c.checkpoint.allocations.items()}
     raised = c.alerts.raised if c.alerts is not None else []
@@ -245,9 +251,7 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
         out / "status.json",
         build_status(c.view, c.result, slots, c.diagnostics, alerts=raised, uids=uids),
     )
-    plan_doc = c.plan.to_json()
-    plan_doc["inputs"]["mode"] = c.mode
-    put(out / "plan.json", plan_doc)
+    put(out / "plan.json", c.plan_document())
     atomic_write_many(batch, hook=opts.write_hook)
     for stale in sorted((out / "nodes").glob("*.json")):
         if stale.stem not in c.plan.patches and not stale.is_symlink():
@@ -284,13 +288,15 @@ def reconcile(
                 log.error("checkpoint: %s", p)
             if opts.on_stage is not None:
                 opts.on_stage("writing out/ and the checkpoint")
+            # the last good inputs first: once a plan is out, an agent may act on it, and an
+            # input broken after that must read as the version the plan came from (SPEC §5)
+            LastGoodStore(state_dir / "checkpoint" / LAST_GOOD).sync(c.view, opts.write_hook)
             if c.checkpoint.generation != c.loaded.checkpoint.generation or (
                 c.loaded.source != "current"
             ):
                 save_checkpoint(state_dir / "checkpoint", c.checkpoint, hook=opts.write_hook)
                 cp_written = True
             written += _write_outputs(state_dir, c, opts)
-            LastGoodStore(state_dir / "checkpoint" / LAST_GOOD).sync(c.view, opts.write_hook)
             after, _ = load_state(state_dir, c.view)
             if after.input_hash == c.view.input_hash:
                 return ReconcileReport(n, c, tuple(written), cp_written, tuple(problems))

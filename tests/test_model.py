@@ -92,9 +92,6 @@ SHRINK = os.environ.get("RECONCILER_MODEL_SHRINK", "1") != "0"  # 0: report unsh
 # TestFindings below; the machine tolerates exactly that symptom (counted as an event, see
 # --hypothesis-show-statistics) and checks everything else. When a fix lands, its test XPASSes,
 # strict xfail turns that into a failure, and the flag and its exemption are to be removed.
-KNOWN_STALE_FAILURE_SUMMARIES = True  # TestFindings.test_failure_summaries_are_a_fixpoint
-KNOWN_REBALANCE_UNDONE = True  # TestFindings.test_the_run_after_a_rebalance_changes_nothing
-KNOWN_LAST_GOOD_AFTER_OUTPUTS = True  # TestFindings.test_a_crash_before_the_last_good_sync...
 ROOT = Path(__file__).resolve().parent.parent
 
 UNIT_REL = "unit.yaml"
@@ -187,8 +184,6 @@ class ControllerMachine(RuleBasedStateMachine):
         self.corrupt: dict[str, bytes] = {}  # rel -> the garbage now in the file
         self.last_good: dict[str, Doc] = {}  # what checkpoint/last-good must hold
         self.seen_deleted: set[str] = set(ALL_RELS)  # rels the controller knows as absent
-        # rels whose valid version a crashed run planned from without recording it as last good
-        self.crash_only: set[str] = set()
         self.decision: Decision | None = None
         self.held: dict[str, dict[str, tuple[str, ...]]] = {}  # see remember_devices
         self.outputs_whole = False  # out/ is entirely the last successful reconcile's
@@ -303,8 +298,6 @@ class ControllerMachine(RuleBasedStateMachine):
                 assert doc is not None
                 self.last_good[rel] = typed(rel, doc)
                 self.seen_deleted.discard(rel)
-            if rel not in self.corrupt:
-                self.crash_only.discard(rel)
 
     def check_last_good_on_disk(self) -> None:
         store = LastGoodStore(self.state / "checkpoint" / "last-good")
@@ -348,7 +341,7 @@ class ControllerMachine(RuleBasedStateMachine):
             assert a["reserved"] == {k: v or 0 for k, v in want.items()}, (iid, a)
         plan = json.loads((self.state / "out" / "plan.json").read_bytes())
         expected_plan = c.plan.to_json()
-        expected_plan["inputs"]["mode"] = c.mode
+        expected_plan["inputs"]["mode"] = c.requested
         assert plan == expected_plan
         actual = actual_documents(self.state)
         patched_nodes = {p.stem for p in (self.state / "out" / "nodes").glob("*.json")}
@@ -382,11 +375,9 @@ class ControllerMachine(RuleBasedStateMachine):
             assert placed_of(c) == self.decision.placed, "unchanged inputs moved instances"
             if self.actual_in_sync:
                 assert not c.plan.changes_present, c.plan.actions
-        settled = self.check_second_run(report)
-        if settled is not report:  # the settled run kept what the first one decided
-            self.remember_devices(placed_of(c), reset=False)
-        self.check_outputs(settled, self.held)
-        s = settled.computed
+        self.check_second_run(report)
+        self.check_outputs(report, self.held)
+        s = report.computed
         self.remember_devices(placed_of(s), reset=True)
         self.decision = Decision(
             placed_of(s),
@@ -399,42 +390,18 @@ class ControllerMachine(RuleBasedStateMachine):
         self.sync_last_good_model()
         self.check_last_good_on_disk()
 
-    def check_second_run(self, first: ReconcileReport) -> ReconcileReport:
-        """A second reconcile right after one plans nothing new and rewrites no file; returns
-        the report whose outputs are on disk afterwards (the first, but for known bugs)."""
+    def check_second_run(self, first: ReconcileReport) -> None:
+        """A second reconcile right after one plans the same and rewrites no file (after a
+        preemption or a rebalance too: failures are summarized against the final state, and a
+        rebalance ends in the state the next run starts from)."""
         c = first.computed
         before = snapshot(self.state, with_mtime=True)
         again = reconcile(self.state, self.opts(allow_empty=True))
-        if not again.written and not again.checkpoint_written:
-            assert snapshot(self.state, with_mtime=True) == before
-            assert again.plan.actions == c.plan.actions
-            assert placed_of(again.computed) == placed_of(c)
-            return first
-        if c.mode == "rebalance" and KNOWN_REBALANCE_UNDONE:
-            # the next ordinary run undoes part of a rebalance (it places what the lowered
-            # capacity refused, and relabels the plan); the run after that must settle
-            _event("known bug: the run after a rebalance changes the outputs")
-            self.check_settled()
-            return again
-        assert not again.checkpoint_written, "a second run rewrote the checkpoint"
-        assert set(again.written) <= {"out/plan.json", "out/status.json"}, again.written
-        assert KNOWN_STALE_FAILURE_SUMMARIES, f"a second run rewrote {again.written}"
-        # only the failures' reason, summary and counts may differ; everything else is equal
-        for rel in ("out/plan.json", "out/status.json"):
-            old = json.loads(before[rel][0])
-            new = json.loads((self.state / rel).read_bytes())
-            assert _without_failure_details(old) == _without_failure_details(new), rel
-        assert again.plan.actions == c.plan.actions
-        assert placed_of(again.computed) == placed_of(c)
-        _event("known bug: failure summaries changed on the second run")
-        self.check_settled()
-        return again
-
-    def check_settled(self) -> None:
-        before = snapshot(self.state, with_mtime=True)
-        third = reconcile(self.state, self.opts(allow_empty=True))
-        assert third.written == () and not third.checkpoint_written, third.written
+        assert again.written == () and not again.checkpoint_written, again.written
         assert snapshot(self.state, with_mtime=True) == before
+        assert again.plan.actions == c.plan.actions
+        assert again.plan.failures == c.plan.failures
+        assert placed_of(again.computed) == placed_of(c)
 
     # ------------------------------------------------------------------ setup
 
@@ -602,8 +569,6 @@ class ControllerMachine(RuleBasedStateMachine):
                 if good is not None:
                     assert isinstance(good, Service)
                     assert a.index >= good.instances, f"stopped {a} of a broken {rel}"
-                elif rel in self.crash_only and KNOWN_LAST_GOOD_AFTER_OUTPUTS:
-                    _event("known bug: a crash before the last-good sync, then a broken file")
                 else:
                     assert not known, (
                         f"{rel} broke after a run planned {item} from a valid version, and the "
@@ -613,10 +578,7 @@ class ControllerMachine(RuleBasedStateMachine):
         if rel.startswith("nodes/") and (good is not None or known):
             node = rel.removeprefix("nodes/").removesuffix(".yaml")
             lost = [a for a in c.plan.stops() if a.node_id == node and a.reason == "node-lost"]
-            if lost and good is None and rel in self.crash_only and KNOWN_LAST_GOOD_AFTER_OUTPUTS:
-                _event("known bug: a crash before the last-good sync, then a broken file")
-            else:
-                assert not lost, f"a broken {rel} reads as a lost node: {lost}"
+            assert not lost, f"a broken {rel} reads as a lost node: {lost}"
         # equivalence with the last good version written back in place
         path = self.state / rel
         garbage = path.read_bytes()
@@ -674,7 +636,7 @@ class ControllerMachine(RuleBasedStateMachine):
                 assert not c.plan.changes_present, c.plan.actions
         if via == "process":
             doc = c.plan.to_json()
-            doc["inputs"]["mode"] = c.mode
+            doc["inputs"]["mode"] = c.requested
             code = (
                 "import sys\n"
                 "from datetime import datetime, timezone\n"
@@ -712,11 +674,7 @@ class ControllerMachine(RuleBasedStateMachine):
                 rel: (_unscratch(data, scratch / "s", self.state), m)
                 for rel, (data, m) in snapshot(scratch / "s").items()
             }
-            decided = [placed_of(ref.computed)]
-            if ref.computed.mode == "rebalance" and KNOWN_REBALANCE_UNDONE:
-                # a restart may see the rebalance's timeline and run stable (see above)
-                settled = reconcile(scratch / "s", self.opts(allow_empty=True))
-                decided.append(placed_of(settled.computed))
+            decided = placed_of(ref.computed)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         steps: list[str] = []
@@ -726,7 +684,6 @@ class ControllerMachine(RuleBasedStateMachine):
             if len(steps) == nth:
                 raise Crash(step)
 
-        valid_now = {r for r in ALL_RELS if r not in self.corrupt and (self.state / r).exists()}
         try:
             report = reconcile(self.state, self.opts(hook, allow_empty=True))
         except Crash as e:
@@ -734,27 +691,26 @@ class ControllerMachine(RuleBasedStateMachine):
         else:
             self.after_success(report)
             return
-        self.seen_deleted -= valid_now  # the run may have published plans from these
         mid = snapshot(self.state)
         self.check_old_or_new(old, mid, new)
         # a restart after the crash decides what the crashed run decided
         c = compute_once(self.state, self.opts(), read_only=True)
-        assert placed_of(c) in decided, "the crash changed the placements"
-        for placed in decided:
-            self.remember_devices(placed, reset=False)
-        self.decision = None
-        if len(decided) == 1:
-            self.decision = Decision(
-                decided[0],
-                frozenset(f.instance_id for f in ref.computed.result.failures),
-                self.inputs_key(),
-                self.now,
-            )
+        assert placed_of(c) == decided, "the crash changed the placements"
+        self.remember_devices(decided, reset=False)
+        self.decision = Decision(
+            decided,
+            frozenset(f.instance_id for f in ref.computed.result.failures),
+            self.inputs_key(),
+            self.now,
+        )
         self.outputs_whole = self.patches_fresh = False
-        self.actual_in_sync = self.decision is not None and not ref.plan.changes_present
+        self.actual_in_sync = not ref.plan.changes_present
         # the last-good store holds, per file, the old or the new entry
         store = LastGoodStore(self.state / "checkpoint" / "last-good")
+        # (the run records it before it writes any plan: a run that crashed before the record
+        # was complete published nothing, so what the controller knows is what the store holds)
         before_sync = dict(self.last_good)
+        seen_deleted = set(self.seen_deleted)
         self.sync_last_good_model()
         after_sync = dict(self.last_good)
         for rel in ALL_RELS:
@@ -762,12 +718,12 @@ class ControllerMachine(RuleBasedStateMachine):
             assert got in (before_sync.get(rel), after_sync.get(rel)), rel
             if got is None:
                 self.last_good.pop(rel, None)
+                if not (self.state / rel).exists():
+                    seen_deleted.add(rel)
             else:
                 self.last_good[rel] = got
-            if rel in valid_now and got != after_sync.get(rel):
-                self.crash_only.add(rel)
-            if rel in valid_now or got is not None:
-                self.seen_deleted.discard(rel)
+                seen_deleted.discard(rel)
+        self.seen_deleted = seen_deleted
 
     def check_old_or_new(
         self,
@@ -840,12 +796,6 @@ class ControllerMachine(RuleBasedStateMachine):
         assert not (self.state / "checkpoint" / "quarantine").exists()
 
 
-def _without_failure_details(doc: dict[str, Any]) -> dict[str, Any]:
-    """A plan or status document with each failure reduced to its identity."""
-    keep = ("instanceId", "itemId", "subjectId", "index")
-    return dict(doc, failures=[{k: f[k] for k in keep} for f in doc["failures"]])
-
-
 def decoded_checkpoint_bytes(raw: bytes) -> tuple[int, str]:
     env = json.loads(raw)
     return env["generation"], json.dumps(env["data"], sort_keys=True)
@@ -884,35 +834,31 @@ def _state(root: Path, nodes: list[NodeSpec], services: list[ServiceSpec]) -> Pa
 class TestFindings:
     """Minimal reproductions of the bugs the state machine found (see docs/testing.md)."""
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="bug: failure reasons are computed against the node states of the moment the "
-        "instance failed, not the final ones; a later preemption frees what was charged, so the "
-        "next run with unchanged inputs reports another reason and rewrites plan and status",
-    )
     def test_failure_summaries_are_a_fixpoint(self, tmp_path: Path) -> None:
+        """Found by the machine: failure reasons were computed against the node states of the
+        moment the instance failed; a later preemption freed what was charged, so the next run
+        with unchanged inputs reported another reason and rewrote plan and status."""
         # n2: one slot of the shared resource "can", a 64Mi states partition
         low = ServiceSpec("low", instances=2, resources=("can",), state=48 * MI)
         state = _state(tmp_path / "s", [NodeSpec("n2")], [low])
         reconcile(state)  # low:0 placed (holds can), low:1 fails: Resources
         high = ServiceSpec("high", priority=2, state=48 * MI)
         (state / "desired" / "high.yaml").write_bytes(to_bytes(service_doc(high)))
-        first = reconcile(state)  # high preempts low:0; low:1's failure still says Resources
+        first = reconcile(state)  # high preempts low:0: can is free, the states partition full
         assert [p.item_id for p in first.computed.result.placements] == ["high"]
         second = reconcile(state)  # nothing changed
         assert [p.item_id for p in second.computed.result.placements] == ["high"]
         reasons = {f.label: f.reason for f in first.computed.result.failures}
         again = {f.label: f.reason for f in second.computed.result.failures}
-        assert again == reasons  # low:default:1 is Resources, then State
+        assert reasons == {"low:default:0": "State", "low:default:1": "State"}
+        assert again == reasons
         assert second.written == ()
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="bug: a rebalance that finds no room on the lowered capacity of an overloaded "
-        "node stops the running instance (reason not-desired), and the very next reconcile, "
-        "with the same inputs and the same time, plans it back: the plan flips between runs",
-    )
     def test_the_run_after_a_rebalance_changes_nothing(self, tmp_path: Path) -> None:
+        """Found by the machine: a rebalance that found no room on the lowered capacity of an
+        overloaded node stopped the running instance, and the very next reconcile (same inputs,
+        same time) planned it back. Now an instance the lowered capacity places nowhere keeps
+        its place, so the rebalance changes nothing here and neither does the next run."""
         now = START
         opts = ReconcileOptions(clock=lambda: now)
         # n1: cpu alert rule 50/80%, 60 s; usage 850 of 1000 DMIPS, 100 DMIPS left
@@ -924,20 +870,15 @@ class TestFindings:
         now += 60  # the alert is raised: a rebalance, with n1 lowered to 50% - usage = 0
         rebalanced = reconcile(state, opts)
         assert rebalanced.computed.mode == "rebalance"
-        assert [a.action for a in rebalanced.plan.actions] == ["stop"]  # nowhere else to go
+        assert rebalanced.plan.actions == ()  # nowhere else to go: it stays on n1
+        assert not rebalanced.computed.result.failures
         after = reconcile(state, opts)  # no input changed, no time passed
-        assert after.plan.actions == rebalanced.plan.actions  # fails: the stop is gone
-        assert after.written == ()
+        assert after.plan.actions == ()
+        assert after.written == () and not after.checkpoint_written
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="bug: reconcile records the last good version of the inputs (checkpoint/"
-        "last-good) after it wrote the plans; a crash in between leaves plans that an agent "
-        "applies, and a desired file broken next reads as absent and its instances are stopped",
-    )
-    def test_a_crash_before_the_last_good_sync_then_a_broken_file_stops_nothing(
-        self, tmp_path: Path
-    ) -> None:
+    def test_a_crash_after_the_plan_then_a_broken_file_stops_nothing(self, tmp_path: Path) -> None:
+        """Found by the machine: last good versions were recorded after the plans, so a crash
+        in between left plans an agent applied, and a desired file broken next read as absent."""
         state = _state(
             tmp_path / "s", [NodeSpec("n4")], [ServiceSpec("svc-a"), ServiceSpec("svc-b")]
         )
@@ -951,4 +892,4 @@ class TestFindings:
         assert apply_all(state) == 2  # the agent starts svc-a:0 and svc-b:0
         (state / "desired" / "svc-a.yaml").write_text("id: [broken\n")  # a bad edit
         c = compute_once(state, ReconcileOptions(), read_only=True)
-        assert not c.plan.stops(), c.plan.stops()  # fails: svc-a:0 stops as not-desired
+        assert not c.plan.stops(), c.plan.stops()  # svc-a:0 keeps running

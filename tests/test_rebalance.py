@@ -13,6 +13,7 @@ from reconciler.reconcile import ReconcileReport, reconcile
 from reconciler.values import instance_id
 
 from .agent_sim import apply_all
+from .test_alerts import HOUR_REBALANCES, hour_trace
 
 UNIT = """apiVersion: reconciler/v1
 kind: UnitConfig
@@ -41,10 +42,10 @@ quotas: {{cpuDMIPSLimit: 1000}}
 """
 
 
-def make_state(root: Path, s3_policy: str = "enabled") -> Path:
+def make_state(root: Path, s3_policy: str = "enabled", rules: str = RULES) -> Path:
     priorities = {"A": 100, "B": 50, "C": 50, "D": 0}
     entries = "\n".join(
-        f"  - {{nodeType: t{n}, nodeId: {n}, priority: {p}, {RULES}}}"
+        f"  - {{nodeType: t{n}, nodeId: {n}, priority: {p}, {rules}}}"
         for n, p in priorities.items()
     )
     (root / "nodes").mkdir(parents=True)
@@ -155,3 +156,89 @@ class TestSustainedLoad:
                 modes.append(reconcile(root).computed.mode)
         # raised after 60 s (the 7th observation), then again every further 60 s
         assert [i for i, m in enumerate(modes) if m == "rebalance"] == [6, 12, 18]
+
+
+class TestAcrossRuns:
+    def test_a_one_hour_trace_through_reconcile_runs_rebalances_as_counted(
+        self, tmp_path: Path
+    ) -> None:
+        """The hour of test_alerts (27 rebalances counted by hand, rules 70/85 %, 60 s), each
+        reading a separate reconcile that knows only the disk, agents applying every plan.
+        The first rebalance moves s2 and s3 off A; every later one finds nothing to move (no
+        oscillation), and no run undoes a move."""
+        rules = "alertRules: {cpu: {minThreshold: 70, maxThreshold: 85, minTimeout: 60s}}"
+        root = make_state(tmp_path / "state", rules=rules)
+        placements = []
+        rebalances = 0
+        with freeze_time("2026-11-22 08:00:00") as clock:
+            start_unit(root)
+            for i, pct in enumerate(hour_trace()):
+                if i:
+                    clock.tick(10)
+                report_usage(root, "A", {"s1": pct * 5, "s2": pct * 5})
+                report = reconcile(root)
+                rebalances += report.computed.mode == "rebalance"
+                placements.append(where(report))
+                if report.plan.changes_present:
+                    assert report.computed.mode == "rebalance", (i, moves(report))
+                    apply_all(root)
+        assert rebalances == HOUR_REBALANCES == 27
+        changes = [i for i in range(1, len(placements)) if placements[i] != placements[i - 1]]
+        assert len(changes) == 1  # the first raise, at 960 s
+        assert changes[0] * 10 == 960
+        assert placements[-1] == {"s1": "A", "s2": "B", "s3": "C"}
+
+
+class TestNoFlipFlop:
+    def test_an_instance_the_lowered_capacity_cannot_place_keeps_its_node(
+        self, tmp_path: Path
+    ) -> None:
+        """A rebalance lowers A to 75 %; with B, C and D gone nowhere else accepts s1, s2 or
+        s3, so the rebalance keeps them all where they run (a stop would be undone by the very
+        next run) and the next run, same inputs and time, rewrites nothing."""
+        root = make_state(tmp_path / "state")
+        for n in ("B", "C", "D"):
+            (root / "nodes" / f"{n}.yaml").unlink()
+        (root / "desired" / "s3.yaml").unlink()
+        with freeze_time("2026-11-22 08:00:00") as clock:
+            first = reconcile(root)
+            assert where(first) == {"s1": "A", "s2": "A"}
+            apply_all(root)
+            report_usage(root, "A", {"s1": 500, "s2": 500})
+            clock.tick(10)
+            reconcile(root)
+            clock.tick(60)
+            rebalanced = reconcile(root)
+            assert rebalanced.computed.mode == "rebalance"
+            assert where(rebalanced) == {"s1": "A", "s2": "A"}
+            assert not rebalanced.plan.changes_present
+            assert not rebalanced.computed.result.failures
+            after = reconcile(root)
+        assert after.computed.mode == "stable"
+        assert after.written == () and not after.checkpoint_written
+
+    def test_the_next_run_keeps_the_rebalanced_reason_until_the_agents_act(
+        self, tmp_path: Path
+    ) -> None:
+        """The plan of a rebalance says "rebalanced"; a reconcile before the agents applied it
+        plans the same moves with the same reasons, and rewrites no file."""
+        root = make_state(tmp_path / "state")
+        with freeze_time("2026-11-22 08:00:00") as clock:
+            start_unit(root)
+            report_usage(root, "A", {"s1": 500, "s2": 500})
+            clock.tick(10)
+            reconcile(root)
+            clock.tick(60)
+            rebalanced = reconcile(root)
+            assert rebalanced.computed.mode == "rebalance"
+            clock.tick(1)
+            again = reconcile(root)
+        assert again.computed.mode == "stable"
+        assert moves(again) == moves(rebalanced)
+        assert {r for (_, _, _, r) in moves(again)} == {"rebalanced"}
+        assert again.written == () and not again.checkpoint_written
+        cp = json.loads((root / "checkpoint" / "allocations.json").read_text())
+        causes = {a["itemId"]: a.get("cause") for a in cp["data"]["instances"].values()}
+        assert causes == {"s1": None, "s2": "rebalanced", "s3": "rebalanced"}
+        apply_all(root)
+        assert not reconcile(root).plan.changes_present
