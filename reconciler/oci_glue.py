@@ -1,5 +1,6 @@
 """The OCI step of ``reconcile``: build every placed instance's config with the real host
-lookups (the system group database, the devices under /dev)."""
+lookups (the system group database, the devices under /dev), or with lookups and a policy
+given by the caller (tests that run containers on device nodes made in a temp directory)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from .checkpoint import Checkpoint
 from .hostdevices import HostDevices, SystemGroups
 from .loader import StateView
-from .oci import BuildResult, ConfigJob, build_all
+from .oci import BuildResult, ConfigJob, DeviceLookup, DevicePolicy, GroupLookup, build_all
 from .oci_writer import hosts_path
 from .placement import BalanceResult
 from .reconcile import ConfigBuilder
@@ -23,9 +24,17 @@ def resolve_rootfs(state_dir: Path, rootfs: str) -> str:
     return os.path.normpath(path if path.is_absolute() else state_dir.resolve() / path)
 
 
-def default_config_builder() -> ConfigBuilder:
-    groups = SystemGroups()
-    devices = HostDevices()
+def default_config_builder(
+    *,
+    groups: GroupLookup | None = None,
+    devices: DeviceLookup | None = None,
+    policy: DevicePolicy | None = None,
+) -> ConfigBuilder:
+    """The builder ``reconcile`` runs: by default the system group database, the devices under
+    ``/dev`` and the default policy (host devices under ``/dev``)."""
+    group_lookup: GroupLookup = groups if groups is not None else SystemGroups()
+    device_lookup: DeviceLookup = devices if devices is not None else HostDevices()
+    device_policy = policy if policy is not None else DevicePolicy()
 
     def build(
         state_dir: Path, view: StateView, result: BalanceResult, cp: Checkpoint
@@ -48,6 +57,6 @@ def default_config_builder() -> ConfigBuilder:
                     hosts_path=str(hosts_path(state_dir.resolve(), p.instance_id)),
                 )
             )
-        return build_all(jobs, groups=groups, devices=devices)
+        return build_all(jobs, groups=group_lookup, devices=device_lookup, policy=device_policy)
 
     return build

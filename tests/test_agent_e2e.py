@@ -2,10 +2,13 @@
 
 A two-node state directory runs a busybox service through ``reconcile`` and both agents, each
 agent with its own runc ``--root``; then ``runc list`` must show exactly the planned containers,
-running. Then: a second reconcile plans nothing; a stale patch is refused and touches nothing;
-scaling 2 → 1 stops exactly one container; a version bump restarts its container; deleting the
-service file stops them all. Every container under the test's runc roots is killed and deleted
-in the fixture's teardown, even when the test fails.
+running, from configs that validate against the OCI schema. Then: the same plan applied again
+(an agent that crashed before writing actual) starts nothing twice; a second reconcile plans
+nothing; a stale patch is refused and touches nothing; scaling 2 → 1 stops exactly one
+container; a version bump restarts its container; a container that dies shows as ``failed``;
+deleting the service file stops them all. Every container under the test's runc roots is killed
+and deleted in the fixture's teardown, even when the test fails, and the teardown checks that
+none is left.
 
 Skips, saying why, only when runc cannot run here at all: not root, no runc, no static busybox,
 or runc failing a plain ``runc spec`` container.
@@ -33,6 +36,7 @@ from reconciler.runc import ContainerState, Runc, RuncError
 from reconciler.values import instance_id
 
 from .runtime_support import find_static_busybox, make_busybox_rootfs
+from .test_oci import assert_valid
 
 pytestmark = pytest.mark.slow
 
@@ -120,6 +124,11 @@ class E2E:
         report = reconcile(self.state, opts)
         assert report.plan.complete, [f.summary for f in report.plan.failures]
         assert report.computed.diagnostics == []
+        placed = {p.instance_id for p in report.computed.result.placements}
+        bundles = self.state / "out" / "instances"
+        assert {d.name for d in bundles.iterdir() if d.is_dir()} == placed
+        for iid in placed:  # every config runc is given is valid OCI 1.0.2
+            assert_valid(json.loads((bundles / iid / "config.json").read_text()))
         return report
 
     def agents(self) -> dict[str, AgentReport]:
@@ -193,6 +202,8 @@ def e2e(tmp_path: Path) -> Iterator[E2E]:
                 with contextlib.suppress(RuncError):
                     runc.delete(st.id, force=True)
         print(f"e2e timings (s): {env.timings}")
+        remaining = {n: [st.id for st in runc.list()] for n, runc in runcs.items()}
+        assert remaining == {n: [] for n in NODES}, f"containers left behind: {remaining}"
 
 
 def test_two_agents_run_the_plan_with_runc(e2e: E2E) -> None:
@@ -209,6 +220,7 @@ def test_two_agents_run_the_plan_with_runc(e2e: E2E) -> None:
     e2e.timed("start", t0)
     assert reports["n1"].started == (iid0,) and reports["n2"].started == (iid1,)
     assert all(not r.failed and r.revision == 1 for r in reports.values()), reports
+    assert {n: e2e.actual(n)["revision"] for n in NODES} == {"n1": 1, "n2": 1}  # 0 (no file) + 1
     running = e2e.containers()
     assert set(running["n1"]) == {container_id("n1", iid0)}
     assert set(running["n2"]) == {container_id("n2", iid1)}
@@ -226,6 +238,18 @@ def test_two_agents_run_the_plan_with_runc(e2e: E2E) -> None:
             "devices": {},
         }
     }
+
+    # ---- idempotent: the same plan applied again (an agent that crashed after starting,
+    # before writing actual) finds its containers running and starts nothing twice
+    for n in NODES:
+        (e2e.state / "actual" / f"{n}.yaml").unlink()  # back to revision 0, as planned
+    again = e2e.agents()
+    assert {n: (r.started, r.already_running) for n, r in again.items()} == {
+        "n1": ((), (iid0,)),
+        "n2": ((), (iid1,)),
+    }
+    assert all(not r.failed and r.revision == 1 for r in again.values()), again
+    assert e2e.containers() == running  # same containers, same pids
 
     # ---- the loop is closed: the next reconcile plans nothing, the agents idle
     t0 = time.monotonic()
@@ -294,6 +318,25 @@ def test_two_agents_run_the_plan_with_runc(e2e: E2E) -> None:
     assert record[iid0]["version"] == "1.1.0" and record[iid0]["state"] == "active"
     assert not e2e.reconcile().plan.changes_present
     e2e.timed("version bump", t0)
+
+    # ---- a container that dies shows as failed (and is not restarted by the agent)
+    t0 = time.monotonic()
+    e2e.runcs["n1"].kill(old.id, "KILL")
+    deadline = time.monotonic() + 30
+    while (st := e2e.runcs["n1"].state(old.id)) is not None and st.status != "stopped":
+        assert time.monotonic() < deadline, f"{old.id} still {st.status} after SIGKILL"
+        time.sleep(0.05)
+    revision = e2e.actual("n1")["revision"]
+    assert isinstance(revision, int)
+    reports = e2e.agents()
+    assert reports["n1"].states == {iid0: "failed"} and "stopped" in reports["n1"].failed[iid0]
+    assert reports["n1"].started == () and reports["n1"].revision == revision + 1
+    assert e2e.actual("n1")["revision"] == revision + 1
+    record = e2e.actual("n1")["instances"]
+    assert isinstance(record, dict) and record[iid0]["state"] == "failed"
+    assert {s.id: s.status for s in e2e.runcs["n1"].list()} == {old.id: "stopped"}
+    assert not e2e.reconcile().plan.changes_present  # a state is observed, never planned
+    e2e.timed("died", t0)
 
     # ---- deleting the service file stops them all
     t0 = time.monotonic()

@@ -1,10 +1,13 @@
 """A generated config.json run by the real runtime (SPEC §11: "accepted and run by runc").
 
 A state directory (a service with a named resource, a pool device and a tmpfs quota; a node with
-device nodes made by mknod) is loaded, balanced, built and written to ``out/instances/<id>/``,
-which is then the bundle of ``runc run``. Inside, busybox reports the supplementary groups, the
-env, ``/etc/hosts``, each device's type, major and minor, that the device cgroup grants exactly
-the intersected access, the ``/tmp`` tmpfs and a read-only bind mount.
+device nodes made by mknod) goes through ``reconcile`` (placement, checkpoint, the OCI step and
+the writer), and the instance's ``out/instances/<id>/`` is then the bundle of ``runc run``.
+Only the two host lookups are the test's: the groups (``video`` and ``render`` as on a GPU host)
+and the device allow-list (``/dev`` plus the temp directory holding the mknod'ed nodes). Inside,
+busybox reports the supplementary groups (``id -G``), the env, ``/etc/hosts``, each device's type,
+major and minor, that the device cgroup grants exactly the intersected access, the ``/tmp``
+tmpfs and a read-only bind mount.
 
 Skips, saying why, only when runc cannot run here at all: not root, no runc, no static busybox,
 or runc failing a plain ``runc spec`` container. A config of ours that runc rejects fails.
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import stat
 import subprocess
@@ -23,17 +27,19 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.balancer import balance
 from reconciler.hostdevices import HostDevices
-from reconciler.loader import load_state
-from reconciler.oci import DevicePolicy, build_config
-from reconciler.oci_writer import hosts_path, instance_dir, write_instance_outputs
+from reconciler.oci import DevicePolicy
+from reconciler.oci_glue import default_config_builder
+from reconciler.oci_writer import instance_dir
+from reconciler.reconcile import ReconcileOptions, reconcile
 from reconciler.values import instance_id
 
 from .runtime_support import find_static_busybox, make_busybox_rootfs
+from .test_oci import assert_valid
 
 APPLETS = ("sh", "cat", "echo", "grep", "head", "hostname", "id", "ls", "stat", "true", "sleep")
 GIDS = {"video": 44, "render": 4242}
+ARCH = {"aarch64": "arm64"}.get(platform.machine(), platform.machine())
 
 
 class Groups:
@@ -179,7 +185,7 @@ hostname: nav
         "maxDMIPS": 4000,
         "totalRAM": "8Gi",
         "numCores": 2,
-        "runtimes": [{"id": "runc-1", "type": "runc", "platform": {"architecture": "x86_64"}}],
+        "runtimes": [{"id": "runc-1", "type": "runc", "platform": {"architecture": ARCH}}],
         "resources": [resource],
         "devicePools": [
             {
@@ -193,29 +199,27 @@ hostname: nav
     }
     (state / "nodes" / "edge-1.yaml").write_text(json.dumps(node))  # JSON is YAML 1.2
 
-    view, diagnostics = load_state(state)
-    assert [str(d) for d in diagnostics if d.severity == "error"] == []
-    result = balance(view.unit, list(view.nodes.values()), view.services_sorted())
-    assert result.failures == ()
-    [placement] = result.placements
-    iid = instance_id("com.example.nav", "default", 0)
-    assert placement.instance_id == iid
-    service = view.services[("com.example.nav", "default")]
     roots = ("/dev", str(hostdev))
-    built = build_config(
-        service,
-        placement,
-        view.nodes[placement.node_id],
-        rootfs=str((state / service.image.rootfs).resolve()),
-        uid=5000,
-        gid=5000,
-        hosts_path=str(hosts_path(state, iid)),
-        groups=Groups(),
-        devices=HostDevices(roots),
-        policy=DevicePolicy(host_roots=roots),
+    configs = default_config_builder(
+        groups=Groups(), devices=HostDevices(roots), policy=DevicePolicy(host_roots=roots)
     )
-    write_instance_outputs(state, {iid: built}, sync=False)
+    report = reconcile(state, ReconcileOptions(configs=configs))
+    assert report.computed.diagnostics == []
+    assert not report.plan.failures, [f.summary for f in report.plan.failures]
+    iid = instance_id("com.example.nav", "default", 0)
+    assert [(a.action, a.instance_id, a.node_id) for a in report.plan.actions] == [
+        ("start", iid, "edge-1")
+    ]
+    # the first (and only) identity and item of a fresh state: uid 5000, gid 5000 (SPEC §9)
+    alloc = report.computed.checkpoint.allocations[iid]
+    assert (alloc.uid, alloc.gid) == (5000, 5000)
     bundle = instance_dir(state, iid)
+    config = json.loads((bundle / "config.json").read_text())
+    assert_valid(config)
+    assert config["root"]["path"] == str((state / "rootfs" / "busybox").resolve())
+    hosts_mount = config["mounts"][-1]
+    assert hosts_mount["destination"] == "/etc/hosts"
+    assert Path(hosts_mount["source"]) == (bundle / "hosts").resolve()
 
     cid = f"reconciler-test-{uuid.uuid4().hex[:12]}"
     try:
@@ -233,15 +237,13 @@ hostname: nav
     hosts = out.split("--hosts\n", 1)[1].split("--end\n", 1)[0]
     assert hosts == "127.0.0.1 localhost\n127.0.1.1 nav\n10.0.0.100 gpu-server\n"
 
-    def hexdev(path: str) -> str:
-        rdev = os.stat(path).st_rdev
-        return f"{os.major(rdev):x}:{os.minor(rdev):x}"
-
+    # busybox `stat -c %t:%T` prints major:minor in hex; the numbers are the mknod calls above
+    # and /dev/zero's fixed 1:5
     expected_devices = {
-        "/dev/gpu0": hexdev(f"{hostdev}/probe"),
-        "/dev/dri/card0": hexdev(f"{hostdev}/dri/card0"),
-        "/dev/dri/sub/card1": hexdev(f"{hostdev}/dri/sub/card1"),
-        "/dev/gpu-pool": hexdev("/dev/zero"),
+        "/dev/gpu0": "1:c",  # 1, 12
+        "/dev/dri/card0": "e2:0",  # 226, 0
+        "/dev/dri/sub/card1": "e2:1",  # 226, 1
+        "/dev/gpu-pool": "1:5",  # /dev/zero
     }
     for path, majmin in expected_devices.items():
         assert f"dev={path} character special file {majmin}" in lines, out

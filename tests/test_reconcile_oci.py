@@ -33,14 +33,53 @@ def test_every_placed_instance_gets_a_valid_config(demo_copy: Path) -> None:
         assert hosts.startswith("127.0.0.1 localhost")
 
 
+def _stamps(state: Path) -> dict[str, tuple[int, int]]:
+    """(inode, mtime) of every instance file: a rewrite renames a new inode in."""
+    root = state / "out" / "instances"
+    return {
+        str(f.relative_to(root)): (f.stat().st_ino, f.stat().st_mtime_ns)
+        for f in sorted(root.glob("*/*"))
+    }
+
+
 def test_unchanged_configs_are_not_rewritten_and_stale_ones_removed(demo_copy: Path) -> None:
-    reconcile(demo_copy, opts())
+    first = reconcile(demo_copy, opts())
+    ids = {p.item_id: p.instance_id for p in first.computed.result.placements}
+    before = _stamps(demo_copy)
+    assert len(before) == 7 * 2  # config.json and hosts of each of the 7 instances
     assert reconcile(demo_copy, opts()).written == ()
+    assert _stamps(demo_copy) == before
+
+    # one service's image env changes: only its config.json is rewritten (the same plan)
+    vision = demo_copy / "desired" / "apps" / "vision.yaml"
+    vision.write_text(vision.read_text().replace("image:\n", "image:\n  env: [MODE=night]\n"))
+    report = reconcile(demo_copy, opts())
+    assert report.plan.actions == first.plan.actions
+    vid = ids["com.example.vision"]
+    assert [w for w in report.written if w.startswith("out/instances/")] == [
+        f"out/instances/{vid}/config.json"
+    ]
+    after = _stamps(demo_copy)
+    assert {k for k in before if after[k] != before[k]} == {f"{vid}/config.json"}
+    config = json.loads((demo_copy / "out" / "instances" / vid / "config.json").read_text())
+    assert "MODE=night" in config["process"]["env"]
+
+    # a deleted service: the configs of its (no longer placed) instances are removed, the
+    # others are left as they are
+    before = _stamps(demo_copy)
     (demo_copy / "desired" / "apps" / "logger.yaml").unlink()
     report = reconcile(demo_copy, opts())
     dirs = {d.name for d in (demo_copy / "out" / "instances").iterdir() if d.is_dir()}
     assert dirs == {p.instance_id for p in report.computed.result.placements}
     assert len(dirs) == 4
+    loggers = {
+        p.instance_id for p in first.computed.result.placements if p.item_id == "com.example.logger"
+    }
+    assert len(loggers) == 3 and not loggers & dirs
+    assert sorted(w for w in report.written if w.startswith("out/instances/")) == sorted(
+        f"out/instances/{i}" for i in loggers
+    )
+    assert _stamps(demo_copy) == {k: v for k, v in before.items() if k.split("/")[0] in dirs}
 
 
 def test_an_unknown_group_fails_that_instance_only(demo_copy: Path) -> None:
@@ -53,3 +92,6 @@ def test_an_unknown_group_fails_that_instance_only(demo_copy: Path) -> None:
     assert len(report.computed.result.placements) == 6
     assert failures[0].instance_id not in report.computed.checkpoint.allocations
     assert not (demo_copy / "out" / "instances" / failures[0].instance_id).exists()
+    for placement in report.computed.result.placements:  # every other instance has its config
+        config = demo_copy / "out" / "instances" / placement.instance_id / "config.json"
+        assert_valid(json.loads(config.read_text()))
