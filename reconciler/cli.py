@@ -26,14 +26,14 @@ from .balancer import explain as explain_instance
 from .checkpoint import load_checkpoint
 from .loader import Diagnostic, load_state
 from .lock import LockTimeout, StateLock
-from .models import Service
+from .models import KINDS, Service
 from .oci_glue import default_config_builder
 from .placement import Mode, expand_instances
 from .planner import Plan, failure_json
 from .reconcile import ReconcileError, ReconcileOptions, compute_once, reconcile
 from .render import render_explanation, render_placements, render_plan, render_status
 from .runc import Runc, RuncError
-from .schema import all_schemas
+from .schema import RESOURCES_FILE, all_schemas
 from .values import parse_duration
 from .watch import WatchOptions, watch_loop
 
@@ -159,15 +159,21 @@ def validate(state_dir: Path, as_json: bool) -> int:
     return EXIT_ERROR if errors else EXIT_OK
 
 
+SCHEMA_KINDS = sorted([*KINDS, RESOURCES_FILE])
+
+
 @cli.command()
 @click.option(
     "--kind",
-    type=click.Choice(["UnitConfig", "Service", "Node", "ActualState"]),
+    type=click.Choice(SCHEMA_KINDS),
     help="Print only this kind's schema (for an editor's yaml-language-server).",
 )
 @state_option
 def schema(kind: str | None, state_dir: Path) -> int:
     """Print the JSON Schema (draft 2020-12) of every document kind.
+
+    KIND is UnitConfig, Service, Node, ActualState, or ResourcesFile (a node's resourcesFile,
+    a JSON array of resource entries).
 
     Without --kind the output is {"formatVersion": 1, "schemas": {KIND: SCHEMA}}; with
     --kind it is that kind's schema alone, ready to save as a file and point an editor at

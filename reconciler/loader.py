@@ -283,17 +283,25 @@ def _load_one(
     if isinstance(obj, Node):
         if obj.id != stem:
             msg = f"id: the node id {obj.id!r} must equal the file name {stem!r}"
-            return FileRecord(real_key, sha, (), keep(), (Diagnostic(display, 1, 1, msg),))
+            line, col = _position_of(raw, "id", opts.max_bytes)
+            diag = Diagnostic(display, line, col, msg)
+            return FileRecord(real_key, sha, (), keep(), (diag,))
         if obj.resourcesFile is not None:
-            pos = parse_yaml(raw, max_bytes=opts.max_bytes).position(("resourcesFile",))
+            pos = _position_of(raw, "resourcesFile", opts.max_bytes)
             node, diags, deps = _resolve_resources_file(root, obj, display, pos, opts.max_bytes)
             if node is None:
                 return FileRecord(real_key, sha, deps, keep(), tuple(diags))
             obj = node
     if isinstance(obj, ActualState) and obj.nodeId != stem:
         msg = f"nodeId: {obj.nodeId!r} must equal the file name {stem!r}"
-        return FileRecord(real_key, sha, (), keep(), (Diagnostic(display, 1, 1, msg),))
+        line, col = _position_of(raw, "nodeId", opts.max_bytes)
+        return FileRecord(real_key, sha, (), keep(), (Diagnostic(display, line, col, msg),))
     return FileRecord(real_key, sha, deps, obj, tuple(diags), current=True)
+
+
+def _position_of(raw: bytes, key: str, max_bytes: int) -> tuple[int, int]:
+    """Where a top-level field's value sits in a file that already parsed once."""
+    return parse_yaml(raw, max_bytes=max_bytes).position((key,))
 
 
 def _last_good(rel: str, prev: FileRecord | None, opts: LoadOptions) -> Doc | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .values import (
     AccessMode,
@@ -360,6 +360,18 @@ class Node(_Model):
     resourcesFile: Str | None = None
     devicePools: tuple[DevicePool, ...] = ()
     usage: NodeUsage | None = None
+
+    @field_validator("partitions")
+    @classmethod
+    def _one_partition_per_type(cls, parts: tuple[Partition, ...]) -> tuple[Partition, ...]:
+        """Storage and state each come from one partition (SPEC §7.3): two partitions typed
+        alike would make placement depend on the order of the list."""
+        for kind in ("storages", "states"):
+            typed = [p.name for p in parts if kind in p.types]
+            if len(typed) > 1:
+                names = ", ".join(repr(n) for n in typed)
+                raise ValueError(f"{names} are all typed {kind}: a node has one partition per type")
+        return parts
 
     @model_validator(mode="after")
     def _checks(self) -> Self:

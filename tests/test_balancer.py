@@ -12,8 +12,10 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from reconciler.balancer import balance
-from reconciler.models import Node, Service, UnitConfig
+from reconciler.models import Node, NodeUsage, Service, UnitConfig
 from reconciler.placement import BalanceResult
+from reconciler.sharing import REGISTRY, ShareRequest, SharingPolicy, StatusCode
+from reconciler.sharing.base import Item
 from reconciler.values import instance_id
 from tests.builders import (
     failure,
@@ -680,3 +682,127 @@ class TestDeterminism:
         result = run(None, four_nodes(), [svc])
         # All priority 0: A, then B and C have more free CPU than A (by id B first), then C.
         assert nodes_of(result, "s") == ["A", "B", "C"]
+
+
+# ---------------------------------------------------------------- available amounts (SPEC §7.3)
+
+
+def with_usage(node: Node, usage: dict[str, Any]) -> Node:
+    return node.model_copy(update={"usage": NodeUsage.model_validate(usage)})
+
+
+class TestAvailableAmounts:
+    @staticmethod
+    def node() -> Node:
+        # system usage: cpu 700 - 200 = 500, ram 512Mi - 128Mi = 384Mi (x's own usage is the
+        # unit's); available: cpu 1000 - 500 = 500, ram 1024Mi - 384Mi = 640Mi
+        x0 = instance_id("x", "default", 0)
+        usage = {"cpu": 700, "ram": "512Mi", "instances": {x0: {"cpu": 200, "ram": "128Mi"}}}
+        return with_usage(make_node("A"), usage)
+
+    def test_system_usage_is_taken_off_the_node(self) -> None:
+        services = [
+            make_service("x", priority=10, cpu=200, ram="128Mi"),
+            make_service("y", priority=5, cpu=300, ram="512Mi"),  # exactly what is left
+            make_service("z", cpu=1),
+        ]
+        result = run(None, [self.node()], services)
+        assert nodes_of(result, "x") == ["A"] and nodes_of(result, "y") == ["A"]
+        assert failure(result, "z", 0).summary == "z:default:0: 0/1 nodes feasible: 1 Cpu"
+
+    def test_one_more_dmips_or_byte_does_not_fit(self) -> None:
+        x = make_service("x", priority=10, cpu=200, ram="128Mi")
+        over_cpu = make_service("c", cpu=301, ram="512Mi")
+        over_ram = make_service("r", cpu=300, ram=512 * Mi + 1)
+        for svc, code in ((over_cpu, "Cpu"), (over_ram, "Ram")):
+            result = run(None, [self.node()], [x, svc])
+            assert nodes_of(result, "x") == ["A"]
+            assert failure(result, svc.id, 0).reason == code
+
+    def test_a_runtime_with_its_own_pool(self) -> None:
+        crun = {**runtime("crun"), "allowedDMIPS": 300}
+        node = with_usage(make_node("A", runtimes=[runtime("runc"), crun]), {"cpu": 900})
+        services = [
+            # crun's own pool of 300 (system usage not subtracted): one fits, the second not
+            make_service("boxed", priority=10, instances=2, runtimes=["crun"], cpu=200),
+            # the node pool (1000 - 900 = 100) is untouched by what crun holds
+            make_service("plain", priority=5, runtimes=["runc"], cpu=100),
+            make_service("plain2", runtimes=["runc"], cpu=1),
+        ]
+        result = run(None, [node], services)
+        assert placement(result, "boxed", 0).runtime_id == "crun"
+        assert placement(result, "plain", 0).runtime_id == "runc"
+        assert failure(result, "boxed", 1).summary == "boxed:default:1: 0/1 nodes feasible: 1 Cpu"
+        assert failure(result, "plain2", 0).reason == "Cpu"
+
+    def test_choice_looks_at_the_node_pool_even_with_a_runtime_pool(self) -> None:
+        nodes = [
+            make_node("A", dmips=1000, runtimes=[{**runtime("crun"), "allowedDMIPS": 500}]),
+            make_node("B", dmips=800, runtimes=[{**runtime("crun"), "allowedDMIPS": 600}]),
+        ]
+        svc = make_service("s", instances=6, runtimes=["crun"], cpu=100)
+        result = run(None, nodes, [svc])
+        # A's node pool (1000) beats B's (800) and never shrinks: A until crun's 500 are used
+        assert nodes_of(result, "s") == ["A", "A", "A", "A", "A", "B"]
+
+
+# ---------------------------------------------------------------- the sharing-policy interface
+
+
+class TestSharingPolicies:
+    """SPEC §6.3: one interface (filter -> Status, allocate, release, status), three policies."""
+
+    def test_registry(self) -> None:
+        assert set(REGISTRY) == {"shared-count", "exclusive", "fractional"}
+        for name, policy in REGISTRY.items():
+            assert isinstance(policy, SharingPolicy) and policy.name == name
+
+    def test_exclusive(self) -> None:
+        ex = REGISTRY["exclusive"]
+        items = (Item("d3"), Item("d1", healthy=False), Item("d0"), Item("d2"))
+        empty = ex.new_state("gpu", items)
+        two = ShareRequest("gpu", count=2)
+        assert ex.filter(empty, ShareRequest("gpu", memory=Gi)).code is StatusCode.ERROR
+        assert ex.filter(empty, ShareRequest("gpu", count=4)).code is StatusCode.UNRESOLVABLE
+        state, ids = ex.allocate(empty, two)
+        assert ids == ("d0", "d2")  # smallest healthy ids, d1 is unhealthy
+        assert ex.filter(state, two).code is StatusCode.UNSCHEDULABLE  # only d3 is free
+        state2, ids2 = ex.allocate(state, ShareRequest("gpu", count=1))
+        assert ids2 == ("d3",)
+        assert ex.status(state2).allocated == 3 and ex.status(state2).healthy == 3
+        assert ex.release(ex.release(state2, two, ids), two, ids2) == empty
+
+    def test_fractional(self) -> None:
+        fr = REGISTRY["fractional"]
+        items = (Item("b", memory=16 * Gi), Item("a", memory=16 * Gi), Item("c", memory=8 * Gi))
+        empty = fr.new_state("vgpu", items)
+        assert fr.filter(empty, ShareRequest("vgpu", count=1)).code is StatusCode.ERROR
+        too_big = ShareRequest("vgpu", memory=17 * Gi)
+        assert fr.filter(empty, too_big).code is StatusCode.UNRESOLVABLE
+        eight = ShareRequest("vgpu", memory=8 * Gi)
+        s1, ids1 = fr.allocate(empty, eight)
+        assert ids1 == ("c",)  # least free memory that fits: c (8) before a and b (16)
+        s2, ids2 = fr.allocate(s1, eight)
+        assert ids2 == ("a",)  # a and b tie on 16 free: by id
+        s3, ids3 = fr.allocate(s2, eight)
+        assert ids3 == ("a",)  # a has 8 free now, the fullest that fits
+        sixteen = ShareRequest("vgpu", memory=16 * Gi)
+        s4, ids4 = fr.allocate(s3, sixteen)
+        assert ids4 == ("b",)
+        assert fr.filter(s4, ShareRequest("vgpu", memory=1)).code is StatusCode.UNSCHEDULABLE
+        back = fr.release(fr.release(s4, sixteen, ids4), eight, ids3)
+        assert fr.release(fr.release(back, eight, ids2), eight, ids1) == empty
+
+    def test_shared_count(self) -> None:
+        sc = REGISTRY["shared-count"]
+        one = ShareRequest("can0")
+        limited = sc.new_state("can0", (Item("can0"),), 2)
+        s1, _ = sc.allocate(limited, one)
+        s2, _ = sc.allocate(s1, one)
+        assert sc.filter(s2, one).code is StatusCode.UNSCHEDULABLE
+        assert sc.release(s2, one, ("can0",)) == s1
+        unlimited = sc.new_state("can0", (Item("can0"),), 0)
+        state = unlimited
+        for _ in range(100):
+            state, _ = sc.allocate(state, one)
+        assert sc.filter(state, one).ok

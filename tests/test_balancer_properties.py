@@ -1,9 +1,10 @@
 """Property tests of the balancer (SPEC §6, §7) over random small units.
 
 The invariants are computed independently of the balancer, from the placements it returns and the
-documents it was given: capacities (no usage is generated, so a node's CPU and RAM capacity is its
-maxDMIPS and totalRAM), shared-resource slots, device ids and memory, §7.2 requested amounts,
-filters every placement must have passed, and the shape of results and failures.
+documents it was given: capacities (a node's CPU and RAM pools lose the measured system usage, a
+runtime with allowedDMIPS/allowedRAM has its own pools), shared-resource slots, device ids and
+memory, §7.2 requested amounts, filters every placement must have passed, and the shape of results
+and failures.
 """
 
 from __future__ import annotations
@@ -60,15 +61,18 @@ def node_docs(draw: DrawFn, node_id: str) -> dict[str, Any]:
     runtime_ids = draw(
         st.lists(st.sampled_from(("r1", "r2", "r3")), min_size=1, max_size=2, unique=True)
     )
-    runtimes = [
-        {
+    runtimes: list[dict[str, Any]] = []
+    for rid in runtime_ids:
+        rt: dict[str, Any] = {
             "id": rid,
             "type": draw(st.sampled_from(("runc", "runc", *RUNTIME_TYPES))),
             "platform": {"architecture": draw(st.sampled_from(ARCHES)), "os": "linux"},
             "maxInstances": draw(st.integers(0, 3)),
         }
-        for rid in runtime_ids
-    ]
+        if not draw(st.integers(0, 3)):  # a runtime with its own pools (SPEC §7.3)
+            rt["allowedDMIPS"] = draw(st.sampled_from((0, 300, 600)) | st.integers(0, 1000))
+            rt["allowedRAM"] = draw(st.sampled_from((0, 256, 512, 1024))) * Mi
+        runtimes.append(rt)
     size = st.sampled_from((0, 512, 1024, 2048, 2048)).map(lambda m: m * Mi)
     layout = draw(st.sampled_from(("none", "both", "both", "storages", "states", "separate")))
     partitions: list[dict[str, Any]] = []
@@ -120,6 +124,19 @@ def node_docs(draw: DrawFn, node_id: str) -> dict[str, Any]:
         "partitions": partitions,
         "devicePools": pools,
     }
+    if not draw(st.integers(0, 2)):  # measured usage; s0's first instance is the unit's own
+        doc["usage"] = {
+            "cpu": draw(st.integers(0, 1500)),
+            "ram": draw(st.integers(0, 8)) * 128 * Mi,
+            "instances": {
+                instance_id("s0", "default", 0): {
+                    "cpu": draw(st.integers(0, 500)),
+                    "ram": draw(st.integers(0, 4)) * 128 * Mi,
+                }
+            }
+            if draw(st.booleans())
+            else {},
+        }
     if draw(st.integers(0, 2)):
         doc["resources"] = [
             {"name": name, "sharedCount": draw(st.integers(0, 3))}
@@ -146,6 +163,15 @@ def unit_configs(draw: DrawFn, node_ids: list[str]) -> UnitConfig:
                 k: draw(st.integers(0, 100)) for k in ("cpu", "ram", "storage", "state")
             }
         entries.append(entry)
+    if draw(st.booleans()):
+        # an entry for the node type, somewhere in the list: nodes without their own entry
+        # take it, an entry with the exact nodeId wins over it (SPEC §3.1)
+        by_type = {
+            "nodeType": "edge",
+            "priority": draw(st.sampled_from((0, 10, 20))),
+            "labels": _subset(draw, LABELS),
+        }
+        entries.insert(draw(st.integers(0, len(entries))), by_type)
     return UnitConfig.model_validate(
         {"apiVersion": "reconciler/v1", "kind": "UnitConfig", "version": "1.0.0", "nodes": entries}
     )
@@ -269,8 +295,9 @@ def check_result(
         assert result.preempted == frozenset()
     assert set(result.by_id) == set(placed)
 
-    cpu: Counter[str] = Counter()
-    ram: Counter[str] = Counter()
+    # keyed by node id (the node pool) or (node id, runtime id) (a runtime's own pool)
+    cpu: Counter[str | tuple[str, str]] = Counter()
+    ram: Counter[str | tuple[str, str]] = Counter()
     storage: Counter[str] = Counter()
     state: Counter[str] = Counter()
     per_runtime: Counter[tuple[str, str]] = Counter()
@@ -297,8 +324,9 @@ def check_result(
         for what in ("cpu", "ram", "storage", "state"):
             ratio = getattr(ratios, what) if ratios else 50
             assert getattr(p.requested, what) == expected_amount(svc, what, ratio), what
-        cpu[node.id] += p.requested.cpu
-        ram[node.id] += p.requested.ram
+        # CPU and RAM come from the runtime's own pool when it has one, else the node's
+        cpu[(node.id, rt.id) if rt.allowedDMIPS is not None else node.id] += p.requested.cpu
+        ram[(node.id, rt.id) if rt.allowedRAM is not None else node.id] += p.requested.ram
         storage[node.id] += p.requested.storage
         state[node.id] += p.requested.state
         per_runtime[(node.id, rt.id)] += 1
@@ -328,8 +356,19 @@ def check_result(
 
     # (a) capacity: nothing reserved beyond what the node has.
     for node in nodes:
-        assert cpu[node.id] <= node.maxDMIPS
-        assert ram[node.id] <= node.totalRAM
+        # SPEC §7.3: the node pools lose the system usage (measured minus the unit's own)
+        usage = node.usage
+        own_cpu = sum(u.cpu for u in usage.instances.values()) if usage else 0
+        own_ram = sum(u.ram for u in usage.instances.values()) if usage else 0
+        system_cpu = max(0, usage.cpu - own_cpu) if usage else 0
+        system_ram = max(0, usage.ram - own_ram) if usage else 0
+        assert cpu[node.id] <= max(0, node.maxDMIPS - system_cpu)
+        assert ram[node.id] <= max(0, node.totalRAM - system_ram)
+        for rt in node.runtimes:
+            if rt.allowedDMIPS is not None:
+                assert cpu[(node.id, rt.id)] <= rt.allowedDMIPS
+            if rt.allowedRAM is not None:
+                assert ram[(node.id, rt.id)] <= rt.allowedRAM
         typed = {
             t: next((p for p in node.partitions if t in p.types), None)
             for t in ("storages", "states")
@@ -374,12 +413,44 @@ def check_result(
 
 
 def permuted_nodes(data: st.DataObject, docs: tuple[dict[str, Any], ...]) -> list[Node]:
-    """The node list in another order, each node's runtimes in another order."""
+    """The node list in another order, and every list inside each node document too:
+    runtimes, partitions, named resources, device pools and each pool's devices."""
     out: list[Node] = []
     for doc in data.draw(st.permutations(docs), label="node order"):
         copy = dict(doc)
-        copy["runtimes"] = data.draw(st.permutations(doc["runtimes"]), label="runtime order")
+        for key in ("runtimes", "partitions", "resources"):
+            if key in doc:
+                copy[key] = data.draw(st.permutations(doc[key]), label=f"{key} order")
+        pools = data.draw(st.permutations(doc["devicePools"]), label="pool order")
+        copy["devicePools"] = [
+            {**pool, "devices": data.draw(st.permutations(pool["devices"]), label="devices")}
+            for pool in pools
+        ]
         out.append(Node.model_validate(copy))
+    return out
+
+
+def permuted_unit(data: st.DataObject, unit: UnitConfig) -> UnitConfig:
+    """The unit's node entries, and each entry's labels, in another order."""
+    entries = data.draw(st.permutations(unit.nodes), label="unit entry order")
+    entries = [
+        e.model_copy(update={"labels": tuple(data.draw(st.permutations(e.labels)))})
+        for e in entries
+    ]
+    return unit.model_copy(update={"nodes": tuple(entries)})
+
+
+def permuted_services(data: st.DataObject, services: tuple[Service, ...]) -> list[Service]:
+    """The service list in another order; in each service, the labels, accepted runtime types
+    and device requests in another order (named resources keep theirs: a placement lists them
+    in the service's order)."""
+    out = []
+    for svc in data.draw(st.permutations(services), label="service order"):
+        update = {
+            key: tuple(data.draw(st.permutations(getattr(svc, key)), label=f"service {key}"))
+            for key in ("labels", "runtimes", "devices")
+        }
+        out.append(svc.model_copy(update=update))
     return out
 
 
@@ -411,10 +482,11 @@ def test_fresh_invariants_and_determinism(scenario: Scenario) -> None:
 def test_fresh_is_order_independent(scenario: Scenario, data: st.DataObject) -> None:
     nodes = scenario.nodes()
     result = balance(scenario.unit, nodes, scenario.services, mode="fresh")
-    # (e) node list, service list and each node's runtime list in another order.
+    # (e) every list of the inputs in another order (node, service and unit entry lists, and
+    # the lists inside each document).
     other_nodes = permuted_nodes(data, scenario.node_docs)
-    svcs = data.draw(st.permutations(scenario.services), label="service order")
-    other = balance(scenario.unit, other_nodes, svcs, mode="fresh")
+    svcs = permuted_services(data, scenario.services)
+    other = balance(permuted_unit(data, scenario.unit), other_nodes, svcs, mode="fresh")
     assert other == result
 
 
@@ -452,9 +524,10 @@ def test_stable_invariants(scenario: Scenario, data: st.DataObject) -> None:
     again = balance(scenario.unit, nodes, second_services, previous=previous, mode="stable")
     assert again == second
     other_nodes = permuted_nodes(data, scenario.node_docs)
-    svcs = data.draw(st.permutations(second_services), label="service order")
+    svcs = permuted_services(data, second_services)
     prev = shuffled_previous(data, previous)
-    other = balance(scenario.unit, other_nodes, svcs, previous=prev, mode="stable")
+    unit = permuted_unit(data, scenario.unit)
+    other = balance(unit, other_nodes, svcs, previous=prev, mode="stable")
     assert other == second
 
 

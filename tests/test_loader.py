@@ -128,6 +128,41 @@ class TestIdentityRules:
         view, diags = load_state(tmp_path)
         assert view.nodes == {}
         assert "must equal the file name" in diags[0].message
+        assert (diags[0].line, diags[0].col) == (3, 5)  # the value of `id:`
+
+    def test_actual_state_node_id_must_equal_the_file_name(self, tmp_path: Path) -> None:
+        write(
+            tmp_path,
+            "actual/n1.yaml",
+            "apiVersion: reconciler/v1\nkind: ActualState\nnodeId: n2\n",
+        )
+        view, diags = load_state(tmp_path)
+        assert view.actual == {}
+        assert [(d.line, d.col) for d in diags] == [(3, 9)]
+        assert "'n2' must equal the file name 'n1'" in diags[0].message
+
+    def test_one_partition_per_type(self, tmp_path: Path) -> None:
+        """Two partitions typed storages would make placement depend on their order."""
+        text = NODE.format(id="n1") + (
+            "partitions:\n"
+            "  - {name: a, types: [storages], totalSize: 1Gi}\n"
+            "  - {name: b, types: [states, storages], totalSize: 1Gi}\n"
+        )
+        write(tmp_path, "nodes/n1.yaml", text)
+        view, diags = load_state(tmp_path)
+        assert view.nodes == {}
+        assert len(diags) == 1 and (diags[0].line, diags[0].col) == (8, 3)
+        assert "'a', 'b'" in diags[0].message and "storages" in diags[0].message
+
+    def test_storages_and_states_may_share_a_partition(self, tmp_path: Path) -> None:
+        text = NODE.format(id="n1") + (
+            "partitions:\n"
+            "  - {name: a, types: [storages, states], totalSize: 1Gi}\n"
+            "  - {name: b, types: [logs], totalSize: 1Gi}\n"
+        )
+        write(tmp_path, "nodes/n1.yaml", text)
+        view, diags = load_state(tmp_path)
+        assert diags == [] and len(view.nodes["n1"].partitions) == 2
 
     def test_path_like_ids_are_rejected(self, tmp_path: Path) -> None:
         write(tmp_path, "nodes/evil.yaml", NODE.format(id="../../etc"))

@@ -69,6 +69,16 @@ def test_lookup_by_name_returns_every_field(state: Path) -> None:
     assert gpu.envs == ("GPU_VENDOR=example",)
     assert gpu.hosts == (HostEntry(hostname="gpu-host", ip="10.0.0.100"),)
     assert gpu.devices == ("/dev/dri/card0:/dev/dri/card0:rw", "/dev/dri/renderD128")
+    assert gpu.name == "gpu0"
+    # nothing lost or added on the way: the entry is the file's entry, field for field
+    assert gpu.model_dump(mode="json") == GPU_SERIAL[0]
+
+
+def test_lookup_of_the_serial_port(state: Path) -> None:
+    view, _ = load_state(state)
+    serial = ResourceManager.of(view.nodes["n1"]).get("serial0")
+    assert (serial.name, serial.sharedCount, serial.devices) == ("serial0", 1, ("/dev/ttyS0",))
+    assert (serial.groups, serial.mounts, serial.envs, serial.hosts) == ((), (), (), ())
 
 
 def test_lookup_of_an_unknown_name_is_an_error(state: Path) -> None:

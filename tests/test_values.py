@@ -7,7 +7,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.values import ID_PATTERN, instance_id, parse_bytes, parse_duration, validate_id
+from reconciler.values import (
+    ID_PATTERN,
+    RESOURCE_NAME_PATTERN,
+    instance_id,
+    parse_bytes,
+    parse_duration,
+    validate_id,
+)
 
 
 class TestBytes:
@@ -76,3 +83,17 @@ class TestIds:
         iid = instance_id(item, subject, index)
         assert re.fullmatch(r"[0-9a-f-]{36}", iid)
         assert iid != instance_id(item, subject, index + 1)
+
+
+class TestResourceNames:
+    """SPEC §4: a resource name is an id that may hold one '/' (``example.com/gpu``)."""
+
+    @pytest.mark.parametrize("good", ["gpu0", "example.com/gpu", "a/b", "vendor_x/dev-1"])
+    def test_accepts(self, good: str) -> None:
+        assert re.fullmatch(RESOURCE_NAME_PATTERN, good)
+
+    @pytest.mark.parametrize(
+        "bad", ["", "/gpu", "gpu/", "a/b/c", "../gpu", "a//b", "example.com/../x", "a b"]
+    )
+    def test_rejects(self, bad: str) -> None:
+        assert not re.fullmatch(RESOURCE_NAME_PATTERN, bad)
