@@ -81,6 +81,7 @@ class FileRecord:
     good: Doc | None  # the last good object, possibly from an earlier content
     diagnostics: tuple[Diagnostic, ...]  # problems of the current content
     current: bool = False  # True when ``good`` is the file's current content
+    deps_sha256: str = ""  # sha256 of the contents of ``deps`` (what the input hash covers)
 
 
 Fallback = Callable[[str], "Doc | None"]
@@ -207,7 +208,7 @@ def _validate(display: str, raw: bytes, dir_kind: str, max_bytes: int) -> Doc | 
 
 def _resolve_resources_file(
     root: Path, node: Node, display: str, parsed_pos: tuple[int, int], max_bytes: int
-) -> tuple[Node | None, list[Diagnostic], tuple[tuple[str, StatKey | None], ...]]:
+) -> tuple[Node | None, list[Diagnostic], tuple[tuple[str, StatKey | None], ...], str]:
     """Load a node's resourcesFile into ``resources``; None when the file is invalid."""
     assert node.resourcesFile is not None
     target = Path(node.resourcesFile)
@@ -221,17 +222,20 @@ def _resolve_resources_file(
             warn = Diagnostic(
                 display, line, col, f"resourcesFile {target} is missing: no resources", "warning"
             )
-            return node.model_copy(update={"resources": ()}), [warn], ((str(target), None),)
-        return None, [Diagnostic(display, line, col, f"resourcesFile {target}: {e}")], ()
+            missing = ((str(target), None),)
+            return node.model_copy(update={"resources": ()}), [warn], missing, "missing"
+        return None, [Diagnostic(display, line, col, f"resourcesFile {target}: {e}")], (), ""
     deps = ((str(target), settled_key(key, time.time_ns())),)
+    sha = hashlib.sha256(raw).hexdigest()
     if len(raw) > max_bytes:
-        return None, [Diagnostic(str(target), 1, 1, f"file is over {max_bytes} bytes")], deps
+        diag = Diagnostic(str(target), 1, 1, f"file is over {max_bytes} bytes")
+        return None, [diag], deps, sha
     try:
         entries = parse_resources_json(raw)
     except ResourcesFileError as e:
         msg = f"{e.message} (resources of node {node.id})"
-        return None, [Diagnostic(str(target), e.line, e.col, msg)], deps
-    return node.model_copy(update={"resources": entries}), [], deps
+        return None, [Diagnostic(str(target), e.line, e.col, msg)], deps, sha
+    return node.model_copy(update={"resources": entries}), [], deps, sha
 
 
 def _deps_unchanged(deps: tuple[tuple[str, StatKey | None], ...]) -> bool:
@@ -272,12 +276,15 @@ def _load_one(
     real_key = settled_key(read_key, time.time_ns())
     sha = hashlib.sha256(raw).hexdigest()
     if prev is not None and prev.sha256 == sha and _deps_unchanged(prev.deps):
-        return FileRecord(real_key, sha, prev.deps, prev.good, prev.diagnostics, prev.current)
+        return FileRecord(
+            real_key, sha, prev.deps, prev.good, prev.diagnostics, prev.current, prev.deps_sha256
+        )
     result = _validate(display, raw, dir_kind, opts.max_bytes)
     if isinstance(result, list):
         return FileRecord(real_key, sha, (), keep(), tuple(result))
     diags: list[Diagnostic] = []
     deps: tuple[tuple[str, StatKey | None], ...] = ()
+    deps_sha = ""
     obj: Doc = result
     stem = rel.rsplit("/", 1)[-1].removesuffix(".yaml")
     if isinstance(obj, Node):
@@ -288,15 +295,17 @@ def _load_one(
             return FileRecord(real_key, sha, (), keep(), (diag,))
         if obj.resourcesFile is not None:
             pos = _position_of(raw, "resourcesFile", opts.max_bytes)
-            node, diags, deps = _resolve_resources_file(root, obj, display, pos, opts.max_bytes)
+            node, diags, deps, deps_sha = _resolve_resources_file(
+                root, obj, display, pos, opts.max_bytes
+            )
             if node is None:
-                return FileRecord(real_key, sha, deps, keep(), tuple(diags))
+                return FileRecord(real_key, sha, deps, keep(), tuple(diags), False, deps_sha)
             obj = node
     if isinstance(obj, ActualState) and obj.nodeId != stem:
         msg = f"nodeId: {obj.nodeId!r} must equal the file name {stem!r}"
         line, col = _position_of(raw, "nodeId", opts.max_bytes)
         return FileRecord(real_key, sha, (), keep(), (Diagnostic(display, line, col, msg),))
-    return FileRecord(real_key, sha, deps, obj, tuple(diags), current=True)
+    return FileRecord(real_key, sha, deps, obj, tuple(diags), True, deps_sha)
 
 
 def _position_of(raw: bytes, key: str, max_bytes: int) -> tuple[int, int]:
@@ -371,9 +380,9 @@ def load_state(
             actual[obj.nodeId] = obj
     digest = hashlib.sha256()
     for rel in sorted(files):
-        digest.update(f"{rel}\0{files[rel].sha256}\0".encode())
-        for dep_path, dep_key in files[rel].deps:
-            digest.update(f"{dep_path}\0{dep_key}\0".encode())
+        # contents only (SPEC §10): never a path or a stat key, which differ between copies
+        # and over time for the same bytes
+        digest.update(f"{rel}\0{files[rel].sha256}\0{files[rel].deps_sha256}\0".encode())
     view = StateView(root, unit, services, nodes, actual, files, digest.hexdigest())
     return view, diagnostics
 

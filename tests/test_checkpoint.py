@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,11 +24,25 @@ from reconciler.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from reconciler.cli import main
 from reconciler.loader import load_state
 from reconciler.models import Node
 from reconciler.reconcile import ReconcileOptions, compute_once, reconcile
+from reconciler.values import instance_id
 
 from .agent_sim import apply_all
+
+
+def inline_resources(state: Path) -> Path:
+    """Move edge-1's resources file inline (SPEC §6.2 allows either form)."""
+    node = state / "nodes" / "edge-1.yaml"
+    entries = json.loads((state / "resources" / "edge-1.json").read_text())
+    text = node.read_text()
+    assert "resourcesFile: resources/edge-1.json" in text
+    node.write_text(
+        text.replace("resourcesFile: resources/edge-1.json", "resources: " + json.dumps(entries))
+    )
+    return state
 
 
 def reconciled(state: Path) -> Checkpoint:
@@ -112,6 +129,150 @@ class TestRestart:
         assert vision.devices == (("example.com/npu", ("npu1",)),)
         reasons = {(a.action, a.reason) for a in c.plan.actions}
         assert reasons == {("stop", "moved"), ("start", "moved")}
+
+    def test_a_fresh_process_sees_the_same_placements_and_an_empty_plan(
+        self, demo_copy: Path
+    ) -> None:
+        """A real restart: a new interpreter that knows only the files."""
+        assert main(["reconcile", "--state", str(demo_copy)]) == 0  # with the OCI configs
+        apply_all(demo_copy)
+        assert main(["reconcile", "--state", str(demo_copy)]) == 0
+        status = json.loads((demo_copy / "out" / "status.json").read_text())
+        proc = subprocess.run(
+            [sys.executable, "-m", "reconciler", "plan", "--json", "--state", str(demo_copy)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr  # 0: no changes
+        plan = json.loads(proc.stdout)
+        assert plan["changesPresent"] is False and plan["actions"] == []
+        # every patch is the revision test alone
+        assert all(len(n["patch"]) == 1 for n in plan["nodes"].values())
+        proc = subprocess.run(
+            [sys.executable, "-m", "reconciler", "reconcile", "--json", "--state", str(demo_copy)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        report = json.loads(proc.stdout)
+        assert report["written"] == [] and report["checkpointWritten"] is False
+        again = json.loads((demo_copy / "out" / "status.json").read_text())
+        keys = ("nodeId", "runtimeId", "devices", "uid", "gid")
+        assert {i: [r[k] for k in keys] for i, r in again["instances"].items()} == {
+            i: [r[k] for k in keys] for i, r in status["instances"].items()
+        }
+
+
+NPU_USER = """\
+apiVersion: reconciler/v1
+kind: Service
+id: com.example.npu
+version: 1.0.0
+instances: 2
+image:
+  rootfs: rootfs/busybox
+  cmd: [/bin/sh, -c, "sleep 1000"]
+devices:
+  - {resource: example.com/npu, count: 1}
+"""
+
+
+class TestDeviceHealth:
+    """SPEC §6.3 on the demo: edge-2's exclusive pool example.com/npu holds npu0 and npu1
+    (healthy) and npu2 (unhealthy); vision asks for one npu and is the only device user, so it
+    is given the smallest free healthy id, npu0."""
+
+    def _vision(self, state: Path) -> tuple[str, dict[str, Any]]:
+        doc = json.loads((state / "out" / "status.json").read_text())
+        return next((i, r) for i, r in doc["instances"].items() if r["itemId"].endswith("vision"))
+
+    def test_unhealthy_device_stays_with_its_holder_is_flagged_and_not_given_out(
+        self, demo_copy: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        reconcile(demo_copy)
+        apply_all(demo_copy)
+        vision_id, rec = self._vision(demo_copy)
+        assert rec["devices"] == {"example.com/npu": ["npu0"]} and "unhealthyDevices" not in rec
+        node = demo_copy / "nodes" / "edge-2.yaml"
+        node.write_text(node.read_text().replace("- {id: npu0}", "- {id: npu0, healthy: false}"))
+        # a new service asks for one npu per instance: npu1 is the only healthy free device;
+        # npu0 (held, unhealthy) and npu2 (free, unhealthy) must not be given
+        (demo_copy / "desired" / "npu.yaml").write_text(NPU_USER)
+        report = reconcile(demo_copy)
+
+        status = json.loads((demo_copy / "out" / "status.json").read_text())
+        vision = status["instances"][vision_id]
+        assert vision["nodeId"] == "edge-2"
+        assert vision["devices"] == {"example.com/npu": ["npu0"]}
+        assert vision["unhealthyDevices"] == ["npu0"]
+        new0 = status["instances"][instance_id("com.example.npu", "default", 0)]
+        assert (new0["nodeId"], new0["devices"]) == ("edge-2", {"example.com/npu": ["npu1"]})
+        assert "unhealthyDevices" not in new0
+        [failure] = status["failures"]
+        assert failure["instanceId"] == instance_id("com.example.npu", "default", 1)
+        assert failure["reason"] == "Devices"
+        # edge-1 and edge-3 have no npu pool, edge-2 has no healthy free npu left
+        assert failure["summary"] == "com.example.npu:default:1: 0/3 nodes feasible: 3 Devices"
+        pool = status["nodes"]["edge-2"]["devices"]["example.com/npu"]
+        assert (pool["total"], pool["healthy"], pool["allocated"]) == (3, 1, 2)
+        # vision is not restarted; only the new instance starts
+        assert [(a.action, a.item_id, a.index) for a in report.plan.actions] == [
+            ("start", "com.example.npu", 0)
+        ]
+        cp = load_checkpoint(demo_copy / "checkpoint", {}).checkpoint
+        assert cp.allocations[vision_id].devices == (("example.com/npu", ("npu0",)),)
+        # and `reconciler status` shows the flag
+        assert main(["status", "--state", str(demo_copy), "--json"]) == 0
+        shown = json.loads(capsys.readouterr().out)
+        assert shown["instances"][vision_id]["unhealthyDevices"] == ["npu0"]
+
+    def test_a_removed_device_moves_its_holder_to_another_free_device(
+        self, demo_copy: Path
+    ) -> None:
+        reconcile(demo_copy)
+        apply_all(demo_copy)
+        vision_id, _ = self._vision(demo_copy)
+        node = demo_copy / "nodes" / "edge-2.yaml"
+        node.write_text(node.read_text().replace("      - {id: npu0}\n", ""))
+        report = reconcile(demo_copy)
+        # npu1 is the only healthy device left; same node (only edge-2 has a camera)
+        assert [(a.action, a.instance_id, a.node_id, a.reason) for a in report.plan.actions] == [
+            ("stop", vision_id, "edge-2", "moved"),
+            ("start", vision_id, "edge-2", "moved"),
+        ]
+        ops = json.loads((demo_copy / "out" / "nodes" / "edge-2.json").read_text())
+        assert ops[1] == {"op": "remove", "path": f"/instances/{vision_id}"}
+        assert ops[2]["path"] == f"/instances/{vision_id}"
+        assert ops[2]["value"]["devices"] == {"example.com/npu": ["npu1"]}
+        cp = load_checkpoint(demo_copy / "checkpoint", {}).checkpoint
+        assert cp.allocations[vision_id].devices == (("example.com/npu", ("npu1",)),)
+
+    def test_a_removed_device_with_no_healthy_replacement_fails_its_holder(
+        self, demo_copy: Path
+    ) -> None:
+        reconcile(demo_copy)
+        apply_all(demo_copy)
+        vision_id, _ = self._vision(demo_copy)
+        node = demo_copy / "nodes" / "edge-2.yaml"
+        text = node.read_text().replace("      - {id: npu0}\n", "")
+        node.write_text(text.replace("- {id: npu1}", "- {id: npu1, healthy: false}"))
+        report = reconcile(demo_copy)
+        [failure] = report.plan.failures
+        assert failure.instance_id == vision_id and failure.reason == "Devices"
+        # edge-1 and edge-3 have no camera (Resources); edge-2 has no healthy npu (Devices)
+        assert failure.summary == (
+            "com.example.vision:default:0: 0/3 nodes feasible: 2 Resources, 1 Devices"
+        )
+        assert [(a.action, a.instance_id, a.node_id) for a in report.plan.actions] == [
+            ("stop", vision_id, "edge-2")
+        ]
+        cp = load_checkpoint(demo_copy / "checkpoint", {}).checkpoint
+        assert vision_id not in cp.allocations  # the allocation holding npu0 is gone
+        status = json.loads((demo_copy / "out" / "status.json").read_text())
+        assert vision_id not in status["instances"]
+        assert [f["reason"] for f in status["failures"]] == ["Devices"]
 
 
 def corrupt_variants(good: bytes, other_lineage: bytes) -> dict[str, bytes]:
@@ -214,54 +375,254 @@ class TestCrashPoints:
         save_checkpoint(cpdir, old)
         return cpdir, old, new
 
-    @pytest.mark.parametrize("step", STEPS)
-    @pytest.mark.parametrize("nth", [1, 2, 3])
-    def test_interrupted_write_leaves_old_or_new(self, tmp_path: Path, step: str, nth: int) -> None:
+    # Saving over an existing generation is two atomic writes, each reported to the hook as
+    # open, write, fsync, rename, fsync-dir just before the step: calls 1-5 keep the current
+    # file as allocations.prev.json, calls 6-10 replace allocations.json. The new checkpoint is
+    # in place once the rename of call 9 happened, so from call 10 on.
+    @pytest.mark.parametrize("crash_at", range(1, 12))
+    def test_interrupted_write_leaves_exactly_old_or_new(
+        self, tmp_path: Path, crash_at: int
+    ) -> None:
         cpdir, old, new = self._setup(tmp_path)
+        old_bytes = (cpdir / CURRENT).read_bytes()
         seen: list[str] = []
 
         def hook(name: str) -> None:
             seen.append(name)
-            if name == step and seen.count(step) == nth:
-                raise Boom(step)
+            if len(seen) == crash_at:
+                raise Boom(name)
 
-        with contextlib.suppress(Boom):
+        if crash_at <= 10:
+            with pytest.raises(Boom):
+                save_checkpoint(cpdir, new, hook=hook)
+        else:
             save_checkpoint(cpdir, new, hook=hook)
-        got = load_checkpoint(cpdir, {}, quarantine=False).checkpoint
-        assert got in (old, new)
+        assert seen == (STEPS * 2)[: min(crash_at, 10)]
+        expected = new if crash_at >= 10 else old
+        assert (cpdir / CURRENT).read_bytes() == encode_checkpoint(expected)
+        if crash_at < 10:
+            assert (cpdir / CURRENT).read_bytes() == old_bytes
+        report = load_checkpoint(cpdir, {}, quarantine=False)
+        assert report.source == "current" and not report.problems
+        assert report.checkpoint == expected
         assert not [p for p in cpdir.iterdir() if p.name.startswith(".")]  # no temp left
-        decode_checkpoint((cpdir / CURRENT).read_bytes(), "L")  # never torn
+        if (cpdir / PREVIOUS).exists():  # kept before the current one is replaced
+            assert (cpdir / PREVIOUS).read_bytes() == old_bytes
 
-    def test_failing_fsync_ends_the_write_and_keeps_the_old_file(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    # os.fsync calls of that save: 1 prev file, 2 its directory, 3 current file, 4 its directory
+    @pytest.mark.parametrize("failing", [1, 2, 3, 4])
+    def test_a_failing_fsync_ends_the_write_old_file_until_the_rename(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: int
     ) -> None:
         cpdir, old, new = self._setup(tmp_path)
+        real = os.fsync
+        calls = 0
 
         def broken_fsync(fd: int) -> None:
-            raise OSError(5, "Input/output error")
+            nonlocal calls
+            calls += 1
+            if calls == failing:
+                raise OSError(5, "Input/output error")
+            real(fd)
 
         monkeypatch.setattr(os, "fsync", broken_fsync)
-        with pytest.raises(OSError):
+        with pytest.raises(OSError, match="Input/output error"):
             save_checkpoint(cpdir, new)
         monkeypatch.undo()
-        assert load_checkpoint(cpdir, {}, quarantine=False).checkpoint == old
+        assert calls == failing  # never retried: the first failure ends the write
+        expected = new if failing == 4 else old
+        assert load_checkpoint(cpdir, {}, quarantine=False).checkpoint == expected
+        assert decode_checkpoint((cpdir / CURRENT).read_bytes(), "L") == expected
+        assert not [p for p in cpdir.iterdir() if p.name.startswith(".")]
 
+    @pytest.mark.parametrize("target", [PREVIOUS, CURRENT])
     def test_failing_rename_keeps_the_old_file(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str
     ) -> None:
         cpdir, old, new = self._setup(tmp_path)
         real = os.replace
 
         def broken_replace(src: str | Path, dst: str | Path) -> None:
-            if str(dst).endswith(CURRENT):
+            if Path(dst).name == target:
                 raise OSError(28, "No space left on device")
             real(src, dst)
 
         monkeypatch.setattr(os, "replace", broken_replace)
-        with pytest.raises(OSError):
+        with pytest.raises(OSError, match="No space left"):
             save_checkpoint(cpdir, new)
         monkeypatch.undo()
         assert load_checkpoint(cpdir, {}, quarantine=False).checkpoint == old
+        assert decode_checkpoint((cpdir / CURRENT).read_bytes(), "L") == old
+        assert not [p for p in cpdir.iterdir() if p.name.startswith(".")]
+
+
+def _clean_copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != ".lock"
+    }
+
+
+class TestCrashPointsOfAWholeReconcile:
+    """Every write step of a real reconcile (last-good inputs, checkpoint, out/), interrupted
+    one at a time by the write hook, a failing fsync (or syncfs) and a failing rename: the
+    checkpoint reads back as exactly the old or the new one, and the next reconcile converges to
+    exactly what an uninterrupted run leaves."""
+
+    @pytest.fixture
+    def scenario(self, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, int]:
+        from .conftest import DEMO
+
+        base = tmp_path_factory.mktemp("crash") / "before"
+        shutil.copytree(DEMO, base, ignore=shutil.ignore_patterns("out", "checkpoint", ".lock"))
+        reconcile(base)  # generation 1
+        svc = base / "desired" / "apps" / "logger.yaml"
+        svc.write_text(svc.read_text().replace("instances: 3", "instances: 2"))
+        reference = _clean_copy(base, base.parent / "reference")
+        steps: list[str] = []
+        report = reconcile(reference, ReconcileOptions(write_hook=steps.append))
+        assert report.checkpoint_written and report.computed.checkpoint.generation == 2
+        return base, reference, len(steps)
+
+    def _check(self, state: Path, base: Path, reference: Path) -> None:
+        cpdir = state / "checkpoint"
+        current = (cpdir / CURRENT).read_bytes()
+        old = (base / "checkpoint" / CURRENT).read_bytes()
+        new = (reference / "checkpoint" / CURRENT).read_bytes()
+        assert current in (old, new)
+        lineage = (cpdir / "LINEAGE").read_text().strip()
+        decode_checkpoint(current, lineage)
+        report = load_checkpoint(cpdir, {}, quarantine=False)
+        assert report.source == "current" and not report.problems
+        # the next run converges to exactly the uninterrupted result, and a further one is idle
+        again = reconcile(state)
+        assert not again.problems
+        assert _tree(state) == _tree(reference)
+        idle = reconcile(state)
+        assert idle.written == () and not idle.checkpoint_written
+
+    def test_the_hook_sees_every_write_step(self, scenario: tuple[Path, Path, int]) -> None:
+        _, _, n = scenario
+        # last-good inputs, allocations.prev.json, allocations.json, out/: one batch or one
+        # atomic write each, five steps apiece
+        assert n == 20
+
+    def test_hook_interrupts_each_step(
+        self, scenario: tuple[Path, Path, int], tmp_path: Path
+    ) -> None:
+        base, reference, n = scenario
+        for k in range(1, n + 1):
+            state = _clean_copy(base, tmp_path / f"k{k}")
+            fault = FailAt(k, Boom(k))
+            with pytest.raises(Boom):
+                reconcile(state, ReconcileOptions(write_hook=fault.wrap(lambda _step: None)))
+            self._check(state, base, reference)
+
+    def test_failing_fsync_at_each_sync(
+        self,
+        scenario: tuple[Path, Path, int],
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        from reconciler import fsio
+
+        base, reference, _ = scenario
+        k = 0
+        while True:
+            k += 1
+            state = _clean_copy(base, tmp_path / f"k{k}")
+            fault = FailAt(k, OSError(5, "Input/output error"))
+            monkeypatch.setattr(os, "fsync", fault.wrap(os.fsync))
+            monkeypatch.setattr(fsio, "_sync_filesystem_of", fault.wrap(fsio._sync_filesystem_of))
+            try:
+                reconcile(state)
+            except OSError as e:
+                assert e is fault.error and fault.calls == k  # the first failure ends the run
+            else:
+                break  # k is past the last sync of a run
+            finally:
+                monkeypatch.undo()
+            self._check(state, base, reference)
+        assert k > 4  # the checkpoint's fsyncs and the batches' syncfs were all hit
+
+    def test_failing_rename_at_each_rename(
+        self,
+        scenario: tuple[Path, Path, int],
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        base, reference, _ = scenario
+        k = 0
+        while True:
+            k += 1
+            state = _clean_copy(base, tmp_path / f"k{k}")
+            fault = FailAt(k, OSError(28, "No space left on device"))
+            monkeypatch.setattr(os, "replace", fault.wrap(os.replace))
+            try:
+                reconcile(state)
+            except OSError as e:
+                assert e is fault.error
+            else:
+                break
+            finally:
+                monkeypatch.undo()
+            self._check(state, base, reference)
+        assert k > 3
+
+
+class FailAt:
+    """Counts the calls of every function it wraps; the ``n``-th raises ``error``."""
+
+    def __init__(self, n: int, error: BaseException) -> None:
+        self.n, self.error, self.calls = n, error, 0
+
+    def wrap(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            if self.calls == self.n:
+                raise self.error
+            return real(*args, **kwargs)
+
+        return wrapper
+
+
+class TestUnderTheLock:
+    """SPEC §14: every write of out/ and checkpoint/ happens under the flock on DIR/.lock."""
+
+    def test_a_held_lock_keeps_reconcile_from_writing_anything(self, demo_copy: Path) -> None:
+        from reconciler.lock import LockTimeout, StateLock
+
+        before = sorted(p.name for p in demo_copy.iterdir())
+        with StateLock(demo_copy):
+            with pytest.raises(LockTimeout):
+                reconcile(demo_copy, ReconcileOptions(lock_timeout=0.3))
+            assert sorted(p.name for p in demo_copy.iterdir()) == sorted([*before, ".lock"])
+
+    def test_reconcile_waits_for_the_holder_and_then_writes(self, demo_copy: Path) -> None:
+        import threading
+
+        from reconciler.lock import StateLock
+
+        done = threading.Event()
+
+        def work() -> None:
+            reconcile(demo_copy)
+            done.set()
+
+        with StateLock(demo_copy):
+            worker = threading.Thread(target=work)
+            worker.start()
+            assert not done.wait(0.5)  # blocked on the flock, writing nothing meanwhile
+            assert not (demo_copy / "out").exists()
+            assert not (demo_copy / "checkpoint").exists()
+        worker.join(timeout=30)
+        assert done.is_set() and (demo_copy / "checkpoint" / CURRENT).is_file()
 
 
 def test_example_units_reconcile(tmp_path: Path) -> None:
