@@ -1,10 +1,14 @@
 """``watch``: reconcile on every input change, debounced, with a periodic full resync (SPEC §14).
 
 Events only wake the loop; every run re-reads every input (level-triggered), so a lost, merged
-or overflowed event never loses an edit: at worst the timer's resync picks it up. The watcher
-watches the state directory itself (never single files: an editor's atomic save replaces the
-file, and a watch on the old inode goes silent) and ignores ``out/``, ``checkpoint/``, the lock
-and temp files, so the controller's own writes do not wake it.
+or overflowed event never loses an edit: at worst the timer's resync picks it up (watchfiles
+drops the kernel's queue-overflow notice, so the timer is the overflow's resync). When the
+watcher itself fails (an error from its backend, the inotify watch limit), the loop resyncs at
+once and starts a new watcher; a new watcher checks once whether an input changed while its
+watches were being set up. The watcher watches the state directory itself (never single files:
+an editor's atomic save replaces the file, and a watch on the old inode goes silent) and
+ignores ``out/``, ``checkpoint/``, the lock and temp files, so the controller's own writes do
+not wake it.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from pathlib import Path
 
 import watchfiles
 
-from .loader import StateView
+from .loader import StateView, load_state
 from .lock import LockTimeout
 from .reconcile import ReconcileError, ReconcileOptions, ReconcileReport, reconcile
 from .signals import stop_on_signals
@@ -100,28 +104,60 @@ def watch_loop(
         wopts.debounce * 1000,
         wopts.resync,
     )
+
+    def inputs_changed() -> bool:
+        """Whether an input changed since the last run (cheap: unchanged files are not parsed)."""
+        if not last_view:
+            return True
+        try:
+            now, _ = load_state(state_dir, last_view[0])
+        except OSError:
+            return True
+        return now.input_hash != last_view[0].input_hash
+
     run("start")
     last = time.monotonic()
-    watcher = watchfiles.watch(
-        state_dir,
-        watch_filter=input_filter(state_dir),
-        debounce=int(wopts.max_batch * 1000),
-        step=int(wopts.debounce * 1000),
-        stop_event=stop,
-        rust_timeout=int(min(wopts.resync, 5.0) * 1000),
-        yield_on_timeout=True,
-        raise_interrupt=False,
-    )
-    for changes in watcher:
-        if stop.is_set():
-            break
-        if changes:
-            names = sorted({Path(p).name for _, p in changes})
-            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-            run(f"changed: {shown}")
-            last = time.monotonic()
-        elif time.monotonic() - last >= wopts.resync:
-            run("periodic resync")
-            last = time.monotonic()
+    while not stop.is_set():
+        changes_seen = watchfiles.watch(
+            state_dir,
+            watch_filter=input_filter(state_dir),
+            debounce=int(wopts.max_batch * 1000),
+            step=int(wopts.debounce * 1000),
+            stop_event=stop,
+            # wake up now and then without events: for the resync timer, and soon after the
+            # watcher started, to catch an edit made before its watches were in place
+            rust_timeout=int(min(wopts.resync, 0.5) * 1000),
+            yield_on_timeout=True,
+            raise_interrupt=False,
+        )
+        fresh = True  # this watcher has not yet checked what changed while it started
+        while not stop.is_set():
+            try:
+                changes = next(changes_seen)
+            except StopIteration:
+                break
+            except (RuntimeError, OSError) as e:
+                # the watcher itself failed (an error of the kernel queue, the inotify watch
+                # limit): events may have been lost, so resync now and watch afresh
+                log.error("the file watcher failed (%s); resyncing and watching again", e)
+                changes_seen.close()
+                run("resync after a watcher error")
+                last = time.monotonic()
+                stop.wait(min(wopts.resync, 1.0))
+                break
+            if stop.is_set():
+                break
+            if changes:
+                names = sorted({Path(p).name for _, p in changes})
+                more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+                run(f"changed: {', '.join(names[:5])}{more}")
+                last = time.monotonic()
+            elif time.monotonic() - last >= wopts.resync:
+                run("periodic resync")
+                last = time.monotonic()
+            elif fresh and inputs_changed():
+                run("changed while the watcher started")
+                last = time.monotonic()
+            fresh = False
     log.info("stopped")
     return 0
