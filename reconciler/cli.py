@@ -286,11 +286,11 @@ def _run_reconcile(state_dir: Path, opts: ReconcileOptions, as_json: bool) -> in
     try:
         with _progress() as on_stage:
             report = reconcile(state_dir, dataclasses.replace(opts, on_stage=on_stage))
-    except ReconcileError as e:
+    except (ReconcileError, LockTimeout) as e:
         _err_console().print(f"error: {e}", markup=False)
         return EXIT_ERROR
-    except LockTimeout as e:
-        _err_console().print(f"error: {e}", markup=False)
+    except OSError as e:  # a failed write or fsync ends the run; the old files stay
+        _err_console().print(f"error: writing {state_dir}: {e}", markup=False)
         return EXIT_ERROR
     comp = report.computed
     _report_diagnostics(comp.diagnostics)

@@ -291,3 +291,25 @@ class TestColor:
     def test_no_color_when_piped(self, capsys: pytest.CaptureFixture[str]) -> None:
         code, out, _ = run(capsys, "validate", "--state", str(DEMO))
         assert code == 0 and "\x1b[" not in out
+
+
+class TestWriteErrors:
+    def test_a_failed_fsync_is_a_clear_error_not_a_traceback(
+        self, demo_copy: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A write that fails (here every fsync, as on a dying disk) ends the run with exit 1
+        and one line on stderr; the files already there stay as they were."""
+        import errno
+        import os
+
+        def failing_fsync(_fd: int) -> None:
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(os, "fsync", failing_fsync)
+        monkeypatch.setattr("reconciler.fsio._SYNCFS", None)  # one fsync per file
+        code, _out, err = run(capsys, "reconcile", "--state", str(demo_copy))
+        assert code == 1
+        assert "Traceback" not in err
+        assert err.startswith("error: writing ") and "Input/output error" in err
+        assert not (demo_copy / "out" / "plan.json").exists()
+        assert not (demo_copy / "checkpoint" / "allocations.json").exists()
