@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from freezegun import freeze_time
 
@@ -88,6 +89,16 @@ def start_unit(root: Path) -> None:
     assert not reconcile(root).plan.changes_present
 
 
+def overload_a(root: Path, clock: Any) -> ReconcileReport:
+    """From the first placement, A at 100 % (s1 500, s2 500) for 70 s: the run that rebalances."""
+    start_unit(root)
+    report_usage(root, "A", {"s1": 500, "s2": 500})
+    clock.tick(10)
+    reconcile(root)
+    clock.tick(60)
+    return reconcile(root)
+
+
 class TestSustainedLoad:
     def test_rebalance_moves_s2_and_s3(self, tmp_path: Path) -> None:
         root = make_state(tmp_path / "state")
@@ -115,12 +126,7 @@ class TestSustainedLoad:
     def test_a_disabled_balancing_policy_pins_s3(self, tmp_path: Path) -> None:
         root = make_state(tmp_path / "state", s3_policy="disabled")
         with freeze_time("2026-11-22 08:00:00") as clock:
-            start_unit(root)
-            report_usage(root, "A", {"s1": 500, "s2": 500})
-            clock.tick(10)
-            reconcile(root)
-            clock.tick(60)
-            report = reconcile(root)
+            report = overload_a(root, clock)
         assert report.computed.mode == "rebalance"
         assert where(report) == {"s1": "A", "s2": "C", "s3": "B"}
         assert moves(report) == {
@@ -224,12 +230,7 @@ class TestNoFlipFlop:
         plans the same moves with the same reasons, and rewrites no file."""
         root = make_state(tmp_path / "state")
         with freeze_time("2026-11-22 08:00:00") as clock:
-            start_unit(root)
-            report_usage(root, "A", {"s1": 500, "s2": 500})
-            clock.tick(10)
-            reconcile(root)
-            clock.tick(60)
-            rebalanced = reconcile(root)
+            rebalanced = overload_a(root, clock)
             assert rebalanced.computed.mode == "rebalance"
             clock.tick(1)
             again = reconcile(root)
