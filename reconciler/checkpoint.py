@@ -37,8 +37,10 @@ __all__ = [
     "UID_RANGE",
     "Allocation",
     "Checkpoint",
+    "CheckpointCache",
     "CheckpointError",
     "LoadReport",
+    "as_decoded",
     "assign_ids",
     "canonical",
     "decode_checkpoint",
@@ -154,20 +156,41 @@ class Checkpoint:
         return {iid: a.previous() for iid, a in self.allocations.items()}
 
     def same_data(self, other: Checkpoint) -> bool:
-        return canonical(self.data()) == canonical(other.data())
+        """``canonical(self.data()) == canonical(other.data())``, without serialising every
+        allocation: equal allocations (typed fields) serialise equally, and an allocation that
+        differs as a value is compared by its canonical bytes."""
+        if canonical(dict(sorted(self.gids.items()))) != canonical(
+            dict(sorted(other.gids.items()))
+        ) or canonical(dict(self.alerts)) != canonical(dict(other.alerts)):
+            return False
+        mine, theirs = self.allocations, other.allocations
+        if mine.keys() != theirs.keys():
+            return False
+        for iid, a in mine.items():
+            b = theirs[iid]
+            if a is not b and a != b and canonical(a.to_json()) != canonical(b.to_json()):
+                return False
+        return True
 
 
 def encode_checkpoint(cp: Checkpoint) -> bytes:
-    data = cp.data()
-    body = canonical(data)
-    envelope = {
-        "formatVersion": FORMAT_VERSION,
-        "lineage": cp.lineage,
-        "generation": cp.generation,
-        "data": data,
-        "checksum": "sha256:" + hashlib.sha256(body).hexdigest(),
-    }
-    return canonical(envelope) + b"\n"
+    body = canonical(cp.data())
+    checksum = "sha256:" + hashlib.sha256(body).hexdigest()
+    # canonical() of the envelope {checksum, data, formatVersion, generation, lineage} (sorted
+    # keys), with the data's canonical bytes spliced in rather than serialised a second time
+    return (
+        b'{"checksum":'
+        + canonical(checksum)
+        + b',"data":'
+        + body
+        + b',"formatVersion":'
+        + canonical(FORMAT_VERSION)
+        + b',"generation":'
+        + canonical(cp.generation)
+        + b',"lineage":'
+        + canonical(cp.lineage)
+        + b"}\n"
+    )
 
 
 def decode_checkpoint(raw: bytes, expected_lineage: str | None) -> Checkpoint:
@@ -208,6 +231,104 @@ def decode_checkpoint(raw: bytes, expected_lineage: str | None) -> Checkpoint:
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError("unparsable", f"malformed checkpoint data: {e!r}") from None
     return Checkpoint(lineage, generation, allocations, gids, alerts)
+
+
+class CheckpointCache:
+    """The last checkpoint file this process decoded or wrote, by its exact bytes (and the
+    lineage it was checked against): decoding the same bytes again gives the same checkpoint,
+    so a long-running caller (``watch``) parses and verifies an unchanged checkpoint file once,
+    and does not parse the file it has just written."""
+
+    def __init__(self) -> None:
+        self._key: tuple[bytes, str | None] | None = None
+        self._checkpoint: Checkpoint | None = None
+        self._written: tuple[bytes, Checkpoint] | None = None  # decoded when first needed
+
+    def decode(self, raw: bytes, expected_lineage: str | None) -> Checkpoint:
+        """:func:`decode_checkpoint`, or the checkpoint these bytes gave last time."""
+        if self._checkpoint is not None and self._key == (raw, expected_lineage):
+            return self._checkpoint
+        written = self._written
+        if (
+            written is not None
+            and written[0] == raw
+            and expected_lineage in (None, written[1].lineage)
+            and _plain(written[1])
+        ):
+            try:  # what decoding our own encoding gives, without parsing it
+                cp = as_decoded(written[1])
+            except (KeyError, TypeError, ValueError, AttributeError):
+                cp = decode_checkpoint(raw, expected_lineage)  # raises what decoding raises
+        else:
+            cp = decode_checkpoint(raw, expected_lineage)
+        self._key, self._checkpoint = (raw, expected_lineage), cp
+        return cp
+
+    def wrote(self, raw: bytes, cp: Checkpoint) -> None:
+        """``raw`` is ``encode_checkpoint(cp)``, just written."""
+        self._written = (raw, cp)
+
+
+def _plain(cp: Checkpoint) -> bool:
+    """The envelope fields are ones decoding accepts as they are (else: decode the bytes)."""
+    return (
+        _exact_str(cp.lineage)
+        and bool(cp.lineage)
+        and type(cp.generation) is int
+        and cp.generation >= 0
+        and all(_exact_str(k) for k in cp.allocations)
+    )
+
+
+def _exact_str(value: object) -> bool:
+    return type(value) is str
+
+
+def _decoded_form(a: Allocation) -> bool:
+    """Whether ``a`` is already what ``Allocation.from_json`` gives for its JSON: exact str and
+    int fields, device resources in increasing order (sorted, no duplicate), str ids."""
+    if not (
+        all(_exact_str(x) for x in (a.item_id, a.subject_id, a.version, a.node_id, a.runtime_id))
+        and type(a.index) is int
+        and type(a.uid) is int
+        and type(a.gid) is int
+        and type(a.reserved) is tuple
+        and len(a.reserved) == 4
+        and all(type(x) is int for x in a.reserved)
+        and type(a.resources) is tuple
+        and all(_exact_str(x) for x in a.resources)
+        and type(a.devices) is tuple
+        and a.cause in (None, "rebalanced", "preempted")
+    ):
+        return False
+    last: str | None = None
+    for pair in a.devices:
+        if type(pair) is not tuple or len(pair) != 2:
+            return False
+        resource, ids = pair
+        if not _exact_str(resource) or (last is not None and resource <= last):
+            return False
+        if type(ids) is not tuple or not all(_exact_str(i) for i in ids):
+            return False
+        last = resource
+    return True
+
+
+def as_decoded(cp: Checkpoint) -> Checkpoint:
+    """``decode_checkpoint(encode_checkpoint(cp), cp.lineage)``, without serialising and
+    parsing the allocations that are already in decoded form."""
+    data_gids = json.loads(canonical(dict(sorted(cp.gids.items()))))
+    alerts = json.loads(canonical(dict(cp.alerts)))
+    allocations = {
+        iid: a if _decoded_form(a) else Allocation.from_json(json.loads(canonical(a.to_json())))
+        for iid, a in sorted(cp.allocations.items())
+    }
+    gids = {str(k): int(v) for k, v in data_gids.items()}
+    return Checkpoint(cp.lineage, cp.generation, allocations, gids, dict(alerts))
+
+
+def _decode(raw: bytes, expected: str | None, cache: CheckpointCache | None) -> Checkpoint:
+    return cache.decode(raw, expected) if cache is not None else decode_checkpoint(raw, expected)
 
 
 # ----------------------------------------------------------------------------- uids and gids
@@ -345,10 +466,12 @@ def load_checkpoint(
     new_lineage: Callable[[], str] = lambda: str(uuid.uuid4()),
     stamp: Callable[[], str] = lambda: uuid.uuid4().hex[:12],
     quarantine: bool = True,
+    cache: CheckpointCache | None = None,
 ) -> LoadReport:
     """Read the checkpoint directory; see the module docstring for the fallbacks.
 
-    With ``quarantine=False`` (the read-only ``plan``) nothing is moved.
+    With ``quarantine=False`` (the read-only ``plan``) nothing is moved. ``cache`` skips
+    decoding a file whose bytes were decoded last time.
     """
     lineage_raw = _read(directory / LINEAGE)
     expected = lineage_raw.decode(errors="replace").strip() if lineage_raw else None
@@ -358,7 +481,7 @@ def load_checkpoint(
         if raw is None:
             continue
         try:
-            cp = decode_checkpoint(raw, expected)
+            cp = _decode(raw, expected, cache)
         except CheckpointError as e:
             problems.append(f"{directory / name}: {e} ({e.reason})")
             if quarantine:
@@ -378,6 +501,7 @@ def save_checkpoint(
     cp: Checkpoint,
     *,
     hook: WriteHook | None = None,
+    cache: CheckpointCache | None = None,
 ) -> Path:
     """Write ``cp`` as the current generation, keeping the current file as the previous one."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -388,9 +512,12 @@ def save_checkpoint(
     raw = _read(current)
     if raw:
         with contextlib.suppress(CheckpointError):  # never keep a bad file as the previous one
-            decode_checkpoint(raw, cp.lineage)
+            _decode(raw, cp.lineage, cache)
             atomic_write(directory / PREVIOUS, raw, hook=hook)
-    atomic_write(current, encode_checkpoint(cp), hook=hook)
+    encoded = encode_checkpoint(cp)
+    atomic_write(current, encoded, hook=hook)
+    if cache is not None:
+        cache.wrote(encoded, cp)
     return current
 
 

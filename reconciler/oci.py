@@ -14,6 +14,7 @@ instance and the cause; :func:`build_all` builds many instances and keeps going 
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import posixpath
 import re
@@ -31,6 +32,7 @@ __all__ = [
     "KNOWN_OPTION_KEYS",
     "MIN_CPU_QUOTA",
     "OCI_VERSION",
+    "BuildMemo",
     "BuildResult",
     "BuiltConfig",
     "ConfigJob",
@@ -44,6 +46,7 @@ __all__ = [
     "build_all",
     "build_config",
     "config_json",
+    "content_digest",
     "cpu_quota",
     "devices_env_name",
     "intersect_access",
@@ -180,8 +183,12 @@ class DeviceSpec:
 
 @dataclass(frozen=True)
 class BuiltConfig:
+    """A built config; treated as immutable once built (its :func:`content_digest` is
+    memoized)."""
+
     config: dict[str, Any]  # the content of config.json
     hosts: str  # the content of the instance's hosts file
+    _digest: str | None = field(default=None, init=False, repr=False, compare=False)
 
 
 # ---------------------------------------------------------------- small pure helpers
@@ -251,6 +258,17 @@ def devices_env_name(resource: str) -> str:
 def config_json(built: BuiltConfig) -> bytes:
     """The bytes of config.json: sorted keys, two-space indent, a final newline."""
     return pretty_json(built.config)
+
+
+def content_digest(built: BuiltConfig) -> str:
+    """sha256 (hex) of the hosts file's bytes, a NUL, and config.json's bytes: what
+    :mod:`reconciler.oci_writer` records per instance (computed once per :class:`BuiltConfig`,
+    so a memoized build costs no serialisation)."""
+    digest = built._digest
+    if digest is None:
+        digest = hashlib.sha256(built.hosts.encode() + b"\0" + config_json(built)).hexdigest()
+        object.__setattr__(built, "_digest", digest)
+    return digest
 
 
 # ---------------------------------------------------------------- the draft being built
@@ -670,30 +688,157 @@ class BuildResult:
     errors: dict[str, str]  # instance id → the one-line OciError message
 
 
+class _RunLookups:
+    """The host lookups of one :func:`build_all` call: each distinct question (a group name, a
+    device path) is asked of the host once per call, and every answer a build used is recorded,
+    so that a memoized build can be checked against this call's answers."""
+
+    def __init__(self, groups: GroupLookup, devices: DeviceLookup) -> None:
+        self._groups = groups
+        self._devices = devices
+        self._gids: dict[str, int | None] = {}
+        self._nodes: dict[str, tuple[DeviceNode, ...] | str] = {}  # str: the lookup's error
+        self.asked: list[_Asked] = []
+
+    def gid(self, name: str) -> int | None:
+        if name not in self._gids:
+            self._gids[name] = self._groups(name)
+        return self._gids[name]
+
+    def nodes(self, host_path: str) -> tuple[DeviceNode, ...] | str:
+        answer = self._nodes.get(host_path)
+        if answer is None:
+            try:
+                answer = tuple(self._devices.expand(host_path))
+            except DeviceLookupError as e:
+                answer = str(e)
+            self._nodes[host_path] = answer
+        return answer
+
+    def answer(self, asked: _Asked) -> object:
+        kind, key, _ = asked
+        return self.gid(key) if kind == "group" else self.nodes(key)
+
+    # the GroupLookup and DeviceLookup a build is given
+
+    def group(self, name: str, /) -> int | None:
+        gid = self.gid(name)
+        self.asked.append(("group", name, gid))
+        return gid
+
+    def expand(self, host_path: str, /) -> Sequence[DeviceNode]:
+        answer = self.nodes(host_path)
+        self.asked.append(("device", host_path, answer))
+        if isinstance(answer, str):
+            raise DeviceLookupError(answer)
+        return answer
+
+
+_Asked = tuple[Literal["group", "device"], str, object]
+"""A host lookup a build made: (kind, group name or host device path, the answer)."""
+
+
+def _same(a: object, b: object) -> bool:
+    return a is b or a == b
+
+
+@dataclass(frozen=True, slots=True)
+class _Memoized:
+    job: ConfigJob
+    policy: DevicePolicy
+    asked: tuple[_Asked, ...]  # every host lookup the build made, in order, with its answer
+    outcome: BuiltConfig | str  # str: the one-line OciError message
+
+    def holds_for(self, job: ConfigJob, policy: DevicePolicy, lookups: _RunLookups) -> bool:
+        """The build would give the same outcome now: every input equal and every host lookup
+        it made answered the same way in this call (the build is a pure function of these)."""
+        old = self.job
+        return (
+            old.placement == job.placement
+            and old.rootfs == job.rootfs
+            and old.uid == job.uid
+            and old.gid == job.gid
+            and old.hosts_path == job.hosts_path
+            and _same(old.service, job.service)
+            and _same(old.node, job.node)
+            and _same(self.policy, policy)
+            and all(lookups.answer(a) == a[2] for a in self.asked)
+        )
+
+
+class BuildMemo:
+    """What the last :func:`build_all` call given this memo built, per instance id, with the
+    exact inputs and host answers each build used. The next call reuses a build only when its
+    job (service, placement, node, rootfs, uid, gid, hosts path) and policy are equal and every
+    group and device lookup it made gives the same answer in that call; anything else is built
+    again. A memo is tied to one pair of lookups (given other lookups, it starts empty)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, _Memoized] = {}
+        self._lookups: tuple[GroupLookup, DeviceLookup] | None = None
+        self.reused = 0  # in the last call: builds taken from the memo
+        self.built = 0  # in the last call: builds run
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 def build_all(
     jobs: Iterable[ConfigJob],
     *,
     groups: GroupLookup,
     devices: DeviceLookup,
     policy: DevicePolicy = _DEFAULT_POLICY,
+    memo: BuildMemo | None = None,
 ) -> BuildResult:
-    """Build every job; one instance's failure never stops the others (SPEC §11)."""
+    """Build every job; one instance's failure never stops the others (SPEC §11).
+
+    Each distinct group name and host device path is looked up once per call (all instances
+    see the same answers). With ``memo``, builds of the previous call whose inputs and host
+    answers are unchanged are reused (see :class:`BuildMemo`)."""
+    lookups = _RunLookups(groups, devices)
+    previous: dict[str, _Memoized] = {}
+    if memo is not None:
+        same_lookups = memo._lookups is not None and (
+            memo._lookups[0] is groups and memo._lookups[1] is devices
+        )
+        previous = memo._entries if same_lookups else {}
+    entries: dict[str, _Memoized] = {}
     built: dict[str, BuiltConfig] = {}
     errors: dict[str, str] = {}
+    reused = 0
     for job in sorted(jobs, key=lambda j: j.placement.instance_id):
-        try:
-            built[job.placement.instance_id] = build_config(
-                job.service,
-                job.placement,
-                job.node,
-                rootfs=job.rootfs,
-                uid=job.uid,
-                gid=job.gid,
-                hosts_path=job.hosts_path,
-                groups=groups,
-                devices=devices,
-                policy=policy,
-            )
-        except OciError as e:
-            errors[job.placement.instance_id] = str(e)
+        iid = job.placement.instance_id
+        entry = previous.get(iid)
+        if entry is not None and entry.holds_for(job, policy, lookups):
+            reused += 1
+        else:
+            lookups.asked = []
+            outcome: BuiltConfig | str
+            try:
+                outcome = build_config(
+                    job.service,
+                    job.placement,
+                    job.node,
+                    rootfs=job.rootfs,
+                    uid=job.uid,
+                    gid=job.gid,
+                    hosts_path=job.hosts_path,
+                    groups=lookups.group,
+                    devices=lookups,
+                    policy=policy,
+                )
+            except OciError as e:
+                outcome = str(e)
+            entry = _Memoized(job, policy, tuple(lookups.asked), outcome)
+        entries[iid] = entry
+        if isinstance(entry.outcome, str):
+            errors[iid] = entry.outcome
+        else:
+            built[iid] = entry.outcome
+    if memo is not None:
+        memo._entries = entries
+        memo._lookups = (groups, devices)
+        memo.reused = reused
+        memo.built = len(entries) - reused
     return BuildResult(built, errors)

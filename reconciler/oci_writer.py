@@ -10,7 +10,6 @@ replaced, and files are compared through ``O_NOFOLLOW`` and replaced by rename.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -22,7 +21,7 @@ from typing import Any
 
 from .fsio import FileReadError, atomic_write, atomic_write_many, read_bytes_at
 from .jsonio import pretty_json
-from .oci import BuiltConfig, config_json
+from .oci import BuiltConfig, config_json, content_digest
 from .values import validate_id
 
 __all__ = [
@@ -121,13 +120,13 @@ def _read_manifest(root: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _fingerprints(directory: Path) -> dict[str, list[int]] | None:
+def _fingerprints(directory: str) -> dict[str, list[int]] | None:
     """(inode, size, mtime_ns, mode) of each file, as lstat sees them; None if one is not a
     regular file."""
     out: dict[str, list[int]] = {}
     for name in _FILES:
         try:
-            st = os.lstat(directory / name)
+            st = os.lstat(f"{directory}/{name}")
         except OSError:
             return None
         if not stat.S_ISREG(st.st_mode):
@@ -136,7 +135,7 @@ def _fingerprints(directory: Path) -> dict[str, list[int]] | None:
     return out
 
 
-def _untouched(directory: Path, recorded: object) -> bool:
+def _untouched(directory: str, recorded: object) -> bool:
     """The files are exactly those this writer recorded (a replaced, edited or planted file has
     another inode, size, mtime or mode)."""
     return recorded is not None and _fingerprints(directory) == recorded
@@ -159,21 +158,22 @@ def write_instance_outputs(
     batch: list[tuple[Path, bytes, int]] = []
     manifest = _read_manifest(root)
     new_manifest: dict[str, Any] = {}
+    root_str = str(root)
     for iid in ids:
-        directory = root / iid
-        # hosts first: a config never points at a hosts file that is not there yet
-        files = (("hosts", built[iid].hosts.encode()), ("config.json", config_json(built[iid])))
-        digest = hashlib.sha256(files[0][1] + b"\0" + files[1][1]).hexdigest()
+        digest = content_digest(built[iid])
         known = manifest.get(iid)
         if (
             isinstance(known, dict)
             and known.get("digest") == digest
-            and _untouched(directory, known.get("files"))
+            and _untouched(f"{root_str}/{iid}", known.get("files"))
         ):
             # written by this writer with this content and not touched since: no read needed
             new_manifest[iid] = known
-            unchanged += [f"instances/{iid}/{name}" for name, _ in files]
+            unchanged += [f"instances/{iid}/{name}" for name in _FILES]
             continue
+        # hosts first: a config never points at a hosts file that is not there yet
+        files = (("hosts", built[iid].hosts.encode()), ("config.json", config_json(built[iid])))
+        directory = root / iid
         new_manifest[iid] = {"digest": digest, "files": None}
         _ensure_dir(directory, replace=True)
         for name, data in files:
@@ -195,7 +195,7 @@ def write_instance_outputs(
     atomic_write_many(batch)
     for iid, entry in new_manifest.items():
         if entry["files"] is None:
-            entry["files"] = _fingerprints(root / iid)
+            entry["files"] = _fingerprints(f"{root_str}/{iid}")
     if new_manifest != manifest:
         atomic_write_many([(root / MANIFEST, pretty_json(new_manifest), 0o600)])
 

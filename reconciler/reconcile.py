@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import stat
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -18,15 +20,25 @@ from pathlib import Path
 from typing import Any
 
 from .alerts import AlertUpdate, observe
-from .balancer import balance, node_states
-from .checkpoint import Checkpoint, LoadReport, assign_ids, load_checkpoint, save_checkpoint
+from .balancer import balance
+from .checkpoint import (
+    Checkpoint,
+    CheckpointCache,
+    LoadReport,
+    assign_ids,
+    load_checkpoint,
+    save_checkpoint,
+)
 from .fsio import (
     FileReadError,
+    StatKey,
     WriteHook,
     atomic_write_many,
     ensure_dir,
     read_bytes_at,
     remove_stale_temp_files,
+    settled_key,
+    stat_key,
 )
 from .jsonio import pretty_json
 from .lastgood import LastGoodStore
@@ -36,12 +48,13 @@ from .oci import BuildResult, BuiltConfig
 from .oci_writer import write_instance_outputs
 from .placement import BalanceResult, Failure, Mode
 from .planner import Plan, make_plan
-from .status import build_status
+from .status import NodeStatusCache, build_status
 from .values import validate_id
 
 __all__ = [
     "CONFIG_FAILURE",
     "ConfigBuilder",
+    "ReconcileCache",
     "ReconcileError",
     "ReconcileOptions",
     "ReconcileReport",
@@ -65,6 +78,22 @@ class ReconcileError(RuntimeError):
     pass
 
 
+@dataclass
+class ReconcileCache:
+    """What a long-running caller (``watch``) carries from one run to the next, besides the
+    previous view: the last checkpoint file decoded or written (by its exact bytes), each node's
+    status entry with the inputs it came from, and the content of out/'s JSON files by stat
+    key. Each only saves work; nothing in it is used without checking that its inputs are
+    equal. (The OCI configs are memoized by the builder of
+    :func:`reconciler.oci_glue.default_config_builder` itself.)"""
+
+    checkpoint: CheckpointCache = field(default_factory=CheckpointCache)
+    status: NodeStatusCache = field(default_factory=NodeStatusCache)
+    outputs: dict[Path, tuple[bytes, StatKey]] = field(default_factory=dict)
+    """out/ files (node patches, status, plan) with the content found in them and their settled
+    stat keys: an unchanged output costs an lstat, not a read."""
+
+
 @dataclass(frozen=True)
 class ReconcileOptions:
     mode: Mode | None = None
@@ -75,6 +104,7 @@ class ReconcileOptions:
     configs: ConfigBuilder | None = None
     on_stage: Callable[[str], None] | None = None  # progress: told each stage as it starts
     lock_timeout: float | None = None
+    cache: ReconcileCache | None = None  # carried between runs by a long-running caller
 
 
 @dataclass(frozen=True)
@@ -127,7 +157,12 @@ def compute_once(
     last_good = LastGoodStore(state_dir / "checkpoint" / LAST_GOOD)
     view, diags = load_state(state_dir, previous_view, LoadOptions(fallback=last_good.get))
     stage("recovering the checkpoint")
-    loaded = load_checkpoint(state_dir / "checkpoint", view.actual, quarantine=not read_only)
+    loaded = load_checkpoint(
+        state_dir / "checkpoint",
+        view.actual,
+        quarantine=not read_only,
+        cache=opts.cache.checkpoint if opts.cache is not None else None,
+    )
     cp = loaded.checkpoint
     refused = mass_deletion_guard(view, allow_empty=opts.allow_empty)
     if refused is not None:
@@ -210,11 +245,31 @@ def _json_bytes(value: Any) -> bytes:
     return pretty_json(value)
 
 
-def _changed(path: Path, data: bytes) -> bool:
+def _changed(path: Path, data: bytes, known: dict[Path, tuple[bytes, StatKey]] | None) -> bool:
+    """Whether ``path`` does not hold ``data``. ``known``: per path, content this process
+    found there with the file's settled stat key (see :func:`fsio.settled_key`); while the key is
+    unchanged the file is not read again."""
+    if known is not None:
+        got = known.get(path)
+        if got is not None and got[0] == data:
+            try:
+                st = os.lstat(path)
+            except OSError:
+                pass
+            else:
+                if stat.S_ISREG(st.st_mode) and stat_key(st) == got[1]:
+                    return False
+    now = time.time_ns()
     try:
-        current, _ = read_bytes_at(path, len(data))
+        current, key = read_bytes_at(path, len(data))
     except FileReadError:
-        return True
+        current, key = b"", None
+    if known is not None:
+        settled = settled_key(key, now) if key is not None and current == data else None
+        if settled is not None:
+            known[path] = (data, settled)
+        else:
+            known.pop(path, None)
     return current != data
 
 
@@ -233,28 +288,36 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
 
     batch: list[tuple[Path, bytes, int]] = []
 
+    known = opts.cache.outputs if opts.cache is not None else None
+
     def put(path: Path, value: Any, mode: int = 0o600) -> None:
         data = _json_bytes(value)
-        if _changed(path, data):
+        if _changed(path, data, known):
             batch.append((path, data, mode))
             written.append(str(path.relative_to(state_dir)))
 
     for node_id, ops in c.plan.patches.items():
         validate_id(node_id, "node id")
         put(out / "nodes" / f"{node_id}.json", list(ops), 0o644)
-    slots = node_states(
-        c.view.unit, list(c.view.nodes.values()), c.view.services_sorted(), c.result
-    )
     uids = {iid: (a.uid, a.gid) for iid, a in c.checkpoint.allocations.items()}
     raised = c.alerts.raised if c.alerts is not None else []
-    put(
-        out / "status.json",
-        build_status(c.view, c.result, slots, c.diagnostics, alerts=raised, uids=uids),
+    status = build_status(
+        c.view,
+        c.result,
+        None,
+        c.diagnostics,
+        alerts=raised,
+        uids=uids,
+        cache=opts.cache.status if opts.cache is not None else None,
     )
+    put(out / "status.json", status)
     put(out / "plan.json", c.plan_document())
     atomic_write_many(batch, hook=opts.write_hook)
-    for stale in sorted((out / "nodes").glob("*.json")):
-        if stale.stem not in c.plan.patches and not stale.is_symlink():
+    with os.scandir(out / "nodes") as entries:  # as glob("*.json"), without a Path per file
+        names = sorted(e.name for e in entries if e.name.endswith(".json") and not e.is_symlink())
+    for name in names:
+        if Path(name).stem not in c.plan.patches:
+            stale = out / "nodes" / name
             stale.unlink()
             written.append(str(stale.relative_to(state_dir)))
     return written
@@ -294,7 +357,12 @@ def reconcile(
             if c.checkpoint.generation != c.loaded.checkpoint.generation or (
                 c.loaded.source != "current"
             ):
-                save_checkpoint(state_dir / "checkpoint", c.checkpoint, hook=opts.write_hook)
+                save_checkpoint(
+                    state_dir / "checkpoint",
+                    c.checkpoint,
+                    hook=opts.write_hook,
+                    cache=opts.cache.checkpoint if opts.cache is not None else None,
+                )
                 cp_written = True
             written += _write_outputs(state_dir, c, opts)
             after, _ = load_state(state_dir, c.view)

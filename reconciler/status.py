@@ -10,15 +10,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .balancer import NodeSlot
+from .balancer import NodeSlot, node_states
 from .inventory import Inventory
 from .loader import Diagnostic, StateView
-from .placement import BalanceResult
+from .models import Node, Service, UnitConfig
+from .placement import BalanceResult, Placement
 from .planner import failure_json
 from .sharing import REGISTRY
 from .sharing.shared_count import UNLIMITED
 
-__all__ = ["STATUS_FORMAT_VERSION", "build_status"]
+__all__ = ["STATUS_FORMAT_VERSION", "NodeStatusCache", "build_status", "node_statuses"]
 
 STATUS_FORMAT_VERSION = 1
 
@@ -76,16 +77,84 @@ def _node_status(slot: NodeSlot) -> dict[str, Any]:
     }
 
 
+_NodeKey = tuple[UnitConfig | None, Node, tuple[Placement, ...], tuple[Service | None, ...]]
+
+
+class NodeStatusCache:
+    """Per node, its status entry of the last :func:`node_statuses` call and what it was
+    computed from: the unit, the node's document, the placements on the node (in result
+    order) and their services. A node's inventories are its own capacities with its own
+    placements reserved again, so while all of these are equal its entry is the same."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[_NodeKey, dict[str, Any]]] = {}
+        self.recomputed = 0  # in the last call: nodes whose entry was computed again
+
+
+def node_statuses(
+    view: StateView, result: BalanceResult, cache: NodeStatusCache | None = None
+) -> dict[str, dict[str, Any]]:
+    """The ``nodes`` section of the status: every node's inventories with the result's
+    placements reserved, by node id. With ``cache``, only the nodes whose inputs changed since
+    the cache's last call are replayed."""
+    if cache is None:
+        slots = node_states(view.unit, list(view.nodes.values()), view.services_sorted(), result)
+        return {node_id: _node_status(slots[node_id]) for node_id in sorted(slots)}
+    services = {s.key: s for s in view.services.values()}
+    on_node: dict[str, list[Placement]] = {}
+    for p in result.placements:
+        on_node.setdefault(p.node_id, []).append(p)
+    keys: dict[str, _NodeKey] = {}
+    stale: list[Node] = []
+    for node in view.nodes.values():
+        placed = tuple(on_node.get(node.id, ()))
+        key: _NodeKey = (
+            view.unit,
+            node,
+            placed,
+            tuple(services.get((p.item_id, p.subject_id)) for p in placed),
+        )
+        keys[node.id] = key
+        old = cache._entries.get(node.id)
+        if old is None or old[0] != key:
+            stale.append(node)
+    fresh: dict[str, dict[str, Any]] = {}
+    if stale:
+        stale_ids = {n.id for n in stale}
+        placements = tuple(p for p in result.placements if p.node_id in stale_ids)
+        needed = {(p.item_id, p.subject_id) for p in placements}
+        slots = node_states(
+            view.unit,
+            stale,
+            [s for s in view.services_sorted() if s.key in needed],
+            BalanceResult(placements, (), frozenset()),
+        )
+        fresh = {node_id: _node_status(slot) for node_id, slot in slots.items()}
+    entries = {
+        node_id: (key, fresh[node_id] if node_id in fresh else cache._entries[node_id][1])
+        for node_id, key in keys.items()
+    }
+    cache._entries = entries
+    cache.recomputed = len(fresh)
+    return {node_id: entries[node_id][1] for node_id in sorted(entries)}
+
+
 def build_status(
     view: StateView,
     result: BalanceResult,
-    slots: Mapping[str, NodeSlot],
+    slots: Mapping[str, NodeSlot] | None,
     diagnostics: Sequence[Diagnostic],
     *,
     alerts: Sequence[Mapping[str, Any]] = (),
     uids: Mapping[str, tuple[int, int]] | None = None,
+    cache: NodeStatusCache | None = None,
 ) -> dict[str, Any]:
-    nodes = {node_id: _node_status(slots[node_id]) for node_id in sorted(slots)}
+    """The status document; ``slots`` None: the node states are derived here (see
+    :func:`node_statuses`, which ``cache`` is given to)."""
+    if slots is None:
+        nodes = node_statuses(view, result, cache)
+    else:
+        nodes = {node_id: _node_status(slots[node_id]) for node_id in sorted(slots)}
     observed: dict[str, tuple[str, str]] = {}
     for node_id, doc in view.actual.items():
         for iid, inst in doc.instances.items():

@@ -13,6 +13,7 @@ not wake it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -24,7 +25,13 @@ import watchfiles
 
 from .loader import StateView, load_state
 from .lock import LockTimeout
-from .reconcile import ReconcileError, ReconcileOptions, ReconcileReport, reconcile
+from .reconcile import (
+    ReconcileCache,
+    ReconcileError,
+    ReconcileOptions,
+    ReconcileReport,
+    reconcile,
+)
 from .signals import stop_on_signals
 
 __all__ = ["WatchOptions", "input_filter", "watch_loop"]
@@ -76,6 +83,8 @@ def watch_loop(
 ) -> int:
     """Run until ``stop`` is set (SIGTERM and SIGINT set it when run from the main thread)."""
     wopts = wopts or WatchOptions()
+    if opts.cache is None:  # carried between runs: see ReconcileCache
+        opts = dataclasses.replace(opts, cache=ReconcileCache())
     stop = stop or threading.Event()
     stop_on_signals(stop, log)
 
