@@ -24,15 +24,14 @@ shows), so the next run with the same inputs reports the same reasons.
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import gc
+from bisect import bisect_left, insort
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-
-from sortedcontainers import SortedList
+from heapq import heappop, heappush
 
 from .filters import (
-    DYNAMIC_NODE_FILTERS,
-    DYNAMIC_RUNTIME_FILTERS,
     FILTER_CODES,
     NO_NODES,
     NODE_FILTERS,
@@ -40,20 +39,32 @@ from .filters import (
     STATIC_NODE_FILTERS,
     STATIC_RUNTIME_FILTERS,
 )
-from .inventory import Inventory
 from .models import (
+    DeviceRequest,
     ImagePlatform,
     Node,
-    NodeConfig,
     ResourceRatios,
-    Runtime,
+    RuntimePlatform,
     Service,
     UnitConfig,
+)
+from .nodestate import (
+    NO_KEEP,
+    Basics,
+    NodeSlot,
+    RequestKey,
+    Reservation,
+    RuntimeSlot,
+    Settings,
+    claim,
+    make_slot,
+    node_basics,
+    release_reservation,
+    take,
 )
 from .placement import (
     BalanceResult,
     Cause,
-    DeviceIds,
     Failure,
     Instance,
     Mode,
@@ -63,7 +74,6 @@ from .placement import (
     expand_instances,
 )
 from .sharing import REGISTRY, ShareRequest
-from .sharing.base import Item, PoolState
 
 __all__ = [
     "Ask",
@@ -77,15 +87,27 @@ __all__ = [
     "requested_amounts",
 ]
 
-_DEFAULT_RATIOS = ResourceRatios()
-_DEFAULT_CONFIG_PRIORITY = 0
+_SHARED = REGISTRY["shared-count"]
 
 Overload = Mapping[str, frozenset[str]]
 """Per node id, the resources (``cpu``, ``ram``) whose alert is raised (SPEC §8)."""
 
+Entry = int
+"""A node's place in the choice order of SPEC §7.5 (smallest is best): one integer that orders
+like (-priority, -free CPU, -free RAM, node id), and whose remainder by the number of nodes is
+the rank of the node id (see ``_Run.__init__``)."""
+
 
 def _round_half_up(numerator: int, denominator: int) -> int:
     return (2 * numerator + denominator) // (2 * denominator)
+
+
+def _amount(asked: int | None, limit: int | None, ratio: int) -> int:
+    if asked is not None:
+        return min(asked, limit) if limit is not None else asked
+    if limit is not None:
+        return _round_half_up(limit * ratio, 100)
+    return 0
 
 
 def requested_amounts(
@@ -98,157 +120,14 @@ def requested_amounts(
     if service.skipResourceLimits:
         return Requested()
     req, quotas = service.requestedResources, service.quotas
-    limits = {
-        "cpu": quotas.cpuDMIPSLimit,
-        "ram": quotas.ramLimit,
-        "storage": quotas.storageLimit,
-        "state": quotas.stateLimit,
-    }
-    out: dict[str, int] = {}
-    for key, limit in limits.items():
-        asked: int | None = getattr(req, key)
-        if asked is not None:
-            out[key] = min(asked, limit) if limit is not None else asked
-        elif limit is not None:
-            out[key] = _round_half_up(limit * getattr(ratios, key), 100)
-        else:
-            out[key] = 0
+    cpu = _amount(req.cpu, quotas.cpuDMIPSLimit, ratios.cpu)
+    ram = _amount(req.ram, quotas.ramLimit, ratios.ram)
+    storage = _amount(req.storage, quotas.storageLimit, ratios.storage)
+    state = _amount(req.state, quotas.stateLimit, ratios.state)
     if measured is not None:
-        out["cpu"] = max(out["cpu"], measured[0])
-        out["ram"] = max(out["ram"], measured[1])
-    return Requested(**out)
-
-
-# ----------------------------------------------------------------------------- node state
-
-
-@dataclass
-class RuntimeSlot:
-    runtime: Runtime
-    slots: Inventory | None  # None: unlimited instances
-    cpu: Inventory | None  # the runtime's own pool (allowedDMIPS), else None
-    ram: Inventory | None
-
-
-@dataclass
-class Reservation:
-    instance: Instance
-    runtime_index: int
-    requested: Requested
-    resources: tuple[str, ...]
-    devices: DeviceIds
-    device_requests: tuple[ShareRequest, ...]
-    cause: Cause | None = None
-
-
-@dataclass
-class NodeSlot:
-    """One node's working state during a balance call."""
-
-    node: Node
-    id: str
-    priority: int
-    labels: frozenset[str]
-    ratios: ResourceRatios
-    cpu: Inventory
-    ram: Inventory
-    runtimes: list[RuntimeSlot]  # sorted by (type, id)
-    partitions: dict[str, Inventory]
-    partition_of: dict[str, str]  # "storages"/"states" -> partition name
-    resources: dict[str, PoolState]
-    pools: dict[str, PoolState]
-    placed: dict[str, Reservation] = field(default_factory=dict)
-    overloaded: frozenset[str] = frozenset()
-    request_key: tuple[int, int, int, int, bool] = (50, 50, 50, 50, False)
-    version: int = 0  # bumped by every reservation and release on this node
-
-    def __post_init__(self) -> None:
-        r = self.ratios
-        self.request_key = (r.cpu, r.ram, r.storage, r.state, bool(self.overloaded))
-
-    def partition_key(self, kind: str) -> str | None:
-        return self.partition_of.get(kind)
-
-    def partition(self, kind: str) -> Inventory | None:
-        key = self.partition_of.get(kind)
-        return self.partitions[key] if key is not None else None
-
-    def clone(self) -> NodeSlot:
-        new = copy.copy(self)
-        new.runtimes = [copy.copy(r) for r in self.runtimes]
-        new.partitions = dict(self.partitions)
-        new.resources = dict(self.resources)
-        new.pools = dict(self.pools)
-        new.placed = dict(self.placed)
-        return new
-
-
-def _node_config(unit: UnitConfig | None, node: Node) -> NodeConfig | None:
-    return unit.config_for(node.id, node.type) if unit is not None else None
-
-
-def _make_slot(unit: UnitConfig | None, node: Node, overload: frozenset[str]) -> NodeSlot:
-    cfg = _node_config(unit, node)
-    usage = node.usage
-    own_cpu = sum(u.cpu for u in usage.instances.values()) if usage else 0
-    own_ram = sum(u.ram for u in usage.instances.values()) if usage else 0
-    sys_cpu = max(0, usage.cpu - own_cpu) if usage else 0
-    sys_ram = max(0, usage.ram - own_ram) if usage else 0
-    cpu_base, ram_base = node.maxDMIPS, node.totalRAM
-    rules = cfg.alertRules if cfg is not None else None
-    if "cpu" in overload and rules is not None and rules.cpu is not None:
-        cpu_base = node.maxDMIPS * rules.cpu.minThreshold // 100
-    if "ram" in overload and rules is not None and rules.ram is not None:
-        ram_base = node.totalRAM * rules.ram.minThreshold // 100
-    runtimes = []
-    for rt in sorted(node.runtimes, key=lambda r: (r.type, r.id)):
-        runtimes.append(
-            RuntimeSlot(
-                rt,
-                Inventory.simple(f"{rt.id}/instances", rt.maxInstances)
-                if rt.maxInstances
-                else None,
-                Inventory.simple(f"{rt.id}/cpu", rt.allowedDMIPS)
-                if rt.allowedDMIPS is not None
-                else None,
-                Inventory.simple(f"{rt.id}/ram", rt.allowedRAM)
-                if rt.allowedRAM is not None
-                else None,
-            )
-        )
-    partitions: dict[str, Inventory] = {}
-    partition_of: dict[str, str] = {}
-    for part in node.partitions:
-        for kind in ("storages", "states"):
-            if kind in part.types and kind not in partition_of:
-                partition_of[kind] = part.name
-                partitions[part.name] = Inventory.simple(part.name, part.totalSize)
-    shared = REGISTRY["shared-count"]
-    resources = {
-        r.name: shared.new_state(r.name, (Item(r.name),), r.sharedCount)
-        for r in node.host_resources
-    }
-    pools = {
-        p.resource: REGISTRY[p.policy].new_state(
-            p.resource, tuple(Item(d.id, d.healthy, d.memory) for d in p.devices)
-        )
-        for p in node.devicePools
-    }
-    return NodeSlot(
-        node=node,
-        id=node.id,
-        priority=cfg.priority if cfg is not None else _DEFAULT_CONFIG_PRIORITY,
-        labels=frozenset(cfg.labels) if cfg is not None else frozenset(),
-        ratios=cfg.resourceRatios if cfg is not None else _DEFAULT_RATIOS,
-        cpu=Inventory.simple("cpu", max(0, cpu_base - sys_cpu)),
-        ram=Inventory.simple("ram", max(0, ram_base - sys_ram)),
-        runtimes=runtimes,
-        partitions=partitions,
-        partition_of=partition_of,
-        resources=resources,
-        pools=pools,
-        overloaded=overload,
-    )
+        cpu = max(cpu, measured[0])
+        ram = max(ram, measured[1])
+    return Requested(cpu, ram, storage, state)
 
 
 # ----------------------------------------------------------------------------- what is asked
@@ -270,7 +149,7 @@ class Ask:
     keep_devices: dict[str, tuple[str, ...]] = field(default_factory=dict)
     usage: tuple[int, int] | None = None  # measured (cpu, ram) of this instance
     cause: Cause | None = None  # recorded with the reservation
-    _cache: dict[tuple[int, int, int, int, bool], Requested] = field(default_factory=dict)
+    _cache: dict[RequestKey, Requested] = field(default_factory=dict)
 
     def requested(self, slot: NodeSlot) -> Requested:
         """SPEC §7.2 on ``slot`` (cached per ratios and overload)."""
@@ -283,20 +162,29 @@ class Ask:
         return got
 
 
+def _device_order(d: DeviceRequest) -> str:
+    return d.resource
+
+
 def _ask_for(instance: Instance, usage: Mapping[str, tuple[int, int]]) -> Ask:
     s = instance.service
+    resources, devices = s.resources, s.devices
     return Ask(
-        instance=instance,
-        labels=frozenset(s.labels),
-        runtimes=frozenset(s.runtimes),
-        node_id=s.nodeId,
-        platform=s.image.platform,
-        resources=tuple(ShareRequest(r.name) for r in s.resources),
-        devices=tuple(
-            ShareRequest(d.resource, d.count or 1, d.memory)
-            for d in sorted(s.devices, key=lambda d: d.resource)
-        ),
-        usage=usage.get(instance.id),
+        instance,
+        frozenset(s.labels),
+        frozenset(s.runtimes),
+        s.nodeId,
+        s.image.platform,
+        tuple([ShareRequest(r.name) for r in resources]) if resources else (),
+        tuple(
+            [
+                ShareRequest(d.resource, d.count or 1, d.memory)
+                for d in sorted(devices, key=_device_order)
+            ]
+        )
+        if devices
+        else (),
+        usage=usage.get(instance.id) if usage else None,
     )
 
 
@@ -337,94 +225,7 @@ def evaluate(slot: NodeSlot, ask: Ask) -> Verdict:
 
 def _choice_key(slot: NodeSlot) -> tuple[int, int, int, str]:
     """SPEC §7.5, smallest is best: priority, free CPU, free RAM (node pools), node id."""
-    return (-slot.priority, -slot.cpu.free, -slot.ram.free, slot.id)
-
-
-def _reserve(slot: NodeSlot, ask: Ask, runtime_index: int) -> Reservation:
-    """Take everything the instance needs on ``slot`` at once, or raise and change nothing."""
-    req = ask.requested(slot)
-    rt = slot.runtimes[runtime_index]
-    new_rt = copy.copy(rt)
-    if rt.cpu is not None:
-        new_rt.cpu = rt.cpu.consume(req.cpu)
-        new_cpu = slot.cpu
-    else:
-        new_cpu = slot.cpu.consume(req.cpu)
-    if rt.ram is not None:
-        new_rt.ram = rt.ram.consume(req.ram)
-        new_ram = slot.ram
-    else:
-        new_ram = slot.ram.consume(req.ram)
-    if rt.slots is not None:
-        new_rt.slots = rt.slots.consume(1)
-    partitions = dict(slot.partitions)
-    for kind, amount in (("storages", req.storage), ("states", req.state)):
-        key = slot.partition_of.get(kind)
-        if amount and key is None:
-            raise ValueError(f"no partition typed {kind}")
-        if key is not None:
-            partitions[key] = partitions[key].consume(amount)
-    shared = REGISTRY["shared-count"]
-    resources = dict(slot.resources)
-    for r in ask.resources:
-        resources[r.resource], _ = shared.allocate(resources[r.resource], r)
-    pools = dict(slot.pools)
-    devices: list[tuple[str, tuple[str, ...]]] = []
-    for d in ask.devices:
-        state = pools[d.resource]
-        pools[d.resource], ids = REGISTRY[state.policy].allocate(
-            state, d, ask.keep_devices.get(d.resource, ())
-        )
-        devices.append((d.resource, tuple(sorted(ids))))
-    # everything succeeded: commit
-    slot.cpu, slot.ram = new_cpu, new_ram
-    slot.runtimes[runtime_index] = new_rt
-    slot.partitions, slot.resources, slot.pools = partitions, resources, pools
-    res = Reservation(
-        ask.instance,
-        runtime_index,
-        req,
-        tuple(r.resource for r in ask.resources),
-        tuple(devices),
-        ask.devices,
-        ask.cause,
-    )
-    slot.placed[ask.instance.id] = res
-    return res
-
-
-def _release(slot: NodeSlot, iid: str) -> Reservation:
-    res = slot.placed.pop(iid)
-    req = res.requested
-    rt = copy.copy(slot.runtimes[res.runtime_index])
-    if rt.cpu is not None:
-        rt.cpu = rt.cpu.release(req.cpu)
-    else:
-        slot.cpu = slot.cpu.release(req.cpu)
-    if rt.ram is not None:
-        rt.ram = rt.ram.release(req.ram)
-    else:
-        slot.ram = slot.ram.release(req.ram)
-    if rt.slots is not None:
-        rt.slots = rt.slots.release(1)
-    slot.runtimes[res.runtime_index] = rt
-    partitions = dict(slot.partitions)
-    for kind, amount in (("storages", req.storage), ("states", req.state)):
-        key = slot.partition_of.get(kind)
-        if key is not None:
-            partitions[key] = partitions[key].release(amount)
-    slot.partitions = partitions
-    shared = REGISTRY["shared-count"]
-    resources = dict(slot.resources)
-    for name in res.resources:
-        resources[name] = shared.release(resources[name], ShareRequest(name), (name,))
-    slot.resources = resources
-    pools = dict(slot.pools)
-    for d, (_, ids) in zip(res.device_requests, res.devices, strict=True):
-        state = pools[d.resource]
-        pools[d.resource] = REGISTRY[state.policy].release(state, d, ids)
-    slot.pools = pools
-    return res
+    return (-slot.priority, -slot.cpu_pool.free, -slot.ram_pool.free, slot.id)
 
 
 def _best_runtime(slot: NodeSlot, verdict: Verdict) -> int:
@@ -463,22 +264,32 @@ def _failure(
     )
 
 
-def _class_key(slot: NodeSlot) -> tuple[object, ...]:
-    """Nodes with equal keys answer every static filter alike (Nomad's computed class)."""
-    node = slot.node
+def _platform_key(p: ImagePlatform | RuntimePlatform | None) -> tuple[object, ...] | None:
+    if p is None:
+        return None
+    return (p.architecture, p.os, p.variant, p.osVersion, tuple(p.osFeatures))
+
+
+def _class_key(node: Node, settings: Settings, overload: frozenset[str]) -> tuple[object, ...]:
+    """Nodes with equal keys answer every static filter alike (Nomad's computed class): the key
+    holds everything the static filters read of a node, its runtimes in their order in the
+    node state (by type, then id), and the ratios (requested amounts)."""
+    runtimes = []
+    for rt in node.runtimes:
+        p = rt.platform
+        runtimes.append(
+            (rt.type, rt.id, p.architecture, p.os, p.variant, p.osVersion, p.osFeatures)
+        )
+    runtimes.sort()  # by (type, id): ids are unique on a node
+    priority, labels, _, ratios = settings
     return (
-        slot.priority,
+        priority,
         node.state,
         node.connected,
-        slot.labels,
-        tuple((rt.runtime.id, rt.runtime.type, rt.runtime.platform) for rt in slot.runtimes),
-        slot.request_key,
+        labels,
+        tuple(runtimes),
+        (*ratios, bool(overload)),
     )
-
-
-def _entry(slot: NodeSlot) -> tuple[int, int, str]:
-    """A node's position in its class index: most free CPU, then RAM, then smallest id."""
-    return (-slot.cpu.free, -slot.ram.free, slot.id)
 
 
 def _static_runtimes(slot: NodeSlot, ask: Ask) -> tuple[int, ...]:
@@ -493,30 +304,110 @@ def _static_runtimes(slot: NodeSlot, ask: Ask) -> tuple[int, ...]:
     )
 
 
-def _dynamic_runtime(slot: NodeSlot, ask: Ask, runtimes: tuple[int, ...]) -> int | None:
-    """The smallest runtime (by type, id) among ``runtimes`` passing every dynamic filter."""
-    for nf in DYNAMIC_NODE_FILTERS:
-        if nf.check(slot, ask) is not None:
-            return None
-    for i in runtimes:
-        rt = slot.runtimes[i]
-        for rf in DYNAMIC_RUNTIME_FILTERS:
-            if rf.check(slot, rt, ask) is not None:
-                break
-        else:
-            return i
-    return None
+class _Group:
+    """What every instance of one service (with one measured usage, where that matters) asks,
+    read once from the service and shared by its instances."""
+
+    __slots__ = (
+        "_ask",
+        "_requested",
+        "device_resources",
+        "devices",
+        "instance",
+        "levels",
+        "names",
+        "node_id",
+        "per_class",
+        "pinned",
+        "refused",
+        "resources",
+        "service",
+        "static_key",
+        "usage",
+    )
+
+    def __init__(self, instance: Instance, usage: tuple[int, int] | None) -> None:
+        s = instance.service
+        self.instance = instance  # the first one
+        self.service = s
+        self.usage = usage  # its measured (cpu, ram); all the group's where that matters
+        resources, devices = s.resources, s.devices
+        self.resources: tuple[ShareRequest, ...] = ()
+        self.names: tuple[str, ...] = ()
+        if resources:
+            self.resources = tuple([ShareRequest(r.name) for r in resources])
+            self.names = tuple([r.name for r in resources])
+        self.devices: tuple[ShareRequest, ...] = ()
+        self.device_resources: frozenset[str] = frozenset()
+        if devices:
+            ordered = sorted(devices, key=_device_order)
+            self.devices = tuple(
+                [ShareRequest(d.resource, d.count or 1, d.memory) for d in ordered]
+            )
+            self.device_resources = frozenset(d.resource for d in devices)
+        self.node_id = s.nodeId
+        platform = s.image.platform
+        # everything the static filters read of a service (bar nodeId, handled apart)
+        self.static_key = (s.labels, s.runtimes, _platform_key(platform) if platform else None)
+        self._ask: Ask | None = None
+        self._requested: dict[RequestKey, Requested] = {}
+        self.per_class: list[tuple[int, ...]] | None = None  # static runtimes per class
+        self.levels: list[Level] | None = None  # the classes with any, by priority level
+        self.pinned: tuple[int, ...] | None = None  # static runtimes on the node it names
+        self.refused: set[int] | None = None  # shared by groups asking the same (_Run._refused)
+
+    @property
+    def ask(self) -> Ask:
+        """The group's ask for the filter units (no keep_*: valid for every instance)."""
+        if self._ask is None:
+            s = self.service
+            self._ask = Ask(
+                self.instance,
+                frozenset(s.labels),
+                frozenset(s.runtimes),
+                self.node_id,
+                s.image.platform,
+                self.resources,
+                self.devices,
+                usage=self.usage,
+            )
+        return self._ask
+
+    def requested(self, slot: NodeSlot) -> Requested:
+        """SPEC §7.2 on ``slot`` (cached per ratios and overload), as ``Ask.requested``."""
+        key = slot.request_key
+        got = self._requested.get(key)
+        if got is None:
+            measured = self.usage if key[4] else None
+            got = self._requested[key] = requested_amounts(self.service, slot.ratios, measured)
+        return got
+
+
+Level = list[tuple[int, tuple[int, ...]]]
+"""The classes of one priority level a service may use, each with its static runtimes."""
+
+HeapItem = tuple[Entry, int, bool]  # entry, class (local index), whether a class head
 
 
 class _Run:
     """The working state of one balance call.
 
-    Pass 2 does not scan every node for every instance: nodes are grouped in classes of equal
-    static answers, each class keeps its nodes sorted by the choice order of SPEC §7.5, and a
-    service remembers the nodes its dynamic filters refused. Reservations only shrink what is
-    free, so a refused node stays refused until something is released (preemption), which
-    forgets those memories. The result is exactly that of evaluating every node
-    (:meth:`place_by_scan`, kept for tests and explanations).
+    Pass 2 does not scan every node for every instance. Nodes are grouped in classes of equal
+    static answers (the static filter units run once per class and service shape), and each
+    class keeps its nodes sorted in the choice order of SPEC §7.5, one integer per node. The
+    consecutive instances of one service are placed together: a heap merges the classes' best
+    nodes, each class read from the front past the nodes known to refuse the service, plus the
+    nodes the service already took (with their new place in the order); a lower priority
+    level joins only when the higher ones have no node left. Within the group only the nodes
+    it takes change, and only by shrinking, so a node refused stays refused and the first
+    node of the heap that passes the dynamic filters (``claim``, on integers) is the best one.
+    The nodes refused are remembered until something is released, shared by the services
+    that ask the same everywhere, and a node without a free slot of a named resource refuses
+    every service needing it. Node states are built when first looked at.
+
+    The result is exactly that of evaluating every filter unit on every node for every
+    instance (:meth:`place_by_scan` and the filter units in pass 1, used with
+    ``exhaustive=True``; the property tests compare).
     """
 
     def __init__(
@@ -525,13 +416,19 @@ class _Run:
         nodes: Sequence[Node],
         overload: Overload,
         cause: Cause | None = None,
+        *,
+        exhaustive: bool = False,
     ) -> None:
         self.cause = cause  # recorded with every placement of pass 2 and 3
-        self.slots = {
-            n.id: _make_slot(unit, n, overload.get(n.id, frozenset()))
-            for n in sorted(nodes, key=lambda n: n.id)
-        }
-        self.order = sorted(self.slots.values(), key=lambda s: s.id)
+        self.exhaustive = exhaustive
+        empty: frozenset[str] = frozenset()
+        self.overload = overload
+        self.nodes = {n.id: n for n in sorted(nodes, key=_node_id)}
+        # Node states are built on first use (most nodes of a big unit are never looked at);
+        # until then a node's choice order and class come from its basics.
+        self.slots: dict[str, NodeSlot] = {}
+        self.basics: dict[str, Basics] = {}
+        self.overloaded = False
         self.usage: dict[str, tuple[int, int]] = {}
         for n in nodes:
             if n.usage is not None:
@@ -540,109 +437,400 @@ class _Run:
         self.where: dict[str, str] = {}  # instance id -> node id
         class_ids: dict[tuple[object, ...], int] = {}
         self.class_of: dict[str, int] = {}
-        self.index: list[SortedList] = []
-        self.class_slot: list[NodeSlot] = []  # a representative per class
-        for slot in self.order:
-            key = _class_key(slot)
+        self.members: list[list[str]] = []
+        seen: dict[int, Settings] = {}
+        for node_id, node in self.nodes.items():
+            overloaded = overload.get(node_id, empty) if overload else empty
+            self.overloaded = self.overloaded or bool(overloaded)
+            basics = self.basics[node_id] = node_basics(unit, node, overloaded, seen)
+            key = _class_key(node, basics[0], overloaded)
             cid = class_ids.get(key)
             if cid is None:
-                cid = class_ids[key] = len(self.index)
-                self.index.append(SortedList())
-                self.class_slot.append(slot)
-            self.class_of[slot.id] = cid
-            self.index[cid].add(_entry(slot))
-        by_priority: dict[int, list[int]] = {}
-        for cid, rep in enumerate(self.class_slot):
-            by_priority.setdefault(rep.priority, []).append(cid)
-        self.levels = [by_priority[p] for p in sorted(by_priority, reverse=True)]
-        self.static: dict[tuple[tuple[str, str], int], tuple[int, ...]] = {}
-        self.refused: dict[object, set[str]] = {}
-        # the dynamic answer per (group, node) at a node version: a node that did not change
-        # since it was last checked for this group answers the same
-        self.answers: dict[tuple[object, str], tuple[int, int]] = {}
-        self.failed: set[object] = set()  # groups that found no node (until a release)
+                cid = class_ids[key] = len(self.members)
+                self.members.append([])
+            self.class_of[node_id] = cid
+            self.members[cid].append(node_id)
+        # a representative per class: its first node
+        self.order_base: dict[str, int] = {}
+        self.class_slot = [self.slot(members[0]) for members in self.members]
+        # The choice order as one integer per node: priority rank, then CPU below the most any
+        # node has, then RAM below the most any node has, then rank of the id, each in a range
+        # of its own (free amounts stay within their capacity and are never negative).
+        cpu_top = max((b[1] for b in self.basics.values()), default=0)
+        self.ram_top = max((b[2] for b in self.basics.values()), default=0)
+        priorities = sorted({b[0][0] for b in self.basics.values()}, reverse=True)
+        rank = {p: r for r, p in enumerate(priorities)}
+        # entry = ((high - cpu) * ram_span + ram_top - ram) * count + i
+        #       = base - cpu * cpu_step - ram * ram_step, and entry % count = i
+        self.count = count = len(self.nodes)
+        self.ids = list(self.nodes)  # by rank
+        ram_span = self.ram_top + 1
+        self.cpu_step, self.ram_step = ram_span * count, count
+        self.order_base = {
+            node_id: ((rank[b[0][0]] * (cpu_top + 1) + cpu_top) * ram_span + self.ram_top) * count
+            + i
+            for i, (node_id, b) in enumerate(self.basics.items())
+        }
+        for slot in self.class_slot:
+            slot.order_base = self.order_base[slot.id]
+        # per class, its nodes' entries sorted; rebuilt after reservations made elsewhere
+        self.index: list[list[Entry]] = [[] for _ in self.members]
+        self.entries: list[Entry] = [0] * count  # each node's entry in the index, by rank
+        self.index_valid = False
+        # per static key (a service's labels, runtime types and platform): each class's static
+        # runtimes, and the classes with any by priority level, highest first
+        self.static: dict[object, tuple[list[tuple[int, ...]], list[Level]]] = {}
+        # one node per distinct request key: what a service asks anywhere is known from these
+        by_key: dict[RequestKey, NodeSlot] = {}
+        for rep in self.class_slot:
+            by_key.setdefault(rep.request_key, rep)
+        self.key_slots = list(by_key.values())
+        self.groups: dict[object, _Group] = {}
+        # per key of dynamic answers (see _refused), the nodes that refused it: reservations
+        # only shrink what is free, so they stay refused until something is released
+        self.refused: dict[object, set[int]] = {}  # (node ranks)
+        self.exhausted: dict[str, set[int]] = {}  # per named resource, nodes with no free slot
+
+    # -- node states
+
+    def slot(self, node_id: str) -> NodeSlot:
+        """The state of a node of the unit (KeyError for another id), built on first use."""
+        got = self.slots.get(node_id)
+        if got is None:
+            empty: frozenset[str] = frozenset()
+            overloaded = self.overload.get(node_id, empty) if self.overload else empty
+            node = self.nodes[node_id]
+            got = self.slots[node_id] = make_slot(None, node, overloaded, self.basics[node_id])
+            if self.order_base:  # once the run is set up
+                got.order_base = self.order_base[node_id]
+        return got
+
+    def all_slots(self) -> list[NodeSlot]:
+        """Every node's state, by node id."""
+        return [self.slot(node_id) for node_id in self.nodes]
+
+    # -- what is asked
 
     def ask(self, instance: Instance) -> Ask:
         ask = _ask_for(instance, self.usage)
         ask.cause = self.cause
         return ask
 
+    def group(self, instance: Instance) -> _Group:
+        usage = self.usage.get(instance.id) if self.usage else None
+        key: object = (id(instance.service), usage) if self.overloaded else id(instance.service)
+        group = self.groups.get(key)
+        if group is None:
+            group = self.groups[key] = _Group(instance, usage)
+        return group
+
+    def _classes(self, group: _Group) -> list[tuple[int, ...]]:
+        """Each class's static runtimes for ``group`` (and ``group.levels``)."""
+        if group.per_class is None:
+            got = self.static.get(group.static_key)
+            if got is None:
+                ask = group.ask
+                per_class = [_static_runtimes(rep, ask) for rep in self.class_slot]
+                levels: dict[int, Level] = {}
+                for cid, runtimes in enumerate(per_class):
+                    if runtimes:
+                        priority = self.class_slot[cid].priority
+                        levels.setdefault(priority, []).append((cid, runtimes))
+                got = (per_class, [levels[p] for p in sorted(levels, reverse=True)])
+                self.static[group.static_key] = got
+            group.per_class, group.levels = got
+        return group.per_class
+
+    def static_for(self, group: _Group, slot: NodeSlot) -> tuple[int, ...]:
+        """The runtimes of ``slot`` passing the static filters for ``group``."""
+        node_id = group.node_id
+        if node_id is None:
+            return (group.per_class or self._classes(group))[self.class_of[slot.id]]
+        if node_id != slot.id:
+            return ()
+        if group.pinned is None:
+            group.pinned = _static_runtimes(slot, group.ask)
+        return group.pinned
+
+    # -- reservations
+
     def reserve(self, slot: NodeSlot, ask: Ask, runtime_index: int) -> None:
-        index = self.index[self.class_of[slot.id]]
-        index.remove(_entry(slot))
-        try:
-            _reserve(slot, ask, runtime_index)
-        finally:
-            index.add(_entry(slot))
-            slot.version += 1
+        """Reserve what ``ask`` asks on one runtime of ``slot`` (raises if it does not fit)."""
+        req = ask.requested(slot)
+        ids = take(slot, runtime_index, req, ask.resources, ask.devices, ask.keep_devices)
+        names = tuple([r.resource for r in ask.resources])
+        slot.placed[ask.instance.id] = Reservation(
+            ask.instance, runtime_index, req, names, ids, ask.devices, ask.cause
+        )
         self.where[ask.instance.id] = slot.id
+        self.index_valid = False
 
     def release(self, slot: NodeSlot, iid: str) -> None:
-        index = self.index[self.class_of[slot.id]]
-        index.remove(_entry(slot))
-        _release(slot, iid)
-        index.add(_entry(slot))
-        slot.version += 1
+        release_reservation(slot, iid)
         del self.where[iid]
-        self.refused.clear()  # something became free: forget what was refused
-        self.failed.clear()
+        self.index_valid = False
+        # something became free: forget what was refused
+        for refused in self.refused.values():
+            refused.clear()
+        self.exhausted.clear()
 
-    def place(self, instance: Instance, cause: Cause | None = None) -> bool:
-        """Pass 2: the best feasible node by SPEC §7.5; reserve on it. False: none fits."""
-        ask = self.ask(instance)
-        ask.cause = cause or self.cause
-        group: object = (instance.service.key, ask.usage)
-        if group in self.failed:
+    def entry(self, slot: NodeSlot) -> Entry:
+        """A node's place in the choice order now (see ``Entry``)."""
+        cpu, ram = slot.cpu_pool.free, slot.ram_pool.free
+        return slot.order_base - cpu * self.cpu_step - ram * self.ram_step
+
+    def _ensure_index(self) -> None:
+        if self.index_valid:
+            return
+        entries, slots, basics, base = self.entries, self.slots, self.basics, self.order_base
+        cpu_step, ram_step = self.cpu_step, self.ram_step
+        for cid, members in enumerate(self.members):
+            keys = []
+            for node_id in members:
+                slot = slots.get(node_id)
+                if slot is None:  # not built yet: all free
+                    _, cpu, ram = basics[node_id]
+                    key = base[node_id] - cpu * cpu_step - ram * ram_step
+                else:
+                    key = self.entry(slot)
+                entries[key % self.count] = key
+                keys.append(key)
+            keys.sort()
+            self.index[cid] = keys
+        self.index_valid = True
+
+    def _reposition(self, slot: NodeSlot) -> None:
+        """Move ``slot`` to its new place in its class index after reservations."""
+        entries = self.index[self.class_of[slot.id]]
+        old = self.entries[self.order_base[slot.id] % self.count]
+        del entries[bisect_left(entries, old)]
+        new = self.entry(slot)
+        self.entries[new % self.count] = new
+        insort(entries, new)
+
+    # -- pass 1
+
+    def keep(self, instance: Instance, prev: PreviousAllocation) -> bool:
+        """Pass 1: keep the previous node, runtime and devices if the filters still pass."""
+        if prev.node_id not in self.nodes:
             return False
-        found: tuple[tuple[int, int, str], int] | None = None
-        if ask.node_id is not None:
-            slot = self.slots.get(ask.node_id)
-            if slot is not None:
-                verdict = evaluate(slot, ask)
-                if verdict.dropped_by is None:
-                    found = (_entry(slot), verdict.runtimes[0])
-        else:
-            refused = self.refused.setdefault(group, set())
-            for level in self.levels:
-                for cid in level:
-                    skey = (instance.service.key, cid)
-                    runtimes = self.static.get(skey)
-                    if runtimes is None:
-                        runtimes = self.static[skey] = _static_runtimes(self.class_slot[cid], ask)
-                    if not runtimes:
-                        continue
-                    for entry in self.index[cid]:
-                        if found is not None and entry >= found[0]:
-                            break
-                        node_id = entry[2]
-                        if node_id in refused:
-                            continue
-                        slot = self.slots[node_id]
-                        known_answer = self.answers.get((group, node_id))
-                        if known_answer is not None and known_answer[0] == slot.version:
-                            found = (entry, known_answer[1])
-                            break
-                        answer = _dynamic_runtime(slot, ask, runtimes)
-                        if answer is None:
-                            refused.add(node_id)
-                            continue
-                        self.answers[(group, node_id)] = (slot.version, answer)
-                        found = (entry, answer)
-                        break
-                if found is not None:
-                    break
-        if found is None:
-            self.failed.add(group)
+        group = self.group(instance)
+        prev_devices: Mapping[str, tuple[str, ...]] = NO_KEEP
+        if prev.devices:
+            prev_devices = dict(prev.devices)
+            if prev_devices.keys() != group.device_resources:
+                return False
+        elif group.device_resources:
             return False
-        self.reserve(self.slots[found[0][2]], ask, found[1])
+        slot = self.slot(prev.node_id)
+        if self.exhaustive:  # every filter unit, on the node
+            ask = self.ask(instance)
+            ask.keep_runtime = prev.runtime_id
+            ask.cause = prev.cause
+            ask.keep_devices = dict(prev_devices)
+            verdict = evaluate(slot, ask)
+            if verdict.dropped_by is not None:
+                return False
+            self.reserve(slot, ask, verdict.runtimes[0])
+            return True
+        index = _runtime_index(slot, prev.runtime_id)
+        if index < 0 or index not in self.static_for(group, slot):
+            return False
+        req = group.requested(slot)
+        devices = group.devices
+        at, ids = claim(slot, req, (index,), group.resources, devices, prev_devices)
+        if at < 0:
+            return False
+        iid = instance.id
+        slot.placed[iid] = Reservation(instance, at, req, group.names, ids, devices, prev.cause)
+        self.where[iid] = slot.id
+        self.index_valid = False
         return True
+
+    # -- pass 2
+
+    def place_all(
+        self, instances: Sequence[Instance], causes: Mapping[str, Cause] | None = None
+    ) -> list[Instance]:
+        """Pass 2 for ``instances`` (in instance order), run by run of consecutive instances of
+        one group; ``causes`` overrides the run's cause per instance. Returns the failed."""
+        failed: list[Instance] = []
+        i, n = 0, len(instances)
+        while i < n:
+            first = instances[i]
+            service = first.service
+            group = self.group(first)
+            cause = (causes.get(first.id) if causes else None) or self.cause
+            j = i + 1
+            if causes or self.overloaded:
+                while (
+                    j < n
+                    and self.group(instances[j]) is group
+                    and ((causes.get(instances[j].id) if causes else None) or self.cause) == cause
+                ):
+                    j += 1
+            else:  # one group per service
+                while j < n and instances[j].service is service:
+                    j += 1
+            if self.exhaustive:
+                for inst in instances[i:j]:
+                    if not self.place_by_scan(inst, cause):
+                        failed.append(inst)
+            elif group.node_id is not None:
+                failed += self._place_pinned(group, instances[i:j], cause)
+            else:
+                failed += self._place_group(group, instances[i:j], cause)
+            i = j
+        return failed
+
+    def _place_pinned(
+        self, group: _Group, instances: Sequence[Instance], cause: Cause | None
+    ) -> list[Instance]:
+        """Pass 2 for a service that names its node: only that node is a candidate."""
+        assert group.node_id is not None
+        if group.node_id not in self.nodes:
+            return list(instances)
+        slot = self.slot(group.node_id)
+        self._ensure_index()
+        req = group.requested(slot)
+        runtimes = self.static_for(group, slot)
+        resources, devices = group.resources, group.devices
+        failed: list[Instance] = []
+        for inst in instances:
+            at, ids = claim(slot, req, runtimes, resources, devices, NO_KEEP)
+            if at < 0:
+                failed.append(inst)
+                continue
+            iid = inst.id
+            slot.placed[iid] = Reservation(inst, at, req, group.names, ids, devices, cause)
+            self.where[iid] = slot.id
+        if len(failed) < len(instances):
+            self._reposition(slot)
+        return failed
+
+    def _refused(self, group: _Group) -> set[int]:
+        """The nodes known to refuse ``group``. Groups asking the same everywhere (same static
+        answers, requested amounts, resources and devices) are refused by the same nodes, so
+        they share one set."""
+        if group.refused is None:
+            amounts = []
+            for rep in self.key_slots:
+                r = group.requested(rep)
+                amounts.append((r.cpu, r.ram, r.storage, r.state))
+            key = (group.static_key, group.names, group.devices, tuple(amounts))
+            refused = self.refused.get(key)
+            if refused is None:
+                refused = self.refused[key] = set()
+            group.refused = refused
+        if group.names:  # nodes without a free slot of a resource it needs refuse it too
+            for name in group.names:
+                exhausted = self.exhausted.get(name)
+                if exhausted:
+                    group.refused |= exhausted
+        return group.refused
+
+    def _note_exhausted(
+        self, slot: NodeSlot, rank: int, resources: tuple[ShareRequest, ...]
+    ) -> None:
+        """Remember the named resources ``slot`` has no free slot of (or lacks): they refuse
+        every group that needs them, until something is released."""
+        have = slot.resources
+        for r in resources:
+            state = have.get(r.resource)
+            if state is None or not _SHARED.filter(state, r).ok:
+                self.exhausted.setdefault(r.resource, set()).add(rank)
+
+    def _place_group(
+        self, group: _Group, instances: Sequence[Instance], cause: Cause | None
+    ) -> list[Instance]:
+        """Pass 2 for consecutive instances of one group (see the class docstring). A lower
+        priority level's classes join the heap only when the higher ones have no node left."""
+        self._ensure_index()
+        resources, devices, names = group.resources, group.devices, group.names
+        if group.levels is None:
+            self._classes(group)
+        assert group.levels is not None
+        levels = group.levels
+        refused = group.refused if group.refused is not None else self._refused(group)
+        index, class_slot, slots = self.index, self.class_slot, self.slots
+        cpu_step, ram_step, count, by_rank = self.cpu_step, self.ram_step, self.count, self.ids
+        lists: list[list[Entry]] = []
+        needs: list[Requested] = []
+        allowed: list[tuple[int, ...]] = []
+        cursors: list[int] = []
+        heap: list[HeapItem] = []
+        opened = 0
+        touched: dict[int, tuple[NodeSlot, int]] = {}  # nodes taken; their entries are stale
+        failed: list[Instance] = []
+        where = self.where
+        for n, inst in enumerate(instances):
+            placed = False
+            while True:
+                if not heap:
+                    if opened == len(levels):
+                        break
+                    for cid, runtimes in levels[opened]:
+                        entries = index[cid]
+                        p, end = 0, len(entries)
+                        while p < end and entries[p] % count in refused:
+                            p += 1
+                        if p < end:
+                            heappush(heap, (entries[p], len(lists), True))
+                            lists.append(entries)
+                            needs.append(group.requested(class_slot[cid]))
+                            allowed.append(runtimes)
+                            cursors.append(p)
+                    opened += 1
+                    continue
+                key, k, head = heappop(heap)
+                rank = key % count
+                slot = slots.get(by_rank[rank]) or self.slot(by_rank[rank])
+                need = needs[k]
+                at, ids = claim(slot, need, allowed[k], resources, devices, NO_KEEP)
+                if head:  # the class's next node, past the ones refused (the ones taken
+                    # were heads, so they are behind the cursor)
+                    entries = lists[k]
+                    p, end = cursors[k] + 1, len(entries)
+                    while p < end and entries[p] % count in refused:
+                        p += 1
+                    cursors[k] = p
+                    if p < end:
+                        heappush(heap, (entries[p], k, True))
+                    if at >= 0:
+                        touched[rank] = (slot, k)
+                if at < 0:
+                    refused.add(rank)
+                    if resources:
+                        self._note_exhausted(slot, rank, resources)
+                    continue
+                iid = inst.id
+                slot.placed[iid] = Reservation(inst, at, need, names, ids, devices, cause)
+                where[iid] = slot.id
+                key = (
+                    slot.order_base - slot.cpu_pool.free * cpu_step - slot.ram_pool.free * ram_step
+                )
+                heappush(heap, (key, k, False))
+                placed = True
+                break
+            if not placed:
+                failed.extend(instances[n:])
+                break
+        # the nodes taken move to their new place in their class's order
+        entry_of = self.entries
+        for rank, (slot, k) in touched.items():
+            entries = lists[k]
+            del entries[bisect_left(entries, entry_of[rank])]
+            key = slot.order_base - slot.cpu_pool.free * cpu_step - slot.ram_pool.free * ram_step
+            entry_of[rank] = key
+            insort(entries, key)
+        return failed
 
     def place_by_scan(self, instance: Instance, cause: Cause | None = None) -> bool:
         """Pass 2 by evaluating every filter on every node (the reference for tests)."""
         ask = self.ask(instance)
         ask.cause = cause or self.cause
         best: tuple[tuple[int, int, int, str], NodeSlot, Verdict] | None = None
-        for slot in self.order:
+        for slot in self.all_slots():
             verdict = evaluate(slot, ask)
             if verdict.dropped_by is not None:
                 continue
@@ -655,9 +843,11 @@ class _Run:
         self.reserve(slot, ask, _best_runtime(slot, verdict))
         return True
 
+    # -- failures and pass 3
+
     def summarize(self, instance: Instance, ask: Ask) -> Failure:
-        charges = [evaluate(slot, ask).dropped_by for slot in self.order]
-        return _summarize(instance, len(self.order), (c for c in charges if c is not None))
+        charges = [evaluate(slot, ask).dropped_by for slot in self.all_slots()]
+        return _summarize(instance, len(self.nodes), (c for c in charges if c is not None))
 
     def failures(self, instances: Sequence[Instance]) -> tuple[Failure, ...]:
         """SPEC §7.7 for every instance left unplaced, against the final node states; the
@@ -674,34 +864,16 @@ class _Run:
                 f = self.summarize(inst, ask)
                 charged[group] = (f.reason, f.counts)
             else:
-                f = _failure(inst, len(self.order), *known)
+                f = _failure(inst, len(self.nodes), *known)
             out.append(f)
         return tuple(out)
-
-    def keep(self, instance: Instance, prev: PreviousAllocation) -> bool:
-        """Pass 1: keep the previous node, runtime and devices if the filters still pass."""
-        slot = self.slots.get(prev.node_id)
-        if slot is None:
-            return False
-        ask = self.ask(instance)
-        ask.keep_runtime = prev.runtime_id
-        ask.cause = prev.cause
-        prev_devices = dict(prev.devices)
-        if set(prev_devices) != {d.resource for d in ask.devices}:
-            return False
-        ask.keep_devices = prev_devices
-        verdict = evaluate(slot, ask)
-        if verdict.dropped_by is not None:
-            return False
-        self.reserve(slot, ask, verdict.runtimes[0])
-        return True
 
     def preempt(self, instance: Instance) -> list[str] | None:
         """Pass 3: evict strictly lower-priority instances from the one node where that is
         cheapest; returns the victims' ids, or None when no node helps."""
         ask = self.ask(instance)
         best: tuple[tuple[int, tuple[int, ...], str], str, list[str]] | None = None
-        for slot in self.order:
+        for slot in self.all_slots():
             lower = sorted(
                 (r for r in slot.placed.values() if r.instance.priority < instance.priority),
                 key=lambda r: (r.instance.priority, _neg_order(r.instance)),
@@ -712,7 +884,7 @@ class _Run:
             victims: list[Reservation] = []
             fits = False
             for r in lower:
-                _release(trial, r.instance.id)
+                release_reservation(trial, r.instance.id)
                 victims.append(r)
                 if evaluate(trial, ask).dropped_by is None:
                     fits = True
@@ -724,7 +896,7 @@ class _Run:
                 others = [v for v in victims if v is not r]
                 check = slot.clone()
                 for v in others:
-                    _release(check, v.instance.id)
+                    release_reservation(check, v.instance.id)
                 if evaluate(check, ask).dropped_by is None:
                     victims = others
             prios = tuple(sorted((v.instance.priority for v in victims), reverse=True))
@@ -734,7 +906,7 @@ class _Run:
         if best is None:
             return None
         _, node_id, victim_ids = best
-        slot = self.slots[node_id]
+        slot = self.slot(node_id)
         for iid in victim_ids:
             self.release(slot, iid)
         verdict = evaluate(slot, ask)
@@ -742,13 +914,44 @@ class _Run:
         self.reserve(slot, ask, _best_runtime(slot, verdict))
         return victim_ids
 
+    def placements(self, instances: Sequence[Instance]) -> tuple[Placement, ...]:
+        """The placements of the placed ``instances``, in their order."""
+        out = []
+        slots, where = self.slots, self.where
+        service: Service | None = None
+        version, priority = "", 0
+        for inst in instances:
+            iid = inst.id
+            node_id = where.get(iid)
+            if node_id is None:
+                continue
+            if inst.service is not service:
+                service = inst.service
+                version, priority = service.version, service.priority
+            slot = slots[node_id]
+            res = slot.placed[iid]
+            out.append(
+                Placement(
+                    iid,
+                    inst.item_id,
+                    inst.subject_id,
+                    inst.index,
+                    version,
+                    priority,
+                    node_id,
+                    slot.runtimes[res.runtime_index].runtime.id,
+                    res.requested,
+                    res.resources,
+                    res.devices,
+                    _unhealthy(slot, res) if res.devices else (),
+                    res.cause,
+                )
+            )
+        return tuple(out)
+
     def placement(self, instance: Instance) -> Placement:
         slot = self.slots[self.where[instance.id]]
         res = slot.placed[instance.id]
-        unhealthy = []
-        for resource, ids in res.devices:
-            pool = slot.pools[resource]
-            unhealthy += [i for i in ids if not pool.by_id[i].healthy]
         return Placement(
             instance.id,
             instance.item_id,
@@ -761,9 +964,29 @@ class _Run:
             res.requested,
             res.resources,
             res.devices,
-            tuple(sorted(unhealthy)),
+            _unhealthy(slot, res),
             res.cause,
         )
+
+
+def _unhealthy(slot: NodeSlot, res: Reservation) -> tuple[str, ...]:
+    """The devices a reservation holds that the node now reports unhealthy, sorted."""
+    unhealthy = []
+    for resource, ids in res.devices:
+        pool = slot.pools[resource]
+        unhealthy += [i for i in ids if not pool.by_id[i].healthy]
+    return tuple(sorted(unhealthy))
+
+
+def _node_id(node: Node) -> str:
+    return node.id
+
+
+def _runtime_index(slot: NodeSlot, runtime_id: str) -> int:
+    for i, rt in enumerate(slot.runtimes):
+        if rt.runtime.id == runtime_id:
+            return i
+    return -1
 
 
 def _neg_order(instance: Instance) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
@@ -787,14 +1010,47 @@ def balance(
     ``exhaustive`` evaluates every filter on every node for every instance instead of using
     the class indexes: the same result, slowly (the reference the tests compare against).
     """
+    with _collector_paused():
+        return _balance(unit, nodes, services, previous, mode, overload, exhaustive)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for the duration of a balance call.
+
+    A call allocates a few objects per node and per instance and frees them by reference
+    counting (it makes no reference cycles), but the allocations trigger the collector's
+    full passes over every object of the process, which are mostly the loaded documents:
+    at 5,000 nodes x 20,000 instances those passes took a quarter of the run. The previous
+    state is restored on the way out, whatever happens.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _balance(
+    unit: UnitConfig | None,
+    nodes: Sequence[Node],
+    services: Sequence[Service],
+    previous: Mapping[str, PreviousAllocation] | None,
+    mode: Mode | None,
+    overload: Overload | None,
+    exhaustive: bool,
+) -> BalanceResult:
     if mode is None:
         mode = unit.placement if unit is not None else "stable"
     previous = previous or {}
     instances = expand_instances(sorted(services, key=lambda s: s.key))
     if mode == "rebalance":
         # the rebalance proper: pinned instances first, the rest afresh, on lowered capacity
-        core = _Run(unit, nodes, overload or {}, "rebalanced")
-        _passes(core, instances, previous, _pinned, preempt=False, exhaustive=exhaustive)
+        core = _Run(unit, nodes, overload or {}, "rebalanced", exhaustive=exhaustive)
+        _passes(core, instances, previous, _pinned, preempt=False)
         after = dict(previous)  # what the rebalance could not place falls back to its old place
         for inst in instances:
             if inst.id in core.where:
@@ -804,16 +1060,15 @@ def balance(
                     p = replace(p, cause=old.cause)  # it did not move
                 after[inst.id] = p.previous()
         # ... then one stable run on the real capacities: the state the next run starts from
-        run = _Run(unit, nodes, {}, "rebalanced")
-        preempted = _passes(run, instances, after, _always, preempt=True, exhaustive=exhaustive)
+        run = _Run(unit, nodes, {}, "rebalanced", exhaustive=exhaustive)
+        preempted = _passes(run, instances, after, _always, preempt=True)
     elif mode == "fresh":
-        run = _Run(unit, nodes, {})
-        preempted = _passes(run, instances, {}, _always, preempt=False, exhaustive=exhaustive)
+        run = _Run(unit, nodes, {}, exhaustive=exhaustive)
+        preempted = _passes(run, instances, {}, _always, preempt=False)
     else:
-        run = _Run(unit, nodes, {})
-        preempted = _passes(run, instances, previous, _always, preempt=True, exhaustive=exhaustive)
-    placements = tuple(run.placement(i) for i in instances if i.id in run.where)
-    return BalanceResult(placements, run.failures(instances), frozenset(preempted))
+        run = _Run(unit, nodes, {}, exhaustive=exhaustive)
+        preempted = _passes(run, instances, previous, _always, preempt=True)
+    return BalanceResult(run.placements(instances), run.failures(instances), frozenset(preempted))
 
 
 def _always(_instance: Instance) -> bool:
@@ -831,7 +1086,6 @@ def _passes(
     keeps: Callable[[Instance], bool],
     *,
     preempt: bool,
-    exhaustive: bool,
 ) -> set[str]:
     """Pass 1 (keep the previous place of the instances ``keeps`` selects), pass 2 (place the
     rest in instance order) and, with ``preempt``, pass 3; returns the evicted instances' ids.
@@ -845,8 +1099,7 @@ def _passes(
         if prev is not None and keeps(inst) and run.keep(inst, prev):
             continue
         pending.append(inst)
-    place = run.place_by_scan if exhaustive else run.place
-    failed = [inst for inst in pending if not place(inst)]
+    failed = run.place_all(pending)
     preempted: set[str] = set()
     if not (preempt and failed):
         return preempted
@@ -860,8 +1113,8 @@ def _passes(
         preempted.update(evicted)
         unplaced.extend(by_id[v] for v in evicted)
     if preempted:
-        for inst in sorted(unplaced, key=Instance.order_key):
-            place(inst, "preempted" if inst.id in preempted else None)
+        causes: dict[str, Cause] = {iid: "preempted" for iid in preempted}
+        run.place_all(sorted(unplaced, key=Instance.order_key), causes)
     return preempted
 
 
@@ -880,13 +1133,22 @@ def _replay(
     instances = {i.id: i for i in expand_instances(sorted(services, key=lambda s: s.key))}
     run = _Run(unit, nodes, {})
     for p in result.placements:
-        if p.instance_id == skip or p.instance_id not in instances:
+        instance = instances.get(p.instance_id)
+        if instance is None or p.instance_id == skip:
             continue
-        ask = run.ask(instances[p.instance_id])
-        ask.keep_devices = p.device_map()
-        slot = run.slots[p.node_id]
-        idx = next(i for i, r in enumerate(slot.runtimes) if r.runtime.id == p.runtime_id)
-        run.reserve(slot, ask, idx)
+        group = run.group(instance)
+        slot = run.slot(p.node_id)
+        idx = _runtime_index(slot, p.runtime_id)
+        if idx < 0:
+            raise KeyError(f"{p.label}: no runtime {p.runtime_id} on node {p.node_id}")
+        # as run.reserve with the instance's ask, its devices kept
+        req, devices = group.requested(slot), group.devices
+        keep = p.device_map() if p.devices else NO_KEEP
+        ids = take(slot, idx, req, group.resources, devices, keep)
+        slot.placed[instance.id] = Reservation(
+            instance, idx, req, group.names, ids, devices, run.cause
+        )
+        run.where[instance.id] = slot.id
     return run
 
 
@@ -897,7 +1159,9 @@ def node_states(
     result: BalanceResult,
 ) -> dict[str, NodeSlot]:
     """Every node's inventories with the result's placements reserved (for status)."""
-    return _replay(unit, nodes, services, result).slots
+    with _collector_paused():
+        run = _replay(unit, nodes, services, result)
+        return {slot.id: slot for slot in run.all_slots()}
 
 
 @dataclass(frozen=True)
@@ -930,7 +1194,7 @@ def explain(
     run = _replay(unit, nodes, services, result, skip=instance_id)
     ask = run.ask(instance)
     rows = []
-    for slot in run.order:
+    for slot in run.all_slots():
         cells: list[str | None] = [f.check(slot, ask) for f in NODE_FILTERS]
         for rf in RUNTIME_FILTERS:
             reasons = [rf.check(slot, rt, ask) for rt in slot.runtimes]

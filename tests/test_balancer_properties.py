@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.strategies import DrawFn
 
-from reconciler.balancer import balance
+from reconciler.balancer import balance, node_states
 from reconciler.filters import FILTER_CODES
-from reconciler.models import Node, Service, UnitConfig
+from reconciler.models import AlertRules, Node, Service, UnitConfig
 from reconciler.placement import BalanceResult, Mode, PreviousAllocation
 from reconciler.values import instance_id
 from tests.builders import previous_of
@@ -546,3 +546,92 @@ def test_class_indexes_give_the_exhaustive_result(scenario: Scenario, data: st.D
     fast = balance(scenario.unit, nodes, scenario.services, previous, mode="stable")
     slow = balance(scenario.unit, nodes, scenario.services, previous, "stable", exhaustive=True)
     assert fast == slow
+
+
+def with_alert_rules(data: st.DataObject, unit: UnitConfig) -> UnitConfig:
+    """The unit with cpu and ram alert rules on every entry, so that an overloaded node's pools
+    are lowered in a rebalance (SPEC §8)."""
+    entries = []
+    for entry in unit.nodes:
+        low = {k: data.draw(st.integers(0, 100), label=f"{k} minThreshold") for k in ("cpu", "ram")}
+        rules = AlertRules.model_validate(
+            {k: {"minThreshold": v, "maxThreshold": 100, "minTimeout": 60} for k, v in low.items()}
+        )
+        entries.append(entry.model_copy(update={"alertRules": rules}))
+    return unit.model_copy(update={"nodes": tuple(entries)})
+
+
+@SETTINGS
+@given(scenario=scenarios(), data=st.data())
+def test_groups_and_rebalances_give_the_exhaustive_result(
+    scenario: Scenario, data: st.DataObject
+) -> None:
+    """Services with many instances (the fast path places a service's instances together over a
+    heap of candidate nodes) must give what evaluating every filter on every node gives, in fresh
+    and stable mode; and so must a rebalance with overloaded nodes (lowered pools, requests
+    raised to the measured usage, whose instances the fast path groups apart)."""
+    nodes = scenario.nodes()
+    factor = data.draw(st.integers(2, 4), label="instances factor")
+    many = tuple(
+        s.model_copy(update={"instances": s.instances * factor + data.draw(st.integers(0, 2))})
+        for s in scenario.services
+    )
+    fast = balance(scenario.unit, nodes, many, mode="fresh")
+    assert fast == balance(scenario.unit, nodes, many, mode="fresh", exhaustive=True)
+    check_result(scenario.unit, nodes, many, fast, "fresh")
+    previous = previous_of(balance(scenario.unit, nodes, scenario.services, mode="fresh"))
+    fast = balance(scenario.unit, nodes, many, previous, mode="stable")
+    assert fast == balance(scenario.unit, nodes, many, previous, "stable", exhaustive=True)
+
+    unit = with_alert_rules(data, scenario.unit)
+    overloaded = data.draw(st.sets(st.sampled_from([n.id for n in nodes])), label="overloaded")
+    overload = {
+        node_id: frozenset(
+            data.draw(st.sets(st.sampled_from(("cpu", "ram")), min_size=1), label="alerts")
+        )
+        for node_id in sorted(overloaded)
+    }
+    previous = previous_of(balance(unit, nodes, many, mode="fresh"))
+    fast = balance(unit, nodes, many, previous, "rebalance", overload)
+    slow = balance(unit, nodes, many, previous, "rebalance", overload, exhaustive=True)
+    assert fast == slow
+
+
+@SETTINGS
+@given(scenario=scenarios())
+def test_node_states_hold_exactly_the_placements(scenario: Scenario) -> None:
+    """``node_states`` (what status shows) has every node, and on each the result's placements
+    reserved: the pools' used amounts are the sums of what the placements requested."""
+    nodes = scenario.nodes()
+    result = balance(scenario.unit, nodes, scenario.services, mode="fresh")
+    slots = node_states(scenario.unit, nodes, scenario.services, result)
+    assert sorted(slots) == sorted(n.id for n in nodes)
+    for node in nodes:
+        slot = slots[node.id]
+        placed = [p for p in result.placements if p.node_id == node.id]
+        assert sorted(slot.placed) == sorted(p.instance_id for p in placed)
+        own_cpu = {rt.id for rt in node.runtimes if rt.allowedDMIPS is not None}
+        own_ram = {rt.id for rt in node.runtimes if rt.allowedRAM is not None}
+        assert slot.cpu.used == sum(p.requested.cpu for p in placed if p.runtime_id not in own_cpu)
+        assert slot.ram.used == sum(p.requested.ram for p in placed if p.runtime_id not in own_ram)
+        for rt in slot.runtimes:
+            on_it = [p for p in placed if p.runtime_id == rt.runtime.id]
+            if rt.slots is not None:
+                assert rt.slots.used == len(on_it)
+            if rt.cpu is not None:
+                assert rt.cpu.used == sum(p.requested.cpu for p in on_it)
+            if rt.ram is not None:
+                assert rt.ram.used == sum(p.requested.ram for p in on_it)
+        storage, state = slot.partition("storages"), slot.partition("states")
+        stored = sum(p.requested.storage for p in placed)
+        kept = sum(p.requested.state for p in placed)
+        if storage is not None and slot.partition_key("storages") == slot.partition_key("states"):
+            assert storage.used == stored + kept
+        else:
+            assert (storage.used if storage is not None else 0) == stored
+            assert (state.used if state is not None else 0) == kept
+        for name, pool in slot.resources.items():
+            assert pool.slots.used == sum(name in p.resources for p in placed)
+        for resource, pool in slot.pools.items():
+            held = sorted(i for p in placed for r, ids in p.devices if r == resource for i in ids)
+            assert sorted(i for i, n in pool.holders for _ in range(n)) == held
