@@ -483,16 +483,6 @@ def take(
         need = state + storage if slot.shared_partition else state
         if need > state_pool.free:
             raise _over(state_pool, need)
-    if not (resources or devices):
-        cpu.free -= req.cpu
-        ram.free -= req.ram
-        if instances is not None:
-            instances.free -= 1
-        if storage_pool is not None:
-            storage_pool.free -= storage
-        if state_pool is not None:
-            state_pool.free -= state
-        return ()
     taken: list[tuple[str, PoolState]] = []
     if resources:
         have = slot.resources
