@@ -24,10 +24,8 @@ shows), so the next run with the same inputs reports the same reasons.
 
 from __future__ import annotations
 
-import gc
 from bisect import bisect_left, insort
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from heapq import heappop, heappush
 
@@ -39,6 +37,7 @@ from .filters import (
     STATIC_NODE_FILTERS,
     STATIC_RUNTIME_FILTERS,
 )
+from .gcpause import collector_paused
 from .models import (
     DeviceRequest,
     ImagePlatform,
@@ -1010,28 +1009,8 @@ def balance(
     ``exhaustive`` evaluates every filter on every node for every instance instead of using
     the class indexes: the same result, slowly (the reference the tests compare against).
     """
-    with _collector_paused():
+    with collector_paused():
         return _balance(unit, nodes, services, previous, mode, overload, exhaustive)
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector for the duration of a balance call.
-
-    A call allocates a few objects per node and per instance and frees them by reference
-    counting (it makes no reference cycles), but the allocations trigger the collector's
-    full passes over every object of the process, which are mostly the loaded documents:
-    at 5,000 nodes x 20,000 instances those passes took a quarter of the run. The previous
-    state is restored on the way out, whatever happens.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def _balance(
@@ -1159,7 +1138,7 @@ def node_states(
     result: BalanceResult,
 ) -> dict[str, NodeSlot]:
     """Every node's inventories with the result's placements reserved (for status)."""
-    with _collector_paused():
+    with collector_paused():
         run = _replay(unit, nodes, services, result)
         return {slot.id: slot for slot in run.all_slots()}
 

@@ -40,6 +40,7 @@ from .fsio import (
     settled_key,
     stat_key,
 )
+from .gcpause import collector_paused
 from .jsonio import pretty_json
 from .lastgood import LastGoodStore
 from .loader import Diagnostic, LoadOptions, StateView, load_state, mass_deletion_guard
@@ -335,7 +336,7 @@ def reconcile(
     opts = opts or ReconcileOptions()
     if not state_dir.exists():
         state_dir.mkdir(mode=0o700, parents=True)
-    with StateLock(state_dir, opts.lock_timeout):
+    with StateLock(state_dir, opts.lock_timeout), collector_paused():
         for directory in (state_dir / "checkpoint", state_dir / "out", state_dir / "out" / "nodes"):
             remove_stale_temp_files(directory)
         written: list[str] = []

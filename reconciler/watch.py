@@ -14,6 +14,7 @@ not wake it.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import threading
 import time
@@ -100,6 +101,7 @@ def watch_loop(
                 on_run(None)
             return
         last_view[:] = [report.computed.view]
+        gc.collect()  # reconcile runs with the collector paused: collect now, while idle
         for d in report.computed.diagnostics:
             log.warning("%s", d)
         log.info("%s (%s)", summary(report, time.monotonic() - t0), reason)
