@@ -524,6 +524,33 @@ class TestCrashPointsOfAWholeReconcile:
                 reconcile(state, ReconcileOptions(write_hook=fault.wrap(lambda _step: None)))
             self._check(state, base, reference)
 
+    def _fail_each_call(
+        self,
+        scenario: tuple[Path, Path, int],
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+        error: OSError,
+        patch: Callable[[FailAt], None],
+    ) -> int:
+        """Fail the k-th call that ``patch`` routes through a FailAt, for k = 1, 2, ... until a
+        run completes; after each failure the state is checked. Returns that first k."""
+        base, reference, _ = scenario
+        k = 0
+        while True:
+            k += 1
+            state = _clean_copy(base, tmp_path / f"k{k}")
+            fault = FailAt(k, error)
+            patch(fault)
+            try:
+                reconcile(state)
+            except OSError as e:
+                assert e is fault.error and fault.calls == k  # the first failure ends the run
+            else:
+                return k  # k is past the last such call of a run
+            finally:
+                monkeypatch.undo()
+            self._check(state, base, reference)
+
     def test_failing_fsync_at_each_sync(
         self,
         scenario: tuple[Path, Path, int],
@@ -532,23 +559,13 @@ class TestCrashPointsOfAWholeReconcile:
     ) -> None:
         from reconciler import fsio
 
-        base, reference, _ = scenario
-        k = 0
-        while True:
-            k += 1
-            state = _clean_copy(base, tmp_path / f"k{k}")
-            fault = FailAt(k, OSError(5, "Input/output error"))
+        def patch(fault: FailAt) -> None:
             monkeypatch.setattr(os, "fsync", fault.wrap(os.fsync))
             monkeypatch.setattr(fsio, "_sync_filesystem_of", fault.wrap(fsio._sync_filesystem_of))
-            try:
-                reconcile(state)
-            except OSError as e:
-                assert e is fault.error and fault.calls == k  # the first failure ends the run
-            else:
-                break  # k is past the last sync of a run
-            finally:
-                monkeypatch.undo()
-            self._check(state, base, reference)
+
+        k = self._fail_each_call(
+            scenario, tmp_path, monkeypatch, OSError(5, "Input/output error"), patch
+        )
         assert k > 4  # the checkpoint's fsyncs and the batches' syncfs were all hit
 
     def test_failing_rename_at_each_rename(
@@ -557,22 +574,12 @@ class TestCrashPointsOfAWholeReconcile:
         tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch,
     ) -> None:
-        base, reference, _ = scenario
-        k = 0
-        while True:
-            k += 1
-            state = _clean_copy(base, tmp_path / f"k{k}")
-            fault = FailAt(k, OSError(28, "No space left on device"))
+        def patch(fault: FailAt) -> None:
             monkeypatch.setattr(os, "replace", fault.wrap(os.replace))
-            try:
-                reconcile(state)
-            except OSError as e:
-                assert e is fault.error
-            else:
-                break
-            finally:
-                monkeypatch.undo()
-            self._check(state, base, reference)
+
+        k = self._fail_each_call(
+            scenario, tmp_path, monkeypatch, OSError(28, "No space left on device"), patch
+        )
         assert k > 3
 
 
