@@ -24,6 +24,8 @@ from . import __version__
 from .agent import AgentError, agent_watch, run_agent_once
 from .balancer import explain as explain_instance
 from .checkpoint import load_checkpoint
+from .etcdstore import EtcdStore
+from .ha import agent_watch_store, reconcile_via_store, run_agent_via_store, store_watch_loop
 from .loader import Diagnostic, load_state
 from .lock import LockTimeout, StateLock
 from .models import KINDS, Service
@@ -34,6 +36,7 @@ from .reconcile import ReconcileError, ReconcileOptions, compute_once, reconcile
 from .render import render_explanation, render_placements, render_plan, render_status
 from .runc import Runc, RuncError
 from .schema import RESOURCES_FILE, all_schemas
+from .store import FileStore, StateStore, StoreError, copy_unit
 from .values import parse_duration
 from .watch import WatchOptions, watch_loop
 
@@ -70,6 +73,25 @@ def state_option(f: F) -> F:
         show_default=True,
         help="The state directory (unit.yaml, desired/, nodes/, actual/, out/, checkpoint/).",
     )(f)
+
+
+def store_option(f: F) -> F:
+    return click.option(
+        "--store",
+        "store_url",
+        metavar="URL",
+        envvar="RECONCILER_STORE",
+        default=None,
+        help="Keep the unit in etcd (etcd://HOST:PORT/PREFIX; env RECONCILER_STORE) instead of "
+        "in --state; --state is then the local working copy (docs/etcd.md).",
+    )(f)
+
+
+def _etcd(url: str) -> EtcdStore:
+    try:
+        return EtcdStore(url)
+    except StoreError as e:
+        raise click.BadParameter(str(e), param_hint="--store") from None
 
 
 def json_option(f: F) -> F:
@@ -282,11 +304,19 @@ def _progress() -> Iterator[Callable[[str], None] | None]:
         yield lambda text: status.update(f"{text}...")
 
 
-def _run_reconcile(state_dir: Path, opts: ReconcileOptions, as_json: bool) -> int:
+def _run_reconcile(
+    state_dir: Path, opts: ReconcileOptions, as_json: bool, store_url: str | None = None
+) -> int:
     try:
         with _progress() as on_stage:
-            report = reconcile(state_dir, dataclasses.replace(opts, on_stage=on_stage))
-    except (ReconcileError, LockTimeout) as e:
+            staged = dataclasses.replace(opts, on_stage=on_stage)
+            if store_url is None:
+                report = reconcile(state_dir, staged)
+            else:
+                report = reconcile_via_store(
+                    _etcd(store_url), state_dir, staged, wait=opts.lock_timeout
+                )
+    except (ReconcileError, LockTimeout, StoreError) as e:
         _err_console().print(f"error: {e}", markup=False)
         return EXIT_ERROR
     except OSError as e:  # a failed write or fsync ends the run; the old files stay
@@ -326,6 +356,7 @@ def _run_reconcile(state_dir: Path, opts: ReconcileOptions, as_json: bool) -> in
 
 @cli.command(name="reconcile")
 @state_option
+@store_option
 @json_option
 @_mode_option
 @_allow_empty_option
@@ -336,7 +367,12 @@ def _run_reconcile(state_dir: Path, opts: ReconcileOptions, as_json: bool) -> in
     help="Give up after waiting this many seconds for another writer (default: wait).",
 )
 def reconcile_cmd(
-    state_dir: Path, as_json: bool, mode: str | None, allow_empty: bool, lock_timeout: float | None
+    state_dir: Path,
+    store_url: str | None,
+    as_json: bool,
+    mode: str | None,
+    allow_empty: bool,
+    lock_timeout: float | None,
 ) -> int:
     """Compute the plan and write out/ and the checkpoint.
 
@@ -347,6 +383,10 @@ def reconcile_cmd(
     atomically and only when their content changed. If the inputs changed during the run, it
     runs again (at most 5 passes).
 
+    With --store etcd://…: takes the unit's leader key (waiting up to --lock-timeout for a
+    running leader; by default it fails at once), copies the unit into DIR, runs as above in
+    DIR and commits out/ and checkpoint/ to etcd in one transaction.
+
     Exit codes: 0 done (unplaceable instances are reported in status), 1 error.
     """
     opts = ReconcileOptions(
@@ -355,7 +395,7 @@ def reconcile_cmd(
         lock_timeout=lock_timeout,
         configs=default_config_builder(),
     )
-    return _run_reconcile(state_dir, opts, as_json)
+    return _run_reconcile(state_dir, opts, as_json, store_url)
 
 
 @cli.command()
@@ -428,8 +468,18 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
 
 @cli.command()
 @state_option
+@store_option
 @_mode_option
 @_allow_empty_option
+@click.option(
+    "--lease",
+    "lease_ttl",
+    type=click.IntRange(1, 3600),
+    default=10,
+    show_default=True,
+    help="With --store: seconds the leader's lease lasts without a refresh; a standby "
+    "replica takes over at most this long after the leader dies.",
+)
 @click.option(
     "--debounce",
     default="200ms",
@@ -445,7 +495,13 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
     help="Full reconcile at least this often, even without events (e.g. 60s, 5m).",
 )
 def watch(
-    state_dir: Path, mode: str | None, allow_empty: bool, debounce: float, resync: float
+    state_dir: Path,
+    store_url: str | None,
+    mode: str | None,
+    allow_empty: bool,
+    lease_ttl: int,
+    debounce: float,
+    resync: float,
 ) -> int:
     """Reconcile on every change of the inputs, until SIGTERM.
 
@@ -455,18 +511,28 @@ def watch(
     kernel queue or a file outside the state directory is never missed for long. Logs one
     line per run on stderr (readable in journalctl). SIGTERM or SIGINT stops it cleanly.
 
+    With --store etcd://…: any number of replicas may run; they elect one leader through a
+    lease on PREFIX/.leader. The leader copies the unit into DIR, reconciles, commits out/ and
+    checkpoint/ in one transaction guarded by its leadership, then follows etcd's watch events
+    (resyncing from a snapshot after a compaction or a lost watch). The others stand by and
+    take over within --lease seconds of the leader's death.
+
     Exit codes: 0 stopped by a signal, 1 error.
     """
     logging.getLogger("reconciler").setLevel(min(logging.INFO, logging.getLogger().level))
     opts = ReconcileOptions(
         mode=_mode(mode), allow_empty=allow_empty, configs=default_config_builder()
     )
-    return watch_loop(state_dir, opts, WatchOptions(debounce=debounce, resync=resync))
+    wopts = WatchOptions(debounce=debounce, resync=resync)
+    if store_url is not None:
+        return store_watch_loop(_etcd(store_url), state_dir, opts, wopts, ttl=lease_ttl)
+    return watch_loop(state_dir, opts, wopts)
 
 
 @cli.command()
 @click.option("--node", "node_id", required=True, help="The node this agent runs on (its id).")
 @state_option
+@store_option
 @json_option
 @click.option(
     "--runtime",
@@ -503,6 +569,7 @@ def watch(
 def agent(
     node_id: str,
     state_dir: Path,
+    store_url: str | None,
     as_json: bool,
     runtime: str,
     runc_root: Path | None,
@@ -520,23 +587,46 @@ def agent(
     (running: active, created: activating, stopped or gone: failed), which closes the loop: the
     next plan is empty. Containers are named <node>.<instance id>.
 
+    With --store etcd://…: the unit is read from etcd into DIR (the same path on every
+    machine, as the OCI configs name it), and actual/NODE.yaml is written back in a
+    transaction that fails if anyone changed it since it was read (a stale write: exit 1,
+    nothing written; the next run reads the new version).
+
     Exit codes: 0 applied (or nothing to do), 4 stale plan, 1 error. With --watch: runs until
     SIGTERM, then 0.
     """
-    _require_state(state_dir)
+    if store_url is None:
+        _require_state(state_dir)
     del runtime  # only runc is supported (crun refuses this kind of cgroup setup)
     runc = Runc(binary="runc", root=runc_root)
+    store = _etcd(store_url) if store_url is not None else None
     if not once:
         logging.getLogger("reconciler").setLevel(min(logging.INFO, logging.getLogger().level))
+        if store is not None:
+            agent_watch_store(
+                store,
+                state_dir,
+                node_id,
+                runc,
+                threading.Event(),
+                stop_timeout=stop_timeout,
+                log_dir=log_dir,
+            )
+            return EXIT_OK
         agent_watch(
             state_dir, node_id, runc, threading.Event(), stop_timeout=stop_timeout, log_dir=log_dir
         )
         return EXIT_OK
     try:
-        report = run_agent_once(
-            state_dir, node_id, runc, stop_timeout=stop_timeout, log_dir=log_dir
-        )
-    except (AgentError, RuncError, LockTimeout, OSError) as e:
+        if store is not None:
+            report = run_agent_via_store(
+                store, state_dir, node_id, runc, stop_timeout=stop_timeout, log_dir=log_dir
+            )
+        else:
+            report = run_agent_once(
+                state_dir, node_id, runc, stop_timeout=stop_timeout, log_dir=log_dir
+            )
+    except (AgentError, RuncError, LockTimeout, StoreError, OSError) as e:
         _err_console().print(f"error: {e}", markup=False)
         return EXIT_ERROR
     if as_json:
@@ -546,6 +636,78 @@ def agent(
         for iid, why in sorted(report.failed.items()):
             _console().print(f"  failed {iid}: {why}", markup=False)
     return EXIT_STALE if report.stale else EXIT_OK
+
+
+def _copy(source: StateStore, target: StateStore, verb: str, as_json: bool) -> int:
+    try:
+        written, deleted = copy_unit(source, target)
+    except (StoreError, OSError) as e:
+        _err_console().print(f"error: {e}", markup=False)
+        return EXIT_ERROR
+    if as_json:
+        _print_json({"from": source.url, "to": target.url, "written": written, "deleted": deleted})
+    else:
+        _console().print(
+            f"{verb} {source.url} -> {target.url}: {written} document(s) written, "
+            f"{deleted} deleted",
+            markup=False,
+        )
+    return EXIT_OK
+
+
+@cli.command(name="export")
+@state_option
+@click.option("--store", "store_url", metavar="URL", required=True, help="etcd://HOST:PORT/PREFIX")
+@json_option
+def export_cmd(state_dir: Path, store_url: str, as_json: bool) -> int:
+    """Copy a unit from etcd into the state directory DIR.
+
+    Afterwards DIR holds exactly the unit's documents (unit.yaml, desired/, nodes/, actual/,
+    resources/, out/, checkpoint/): files the store does not have are deleted there, each file
+    is written atomically. Run it under no other writer of DIR; any command (plan, status,
+    explain, reconcile) then works on DIR offline.
+
+    Exit codes: 0 done, 1 error.
+    """
+    with StateLock(_mkdir(state_dir)):
+        return _copy(_etcd(store_url), FileStore(state_dir), "exported", as_json)
+
+
+@cli.command(name="import")
+@state_option
+@click.option("--store", "store_url", metavar="URL", required=True, help="etcd://HOST:PORT/PREFIX")
+@click.option(
+    "--force", is_flag=True, help="Import even while a controller leads the unit in etcd."
+)
+@json_option
+def import_cmd(state_dir: Path, store_url: str, force: bool, as_json: bool) -> int:
+    """Copy the unit in the state directory DIR into etcd, in one transaction.
+
+    Afterwards PREFIX holds exactly DIR's documents (its checkpoint included, so placements
+    carry over): keys DIR does not have are deleted. Refused while a controller leads the unit
+    (its next commit would undo part of the import) unless --force.
+
+    Exit codes: 0 done, 1 error.
+    """
+    _require_state(state_dir)
+    store = _etcd(store_url)
+    try:
+        holder = store.leader()
+    except StoreError as e:
+        _err_console().print(f"error: {e}", markup=False)
+        return EXIT_ERROR
+    if holder is not None and not force:
+        _err_console().print(
+            f"error: {holder} leads {store.url}; stop it first (or --force)", markup=False
+        )
+        return EXIT_ERROR
+    with StateLock(state_dir):
+        return _copy(FileStore(state_dir), store, "imported", as_json)
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
 
 
 @cli.command()

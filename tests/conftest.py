@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.etcd_support import etcd_server, etcd_url  # noqa: F401 - fixtures shared by the suite
+
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "state"
 EXAMPLES = sorted(p for p in (ROOT / "examples").iterdir() if (p / "unit.yaml").exists())

@@ -1,0 +1,334 @@
+"""State stores: where a unit's documents live (issue 11, docs/etcd.md).
+
+A *unit* is one controller's state: ``unit.yaml`` and every regular file under ``desired/``,
+``nodes/``, ``actual/``, ``resources/``, ``out/`` and ``checkpoint/`` whose path has no hidden
+name (:func:`is_unit_path`),
+keyed by its path relative to the state directory with ``/`` separators. Values are the
+documents' bytes, exactly as in a state directory, so every rule of SPEC §5 (the safe loader,
+last good versions) applies unchanged whichever store holds them.
+
+:class:`StateStore` is the interface the controller and the agent use to read, watch and write
+a unit. Two implementations:
+
+- :class:`FileStore`: the state directory itself, the embedded default. The controller and the
+  agent run directly in it, under its flock, exactly as without a store.
+- :class:`reconciler.etcdstore.EtcdStore`: keys ``<prefix>/<path>`` in etcd v3.
+
+The controller's core reads and writes a local *working directory*. With etcd that directory is
+a :class:`Mirror` of the unit: brought up to date from the store (a full snapshot, then watch
+events), and after a run its changes under the paths the writer owns are published in **one**
+transaction guarded by the writer's claim (the leader key for the controller, the revision read
+for an agent's actual state). A run that dies before its commit leaves the store untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from .fsio import atomic_write_many, ensure_dir, read_bytes_at
+
+__all__ = [
+    "CONTROLLER_OWNED",
+    "INPUT_DIRS",
+    "UNIT_DIRS",
+    "Change",
+    "Entry",
+    "FileStore",
+    "LeaderGuard",
+    "Mirror",
+    "RevisionGuard",
+    "Snapshot",
+    "StaleWrite",
+    "StateStore",
+    "StoreError",
+    "copy_unit",
+    "is_input_path",
+    "is_unit_path",
+    "scan_unit",
+    "under",
+    "write_unit",
+]
+
+UNIT_FILES = ("unit.yaml",)
+INPUT_DIRS = ("desired", "nodes", "actual", "resources")
+UNIT_DIRS = (*INPUT_DIRS, "out", "checkpoint")
+CONTROLLER_OWNED = ("out", "checkpoint")
+"""Top-level directories only the controller writes: the paths it publishes after a run."""
+
+MAX_DOCUMENT_BYTES = 64 << 20
+"""A unit file larger than this is refused on scan (inputs are capped at 1 MiB by the loader;
+the checkpoint of a large fleet is the biggest document)."""
+
+
+class StoreError(Exception):
+    """The store cannot be reached, or refused a request (the message says which and why)."""
+
+
+class StaleWrite(StoreError):
+    """A guarded commit was refused: what it was computed from changed in the store meanwhile
+    (another writer, or this controller is no longer the leader). Nothing was written."""
+
+
+def is_unit_path(rel: str) -> bool:
+    """Whether ``rel`` (relative, ``/``-separated) is one of a unit's documents. Hidden names
+    never are, as the loader ignores them: temp files, editor swap files, and the writers'
+    local caches (``out/instances/.manifest.json`` records inodes of this machine's files)."""
+    parts = rel.split("/")
+    if any(not p or p.startswith(".") for p in parts):
+        return False
+    if len(parts) == 1:
+        return parts[0] in UNIT_FILES
+    return parts[0] in UNIT_DIRS
+
+
+def is_input_path(rel: str) -> bool:
+    """A unit path the controller reads as input (not one it writes)."""
+    return is_unit_path(rel) and rel.split("/")[0] not in CONTROLLER_OWNED
+
+
+def _file_mode(rel: str) -> int:
+    """As ``reconcile`` and the agent write them: what agents and runc read is 0644."""
+    return 0o644 if rel.startswith(("out/nodes/", "out/instances/", "actual/")) else 0o600
+
+
+@dataclass(frozen=True)
+class Entry:
+    data: bytes
+    mod_revision: int  # the store's revision of its last change (0 for the file store)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    revision: int  # the store revision the snapshot was read at
+    entries: Mapping[str, Entry]
+
+
+@dataclass(frozen=True)
+class Change:
+    rel: str
+    data: bytes | None  # None: deleted
+    mod_revision: int
+
+
+@dataclass(frozen=True)
+class RevisionGuard:
+    """Commit only if ``rel`` was last changed at ``mod_revision`` (0: it must not exist): the
+    check the JSON Patch ``test`` of ``/revision`` makes, done by the store."""
+
+    rel: str
+    mod_revision: int
+
+
+@dataclass(frozen=True)
+class LeaderGuard:
+    """Commit only if ``identity`` still holds the unit's leader key (fencing a controller
+    whose lease expired while it computed)."""
+
+    identity: str
+
+
+Guard = RevisionGuard | LeaderGuard
+
+
+class StateStore(Protocol):
+    """Every read, watch and write of a unit's documents."""
+
+    @property
+    def url(self) -> str: ...
+
+    def snapshot(self) -> Snapshot:
+        """Every document of the unit, read at one revision."""
+        ...
+
+    def commit(
+        self,
+        puts: Mapping[str, bytes],
+        deletes: Iterable[str] = (),
+        guards: Sequence[Guard] = (),
+    ) -> int:
+        """Write ``puts`` and delete ``deletes`` all at once, only if every guard holds
+        (:class:`StaleWrite` otherwise); returns the new revision."""
+        ...
+
+
+# ---------------------------------------------------------------- the file store
+
+
+def scan_unit(root: Path) -> dict[str, bytes]:
+    """Every unit document under ``root``, by relative path (symlinks are not followed)."""
+    found: dict[str, bytes] = {}
+    for rel in UNIT_FILES:
+        path = root / rel
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                found[rel] = _read(path)
+    for top in UNIT_DIRS:
+        base = root / top
+        if not base.is_dir() or base.is_symlink():
+            continue
+        for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
+            dirnames.sort()
+            for name in filenames:
+                path = Path(dirpath) / name
+                rel = path.relative_to(root).as_posix()
+                if is_unit_path(rel) and stat.S_ISREG(os.lstat(path).st_mode):
+                    found[rel] = _read(path)
+    return dict(sorted(found.items()))
+
+
+def _read(path: Path) -> bytes:
+    data, _ = read_bytes_at(path, MAX_DOCUMENT_BYTES)
+    if len(data) > MAX_DOCUMENT_BYTES:
+        raise StoreError(f"{path}: larger than {MAX_DOCUMENT_BYTES} bytes")
+    return data
+
+
+def write_unit(root: Path, puts: Mapping[str, bytes], deletes: Iterable[str]) -> None:
+    """Write documents into a state directory atomically (each file old or new, one batched
+    sync) and delete others, removing directories the deletions leave empty."""
+    items: list[tuple[Path, bytes, int]] = []
+    for rel, data in sorted(puts.items()):
+        if not is_unit_path(rel):
+            raise StoreError(f"{rel!r} is not a path of a unit's document")
+        path = root / rel
+        ensure_dir(path.parent)
+        items.append((path, data, _file_mode(rel)))
+    atomic_write_many(items)
+    for rel in sorted(set(deletes)):
+        if not is_unit_path(rel):
+            continue
+        path = root / rel
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        parent = path.parent
+        while parent != root and parent.parent != root:  # keep the top-level directories
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+            parent = parent.parent
+
+
+class FileStore:
+    """A state directory as a store. Its documents carry no revisions (guards are not
+    supported: writers serialize on the directory's flock instead)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @property
+    def url(self) -> str:
+        return self.root.resolve().as_uri()
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(0, {rel: Entry(data, 0) for rel, data in scan_unit(self.root).items()})
+
+    def commit(
+        self,
+        puts: Mapping[str, bytes],
+        deletes: Iterable[str] = (),
+        guards: Sequence[Guard] = (),
+    ) -> int:
+        if guards:
+            raise StoreError("the file store has no revisions to guard a write with")
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_unit(self.root, puts, deletes)
+        return 0
+
+
+def copy_unit(source: StateStore, target: StateStore) -> tuple[int, int]:
+    """Make ``target`` hold exactly ``source``'s unit (``export`` / ``import``), in one commit.
+    Returns (documents written, documents deleted)."""
+    wanted = {rel: e.data for rel, e in source.snapshot().entries.items()}
+    have = target.snapshot().entries
+    puts = {rel: data for rel, data in wanted.items() if rel not in have or have[rel].data != data}
+    deletes = sorted(rel for rel in have if rel not in wanted)
+    target.commit(puts, deletes)
+    return len(puts), len(deletes)
+
+
+# ---------------------------------------------------------------- the mirror
+
+
+class Mirror:
+    """A local working directory kept equal to a store's unit (see the module docstring)."""
+
+    def __init__(self, store: StateStore, workdir: Path) -> None:
+        self.store = store
+        self.workdir = workdir
+        self.known: dict[str, Entry] = {}
+        self.revision = 0
+        self.synced = 0
+        """The revision of the last snapshot: a watch from ``synced + 1`` misses nothing since."""
+
+    def resync(self) -> set[str]:
+        """Make the working directory equal to a fresh snapshot; returns the paths that changed
+        (every path after a restart)."""
+        self.workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        snap = self.store.snapshot()
+        local = scan_unit(self.workdir)
+        puts = {r: e.data for r, e in snap.entries.items() if local.get(r) != e.data}
+        deletes = [r for r in local if r not in snap.entries]
+        write_unit(self.workdir, puts, deletes)
+        self.known = dict(snap.entries)
+        self.revision = self.synced = snap.revision
+        return set(puts) | set(deletes)
+
+    def apply(self, changes: Sequence[Change]) -> set[str]:
+        """Apply watch events (in order); returns the paths whose content changed."""
+        final: dict[str, Change] = {}
+        for ch in changes:
+            final[ch.rel] = ch
+            self.revision = max(self.revision, ch.mod_revision)
+        puts: dict[str, bytes] = {}
+        deletes: list[str] = []
+        for rel, ch in final.items():
+            old = self.known.get(rel)
+            if ch.data is None:
+                if old is not None:
+                    deletes.append(rel)
+                    del self.known[rel]
+            else:
+                if old is None or old.data != ch.data:
+                    puts[rel] = ch.data
+                self.known[rel] = Entry(ch.data, ch.mod_revision)
+        write_unit(self.workdir, puts, deletes)
+        return set(puts) | set(deletes)
+
+    def local_changes(self, owned: Callable[[str], bool]) -> tuple[dict[str, bytes], list[str]]:
+        """What the working directory holds, under the paths ``owned``, that the store does not."""
+        local = {r: d for r, d in scan_unit(self.workdir).items() if owned(r)}
+        puts = {r: d for r, d in local.items() if r not in self.known or self.known[r].data != d}
+        deletes = sorted(r for r in self.known if owned(r) and r not in local)
+        return puts, deletes
+
+    def push(self, owned: Callable[[str], bool], guards: Sequence[Guard]) -> int:
+        """Publish the local changes under ``owned`` in one guarded commit; returns how many
+        documents it wrote or deleted. On :class:`StaleWrite` the working directory is ahead of
+        the store: call :meth:`resync` before the next run."""
+        puts, deletes = self.local_changes(owned)
+        if not puts and not deletes:
+            return 0
+        revision = self.store.commit(puts, deletes, guards)
+        for rel, data in puts.items():
+            self.known[rel] = Entry(data, revision)
+        for rel in deletes:
+            self.known.pop(rel, None)
+        self.revision = max(self.revision, revision)
+        return len(puts) + len(deletes)
+
+
+def under(*tops: str) -> Callable[[str], bool]:
+    """An ownership test: unit paths under the given top-level directories (or equal to one
+    of them as a file path, for a single document)."""
+
+    def owned(rel: str) -> bool:
+        return any(rel == t or rel.startswith(t + "/") for t in tops)
+
+    return owned
