@@ -5,7 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.etcd_support import etcd_server, etcd_url  # noqa: F401 - fixtures shared by the suite
+from tests.etcd_support import (  # fixtures shared by the suite
+    STORE_PARAM,
+    STORE_SCENARIO_MODULES,
+    etcd_server,  # noqa: F401
+    etcd_url,  # noqa: F401
+    runs_reconcile,
+    state_store,  # noqa: F401
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "state"
@@ -18,3 +25,11 @@ def demo_copy(tmp_path: Path) -> Path:
     dst = tmp_path / "state"
     shutil.copytree(DEMO, dst, ignore=shutil.ignore_patterns("out", "checkpoint", ".lock"))
     return dst
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """The placement, checkpoint and plan scenarios that run ``reconcile`` run against both
+    stores, unchanged: ``[file]`` as written, ``[etcd]`` through a unit in etcd (issue 11)."""
+    if metafunc.module.__name__ in STORE_SCENARIO_MODULES and runs_reconcile(metafunc.function):
+        metafunc.fixturenames.append(STORE_PARAM)  # a plain parameter, read by state_store
+        metafunc.parametrize(STORE_PARAM, ["file", "etcd"])
