@@ -143,14 +143,6 @@ def _devices_of(inst: ActualInstance) -> tuple[tuple[str, tuple[str, ...]], ...]
     return tuple(sorted((r, tuple(sorted(ids))) for r, ids in inst.devices.items()))
 
 
-def _same(p: Placement, node_id: str, inst: ActualInstance) -> bool:
-    if p.node_id != node_id or p.version != inst.version or p.runtime_id != inst.runtimeId:
-        return False
-    if not inst.devices:
-        return not p.devices
-    return p.devices == _devices_of(inst)
-
-
 def make_plan(
     result: BalanceResult,
     actual: Mapping[str, ActualState],
@@ -166,16 +158,26 @@ def make_plan(
     kept: set[str] = set()
     moved_reason: dict[str, Reason] = {}
 
-    running: list[tuple[str, str, ActualInstance]] = sorted(
-        (node_id, iid, inst)
-        for node_id, doc in actual.items()
-        for iid, inst in doc.instances.items()
-    )
+    get = desired.get
+    # nodes in id order: an instance running on two nodes is kept on the first (the order
+    # within a node does not matter: actions are sorted below)
+    running: list[tuple[str, str, ActualInstance]] = []
+    for node_id in sorted(actual):
+        for iid, inst in actual[node_id].instances.items():
+            p = get(iid)
+            if (
+                p is not None
+                and p.node_id == node_id
+                and p.version == inst.version
+                and p.runtime_id == inst.runtimeId
+                and (p.devices == _devices_of(inst) if inst.devices else not p.devices)
+                and iid not in kept
+            ):
+                kept.add(iid)
+            else:
+                running.append((node_id, iid, inst))
     for node_id, iid, inst in running:
-        p = desired.get(iid)
-        if p is not None and iid not in kept and _same(p, node_id, inst):
-            kept.add(iid)
-            continue
+        p = get(iid)
         reason: Reason
         if node_id not in nodes:
             reason = "node-lost"
