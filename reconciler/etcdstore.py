@@ -203,6 +203,8 @@ class EtcdStore:
                 raise StoreError(f"{rel!r} is not a path of a unit's document")
             ops.append({"request_put": {"key": _b64(self.key(rel)), "value": _b64(data)}})
         for rel in sorted(set(deletes)):
+            if not is_unit_path(rel):  # e.g. ".leader": never deleted as a document
+                raise StoreError(f"{rel!r} is not a path of a unit's document")
             ops.append({"request_delete_range": {"key": _b64(self.key(rel))}})
         if not ops:
             return 0
