@@ -19,7 +19,6 @@ The controller's core runs unchanged in a local working directory (``--state``) 
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import os
 import queue
@@ -49,7 +48,7 @@ from .store import (
     under,
 )
 from .values import validate_id
-from .watch import WatchOptions, summary
+from .watch import WatchOptions, run_logged, summary
 
 __all__ = [
     "EventFeed",
@@ -210,15 +209,9 @@ def _lead(
 
     def run(reason: str) -> None:
         t0 = time.monotonic()
-        try:
-            report = reconcile(mirror.workdir, opts, last_view[0] if last_view else None)
-        except (ReconcileError, LockTimeout, OSError) as e:
-            log.error("reconcile failed (%s): %s", reason, e)
-            if on_run is not None:
-                on_run(None)
+        report = run_logged(mirror.workdir, opts, last_view, reason, on_run)
+        if report is None:
             return
-        last_view[:] = [report.computed.view]
-        gc.collect()
         if lead.lost.is_set():
             return  # not committed: the next leader recomputes it from the store
         try:

@@ -35,7 +35,7 @@ from .reconcile import (
 )
 from .signals import stop_on_signals
 
-__all__ = ["WatchOptions", "input_filter", "watch_loop"]
+__all__ = ["WatchOptions", "input_filter", "run_logged", "summary", "watch_loop"]
 
 log = logging.getLogger("reconciler.watch")
 
@@ -75,6 +75,28 @@ def summary(report: ReconcileReport, elapsed: float) -> str:
     )
 
 
+def run_logged(
+    state_dir: Path,
+    opts: ReconcileOptions,
+    last_view: list[StateView],
+    reason: str,
+    on_run: Callable[[ReconcileReport | None], None] | None,
+) -> ReconcileReport | None:
+    """One reconcile of a long-running loop: ``last_view`` (the view of the last run, its
+    parse cache and last good versions) is passed in and replaced; a failure is logged and
+    reported as ``on_run(None)``, never raised."""
+    try:
+        report = reconcile(state_dir, opts, last_view[0] if last_view else None)
+    except (ReconcileError, LockTimeout, OSError) as e:
+        log.error("reconcile failed (%s): %s", reason, e)
+        if on_run is not None:
+            on_run(None)
+        return None
+    last_view[:] = [report.computed.view]
+    gc.collect()  # reconcile runs with the collector paused: collect now, while idle
+    return report
+
+
 def watch_loop(
     state_dir: Path,
     opts: ReconcileOptions,
@@ -93,15 +115,9 @@ def watch_loop(
 
     def run(reason: str) -> None:
         t0 = time.monotonic()
-        try:
-            report = reconcile(state_dir, opts, last_view[0] if last_view else None)
-        except (ReconcileError, LockTimeout, OSError) as e:
-            log.error("reconcile failed (%s): %s", reason, e)
-            if on_run is not None:
-                on_run(None)
+        report = run_logged(state_dir, opts, last_view, reason, on_run)
+        if report is None:
             return
-        last_view[:] = [report.computed.view]
-        gc.collect()  # reconcile runs with the collector paused: collect now, while idle
         for d in report.computed.diagnostics:
             log.warning("%s", d)
         log.info("%s (%s)", summary(report, time.monotonic() - t0), reason)
