@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import requests
 from etcd3gw import exceptions as etcd_exceptions
@@ -42,7 +42,7 @@ from .store import (
     is_unit_path,
 )
 
-__all__ = ["Compacted", "EtcdStore", "Leadership", "parse_etcd_url"]
+__all__ = ["Compacted", "EtcdStore", "EtcdURL", "Leadership", "parse_etcd_url"]
 
 log = logging.getLogger("reconciler.etcd")
 
@@ -69,8 +69,26 @@ def _prefix_end(prefix: str) -> bytes:
     return bytes(raw)
 
 
-def parse_etcd_url(url: str) -> tuple[str, int, str]:
-    """``etcd://HOST:PORT/PREFIX`` -> (host, port, prefix without a trailing slash)."""
+ETCD_MAX_TXN_OPS = 128
+ETCD_MAX_REQUEST_BYTES = 1536 * 1024
+"""etcd's defaults of ``--max-txn-ops`` and ``--max-request-bytes``."""
+
+_LIMITS = {"max-txn-ops": "max_txn_ops", "max-request-bytes": "max_request_bytes"}
+
+
+@dataclass(frozen=True)
+class EtcdURL:
+    host: str
+    port: int
+    prefix: str  # without a trailing slash
+    max_txn_ops: int = ETCD_MAX_TXN_OPS
+    max_request_bytes: int = ETCD_MAX_REQUEST_BYTES
+
+
+def parse_etcd_url(url: str) -> EtcdURL:
+    """``etcd://HOST:PORT/PREFIX[?max-txn-ops=N&max-request-bytes=N]``: the server and the
+    unit's prefix, and the server's request limits (etcd's defaults unless given), by which
+    a large commit is split (:meth:`EtcdStore.txn_limits`)."""
     parts = urlsplit(url)
     if parts.scheme != "etcd" or not parts.hostname:
         raise StoreError(f"{url!r}: expected etcd://HOST:PORT/PREFIX")
@@ -79,7 +97,18 @@ def parse_etcd_url(url: str) -> tuple[str, int, str]:
     except ValueError:
         raise StoreError(f"{url!r}: the port is not a number") from None
     prefix = parts.path.rstrip("/") or DEFAULT_PREFIX
-    return parts.hostname, port, prefix
+    limits: dict[str, int] = {}
+    for name, values in parse_qs(parts.query, keep_blank_values=True).items():
+        if name not in _LIMITS:
+            raise StoreError(f"{url!r}: unknown parameter {name!r} (known: {', '.join(_LIMITS)})")
+        try:
+            value = int(values[-1])
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise StoreError(f"{url!r}: {name} must be a positive integer")
+        limits[_LIMITS[name]] = value
+    return EtcdURL(parts.hostname, port, prefix, **limits)
 
 
 def _rev(value: Any) -> int:
@@ -118,13 +147,24 @@ class EtcdStore:
     """A unit under a key prefix of an etcd v3 cluster (see the module docstring)."""
 
     def __init__(self, url: str, *, timeout: float = 10.0) -> None:
-        self.host, self.port, self.prefix = parse_etcd_url(url)
+        parsed = parse_etcd_url(url)
+        self.host, self.port, self.prefix = parsed.host, parsed.port, parsed.prefix
+        self._limits = (parsed.max_txn_ops, parsed.max_request_bytes)
         self.timeout = timeout
         self.client = Etcd3Client(host=self.host, port=self.port, timeout=timeout, api_path="/v3/")
 
     @property
     def url(self) -> str:
         return f"etcd://{self.host}:{self.port}{self.prefix}"
+
+    @property
+    def txn_limits(self) -> tuple[int, int]:
+        """(operations, request bytes) one transaction may hold on this server."""
+        return self._limits
+
+    def op_size(self, rel: str, data: bytes) -> int:
+        """About what one put adds to a transaction request (base64 key and value, framing)."""
+        return 4 * ((len(self.key(rel).encode()) + 2) // 3 + (len(data) + 2) // 3) + 64
 
     @property
     def leader_key(self) -> str:

@@ -62,6 +62,11 @@ __all__ = [
 log = logging.getLogger("reconciler.ha")
 
 controller_owned = under(*CONTROLLER_OWNED)
+controller_staged = under("out/instances", "checkpoint/last-good")
+"""What may reach the store before the final commit of a run: the OCI configs (no plan names a
+new one before the final commit) and the last good inputs (recorded first, as the file store
+does: SPEC §5). The checkpoint, the node patches, status and plan, and every deletion, are one
+transaction."""
 
 
 def default_identity() -> str:
@@ -148,7 +153,7 @@ def reconcile_via_store(
                 f"lost the leader lease of {store.url} during the run; nothing committed"
             )
         try:
-            committed = mirror.push(controller_owned, [LeaderGuard(identity)])
+            committed = mirror.push(controller_owned, [LeaderGuard(identity)], controller_staged)
         except StaleWrite as e:
             raise ReconcileError(str(e)) from None
         log.info("committed %d document(s) to %s", committed, store.url)
@@ -215,7 +220,7 @@ def _lead(
         if lead.lost.is_set():
             return  # not committed: the next leader recomputes it from the store
         try:
-            committed = mirror.push(controller_owned, guard)
+            committed = mirror.push(controller_owned, guard, controller_staged)
         except StaleWrite as e:
             log.error("%s", e)
             lead.lost.set()

@@ -26,7 +26,8 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -51,6 +52,7 @@ __all__ = [
     "is_input_path",
     "is_unit_path",
     "scan_unit",
+    "split_commit",
     "under",
     "write_unit",
 ]
@@ -142,6 +144,15 @@ class StateStore(Protocol):
     @property
     def url(self) -> str: ...
 
+    @property
+    def txn_limits(self) -> tuple[int, int]:
+        """(operations, request bytes) one commit may hold."""
+        ...
+
+    def op_size(self, rel: str, data: bytes) -> int:
+        """What writing ``data`` at ``rel`` adds to a commit's request bytes."""
+        ...
+
     def snapshot(self) -> Snapshot:
         """Every document of the unit, read at one revision."""
         ...
@@ -226,6 +237,13 @@ class FileStore:
     def url(self) -> str:
         return self.root.resolve().as_uri()
 
+    @property
+    def txn_limits(self) -> tuple[int, int]:
+        return (sys.maxsize, sys.maxsize)
+
+    def op_size(self, rel: str, data: bytes) -> int:
+        return len(data)
+
     def snapshot(self) -> Snapshot:
         return Snapshot(0, {rel: Entry(data, 0) for rel, data in scan_unit(self.root).items()})
 
@@ -249,8 +267,28 @@ def copy_unit(source: StateStore, target: StateStore) -> tuple[int, int]:
     have = target.snapshot().entries
     puts = {rel: data for rel, data in wanted.items() if rel not in have or have[rel].data != data}
     deletes = sorted(rel for rel in have if rel not in wanted)
-    target.commit(puts, deletes)
+    chunks = list(split_commit(target, puts))
+    for chunk in chunks[:-1]:
+        target.commit(chunk)
+    target.commit(chunks[-1] if chunks else {}, deletes)
     return len(puts), len(deletes)
+
+
+def split_commit(store: StateStore, puts: Mapping[str, bytes]) -> Iterator[dict[str, bytes]]:
+    """``puts`` in path order, cut into commits within the store's transaction limits (each at
+    least one document, however large: the store then says why it refused it)."""
+    max_ops, max_bytes = store.txn_limits
+    chunk: dict[str, bytes] = {}
+    size = 0
+    for rel, data in sorted(puts.items()):
+        cost = store.op_size(rel, data)
+        if chunk and (len(chunk) >= max_ops or size + cost > max_bytes):
+            yield chunk
+            chunk, size = {}, 0
+        chunk[rel] = data
+        size += cost
+    if chunk:
+        yield chunk
 
 
 # ---------------------------------------------------------------- the mirror
@@ -308,20 +346,35 @@ class Mirror:
         deletes = sorted(r for r in self.known if owned(r) and r not in local)
         return puts, deletes
 
-    def push(self, owned: Callable[[str], bool], guards: Sequence[Guard]) -> int:
-        """Publish the local changes under ``owned`` in one guarded commit; returns how many
-        documents it wrote or deleted. On :class:`StaleWrite` the working directory is ahead of
-        the store: call :meth:`resync` before the next run."""
+    def push(
+        self,
+        owned: Callable[[str], bool],
+        guards: Sequence[Guard],
+        staged: Callable[[str], bool] | None = None,
+    ) -> int:
+        """Publish the local changes under ``owned``, every commit guarded; returns how many
+        documents were written or deleted. Everything goes in one commit, except new or changed
+        documents that are ``staged``: those go first, in as many commits as the store's
+        transaction limits need (documents nothing refers to yet, such as the OCI configs of
+        instances the final commit's plans start). The final commit holds the rest and every
+        deletion. On :class:`StaleWrite` the working directory is ahead of the store: call
+        :meth:`resync` before the next run."""
         puts, deletes = self.local_changes(owned)
         if not puts and not deletes:
             return 0
-        revision = self.store.commit(puts, deletes, guards)
+        early = {r: d for r, d in puts.items() if staged is not None and staged(r)}
+        final = {r: d for r, d in puts.items() if r not in early}
+        for chunk in split_commit(self.store, early):
+            self._committed(chunk, (), self.store.commit(chunk, (), guards))
+        self._committed(final, deletes, self.store.commit(final, deletes, guards))
+        return len(puts) + len(deletes)
+
+    def _committed(self, puts: Mapping[str, bytes], deletes: Iterable[str], revision: int) -> None:
         for rel, data in puts.items():
             self.known[rel] = Entry(data, revision)
         for rel in deletes:
             self.known.pop(rel, None)
         self.revision = max(self.revision, revision)
-        return len(puts) + len(deletes)
 
 
 def under(*tops: str) -> Callable[[str], bool]:

@@ -22,7 +22,7 @@ import pytest
 
 from reconciler.agent import AgentError, container_id
 from reconciler.cli import main
-from reconciler.etcdstore import Compacted, EtcdStore
+from reconciler.etcdstore import Compacted, EtcdStore, Leadership
 from reconciler.ha import EventFeed, reconcile_via_store, run_agent_via_store, store_watch_loop
 from reconciler.oci_glue import default_config_builder
 from reconciler.reconcile import ReconcileError, ReconcileOptions, ReconcileReport, reconcile
@@ -38,6 +38,7 @@ from reconciler.store import (
     StoreError,
     copy_unit,
     scan_unit,
+    split_commit,
     under,
 )
 from reconciler.watch import WatchOptions
@@ -905,3 +906,117 @@ class TestStoreWatchLoop:
             wait_for(lambda: len(runs) >= 3, 5, "the third run's report")
         assert len(runs) == 3 and all(r is not None for r in runs)
         assert runs[1] is not None and runs[1].written == ()  # the resync changed nothing
+
+
+class TestLargeCommits:
+    """A run's commit within etcd's request limits: staged documents first, in as many
+    transactions as the limits need, then one final transaction with the rest."""
+
+    def test_the_url_carries_the_servers_limits(self, etcd_server: EtcdServer) -> None:
+        assert EtcdStore(etcd_server.url("u")).txn_limits == (128, 1536 * 1024)  # etcd's defaults
+        url = etcd_server.url("u") + "?max-txn-ops=7&max-request-bytes=4096"
+        assert EtcdStore(url).txn_limits == (7, 4096)
+        for bad in ("?max-txn-ops=0", "?max-txn-ops=x", "?timeout=3"):
+            with pytest.raises(StoreError):
+                EtcdStore(etcd_server.url("u") + bad)
+
+    def test_split_commit_respects_both_limits_and_keeps_every_document(
+        self, etcd_server: EtcdServer
+    ) -> None:
+        store = EtcdStore(etcd_server.url("u") + "?max-txn-ops=3&max-request-bytes=1000")
+        puts = {f"out/instances/i{k:02d}/config.json": bytes(100 * k) for k in range(1, 9)}
+        chunks = list(split_commit(store, puts))
+        assert [r for c in chunks for r in c] == sorted(puts)  # all, in path order, once
+        for c in chunks:
+            assert len(c) <= 3
+            if len(c) > 1:
+                assert sum(store.op_size(r, d) for r, d in c.items()) <= 1000
+        # a document over the byte limit on its own still gets a commit of its own (etcd then
+        # says why it refuses it): 700 and 800 bytes are ~1000 in base64, each alone
+        assert [len(c) for c in chunks][-2:] == [1, 1]
+
+    def test_staged_documents_go_first_and_the_rest_in_one_final_transaction(
+        self, etcd_server: EtcdServer, tmp_path: Path
+    ) -> None:
+        url = etcd_server.url(f"t/{uuid.uuid4().hex}") + "?max-txn-ops=2"
+        store = EtcdStore(url)
+        store.commit(
+            {"out/instances/gone/config.json": b"old", "checkpoint/allocations.json": b"1"}
+        )
+        mirror = Mirror(store, tmp_path / "work")
+        mirror.resync()
+        start = store.snapshot().revision
+        work = tmp_path / "work"
+        for k in range(5):
+            (work / "out" / "instances" / f"i{k}").mkdir(parents=True)
+            (work / "out" / "instances" / f"i{k}" / "config.json").write_bytes(b"cfg%d" % k)
+        (work / "checkpoint" / "allocations.json").write_bytes(b"2")
+        (work / "out" / "plan.json").write_bytes(b"{}")
+        (work / "out" / "instances" / "gone" / "config.json").unlink()
+        staged = under("out/instances")
+        assert mirror.push(under("out", "checkpoint"), [], staged) == 8
+
+        changes = all_changes(store, start + 1)
+        by_revision: dict[int, list[Change]] = {}
+        for ch in changes:
+            by_revision.setdefault(ch.mod_revision, []).append(ch)
+        revisions = sorted(by_revision)
+        # five staged configs, two per transaction: three transactions; then the final one
+        assert [len(by_revision[r]) for r in revisions] == [2, 2, 1, 3]
+        assert all(
+            c.rel.startswith("out/instances/i") for r in revisions[:3] for c in by_revision[r]
+        )
+        final = {(c.rel, c.data) for c in by_revision[revisions[-1]]}
+        assert final == {
+            ("checkpoint/allocations.json", b"2"),
+            ("out/plan.json", b"{}"),
+            ("out/instances/gone/config.json", None),  # deletions are in the final one
+        }
+        assert documents(store.snapshot()) == scan_unit(work)
+
+    def test_a_leader_fenced_after_its_staged_commits_leaves_the_checkpoint_alone(
+        self, etcd_server: EtcdServer, tmp_path: Path
+    ) -> None:
+        url = etcd_server.url(f"t/{uuid.uuid4().hex}") + "?max-txn-ops=1"
+        store = EtcdStore(url)
+        leadership = store.try_lead("me", 5)
+        assert leadership is not None
+        lead = leadership
+        store.commit({"checkpoint/allocations.json": b"1"})
+        mirror = Mirror(store, tmp_path / "work")
+        mirror.resync()
+        work = tmp_path / "work"
+        (work / "out" / "instances" / "a").mkdir(parents=True)
+        (work / "out" / "instances" / "a" / "config.json").write_bytes(b"a")
+        (work / "out" / "instances" / "b").mkdir(parents=True)
+        (work / "out" / "instances" / "b" / "config.json").write_bytes(b"b")
+        (work / "checkpoint" / "allocations.json").write_bytes(b"2")
+
+        taken: list[Leadership] = []
+
+        class Fencing:
+            """The store, where another controller takes over after the first staged commit."""
+
+            def __init__(self) -> None:
+                self.commits = 0
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(store, name)
+
+            def commit(self, puts: Any, deletes: Any = (), guards: Any = ()) -> int:
+                self.commits += 1
+                if self.commits == 2:
+                    lead.resign(store)
+                    other = store.try_lead("other", 5)
+                    assert other is not None
+                    taken.append(other)
+                return store.commit(puts, deletes, guards)
+
+        mirror.store = Fencing()
+        with pytest.raises(StaleWrite):
+            mirror.push(under("out", "checkpoint"), [LeaderGuard("me")], under("out/instances"))
+        docs = documents(store.snapshot())
+        assert docs["checkpoint/allocations.json"] == b"1"  # the final commit never happened
+        assert docs["out/instances/a/config.json"] == b"a"  # staged before the takeover
+        assert "out/instances/b/config.json" not in docs  # refused: "other" leads
+        taken[0].resign(store)
