@@ -1,0 +1,163 @@
+"""The etcd store at scale (issue 11, docs/etcd.md): what a unit costs in etcd.
+
+.venv/bin/python -m benchmarks.etcd [--nodes 500] [--instances 2000] [--max-request-mib 64]
+
+Starts its own etcd (Debian's etcd-server) on free loopback ports with a data dir in a temp
+dir, ``--max-request-bytes`` as given and ``--max-txn-ops=20000`` (the URL tells the client
+the same limits, by which it splits the staged documents), and prints:
+
+- import of the synthetic inputs (``copy_unit`` from a state directory);
+- cold ``reconcile --store``: leader key, snapshot into an empty working directory,
+  ``reconcile``, the commit (staged transactions, then the final one), resign;
+- the same with nothing changed (a fresh process's run on the same working directory);
+- the same after one desired file is edited in etcd;
+- the unit's size in etcd: documents and bytes;
+- beside each, the file store's ``reconcile`` of the same inputs, measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import requests
+
+from reconciler.etcdstore import EtcdStore
+from reconciler.ha import reconcile_via_store
+from reconciler.oci_glue import default_config_builder
+from reconciler.reconcile import ReconcileOptions, reconcile
+from reconciler.store import FileStore, copy_unit
+
+from .statedir import bump_instances, write_state_dir
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_etcd(data: Path, max_request_bytes: int) -> tuple[subprocess.Popen[bytes], int]:
+    binary = shutil.which("etcd")
+    if binary is None:
+        raise SystemExit("no etcd binary (Debian: apt-get install etcd-server)")
+    client, peer = _port(), _port()
+    proc = subprocess.Popen(
+        [
+            binary,
+            "--name=bench",
+            f"--data-dir={data}",
+            f"--listen-client-urls=http://127.0.0.1:{client}",
+            f"--advertise-client-urls=http://127.0.0.1:{client}",
+            f"--listen-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-cluster=bench=http://127.0.0.1:{peer}",
+            f"--max-request-bytes={max_request_bytes}",
+            "--max-txn-ops=20000",
+            "--quota-backend-bytes=8589934592",
+            "--log-level=error",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(f"http://127.0.0.1:{client}/health", timeout=1).ok:
+                return proc, client
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("etcd did not start")
+
+
+def _timed(label: str, fn: Callable[[], object], floor: float | None = None) -> float:
+    t0 = time.perf_counter()
+    fn()
+    dt = time.perf_counter() - t0
+    extra = f"   (file store: {floor:6.2f} s)" if floor is not None else ""
+    print(f"{label:<44} {dt:8.2f} s{extra}", flush=True)
+    return dt
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--nodes", type=int, default=500)
+    parser.add_argument("--instances", type=int, default=2000)
+    parser.add_argument("--max-request-mib", type=int, default=64)
+    args = parser.parse_args()
+    print(
+        f"machine: {platform.machine()}, {platform.python_implementation()} "
+        f"{platform.python_version()}, {len(os.sched_getaffinity(0))} cores"
+    )
+    print(f"unit: {args.nodes} nodes x {args.instances} instances")
+    with tempfile.TemporaryDirectory(prefix="bench-etcd-") as tmp_name:
+        tmp = Path(tmp_name)
+        source = tmp / "source"
+        write_state_dir(source, args.nodes, args.instances)
+        plain = tmp / "plain"
+        shutil.copytree(source, plain)
+        opts = ReconcileOptions(configs=default_config_builder())
+
+        t0 = time.perf_counter()
+        reconcile(plain, opts)
+        file_cold = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        reconcile(plain, ReconcileOptions(configs=default_config_builder()))
+        file_idle = time.perf_counter() - t0
+
+        proc, port = _start_etcd(tmp / "etcd", args.max_request_mib << 20)
+        try:
+            url = (
+                f"etcd://127.0.0.1:{port}/bench/{uuid.uuid4().hex[:8]}"
+                f"?max-txn-ops=20000&max-request-bytes={args.max_request_mib << 20}"
+            )
+            store = EtcdStore(url)
+            work = tmp / "work"
+            _timed("import (copy_unit into etcd)", lambda: copy_unit(FileStore(source), store))
+            _timed(
+                "cold reconcile --store",
+                lambda: reconcile_via_store(store, work, opts),
+                file_cold,
+            )
+            _timed(
+                "reconcile --store, nothing changed",
+                lambda: reconcile_via_store(
+                    store, work, ReconcileOptions(configs=default_config_builder())
+                ),
+                file_idle,
+            )
+            edited = bump_instances(source, _first_service(source))
+            rel = edited.relative_to(source).as_posix()
+            store.commit({rel: edited.read_bytes()})
+            _timed(
+                "reconcile --store after one desired edit",
+                lambda: reconcile_via_store(
+                    store, work, ReconcileOptions(configs=default_config_builder())
+                ),
+            )
+            snap = store.snapshot()
+            size = sum(len(e.data) for e in snap.entries.values())
+            print(f"unit in etcd: {len(snap.entries)} documents, {size / 2**20:.1f} MiB")
+        finally:
+            proc.terminate()
+            proc.wait()
+
+
+def _first_service(root: Path) -> str:
+    first = sorted((root / "desired").glob("*.yaml"))[0]
+    return first.stem
+
+
+if __name__ == "__main__":
+    main()
