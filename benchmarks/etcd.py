@@ -11,6 +11,8 @@ the same limits, by which it splits the staged documents), and prints:
   ``reconcile``, the commit (staged transactions, then the final one), resign;
 - the same with nothing changed (a fresh process's run on the same working directory);
 - the same after one desired file is edited in etcd;
+- ``watch --store``: a leader's first run, then one desired edit committed to etcd until the
+  leader has committed its new outputs (three times);
 - the unit's size in etcd: documents and bytes;
 - beside each, the file store's ``reconcile`` of the same inputs, measured in the same run.
 """
@@ -20,10 +22,12 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import queue
 import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -32,10 +36,11 @@ from pathlib import Path
 import requests
 
 from reconciler.etcdstore import EtcdStore
-from reconciler.ha import reconcile_via_store
+from reconciler.ha import reconcile_via_store, store_watch_loop
 from reconciler.oci_glue import default_config_builder
 from reconciler.reconcile import ReconcileOptions, reconcile
 from reconciler.store import FileStore, copy_unit
+from reconciler.watch import WatchOptions
 
 from .statedir import bump_instances, write_state_dir
 
@@ -146,12 +151,40 @@ def main() -> None:
                     store, work, ReconcileOptions(configs=default_config_builder())
                 ),
             )
+            _watch_edit(store, source, tmp / "leader", args)
             snap = store.snapshot()
             size = sum(len(e.data) for e in snap.entries.values())
             print(f"unit in etcd: {len(snap.entries)} documents, {size / 2**20:.1f} MiB")
         finally:
             proc.terminate()
             proc.wait()
+
+
+def _watch_edit(store: EtcdStore, source: Path, workdir: Path, args: argparse.Namespace) -> None:
+    """``watch --store``: a leader in a thread; one desired edit committed to etcd -> the
+    leader's next commit (debounce 0 excluded: the edit is one event)."""
+    runs: queue.Queue[float] = queue.Queue()
+    stop = threading.Event()
+    opts = ReconcileOptions(configs=default_config_builder())
+    thread = threading.Thread(
+        target=store_watch_loop,
+        args=(store, workdir, opts, WatchOptions(debounce=0.0, resync=3600), stop),
+        kwargs={"ttl": 10, "on_run": lambda _r: runs.put(time.perf_counter())},
+        daemon=True,
+    )
+    t0 = time.perf_counter()
+    thread.start()
+    print(f"{'watch --store: became leader, first run':<44} {runs.get() - t0:8.2f} s", flush=True)
+    for k in range(3):
+        edited = bump_instances(source, _first_service(source), 1 if k % 2 == 0 else -1)
+        t0 = time.perf_counter()
+        store.commit({edited.relative_to(source).as_posix(): edited.read_bytes()})
+        done = runs.get()
+        print(
+            f"{'watch --store: one desired edit -> committed':<44} {done - t0:8.2f} s", flush=True
+        )
+    stop.set()
+    thread.join()
 
 
 def _first_service(root: Path) -> str:

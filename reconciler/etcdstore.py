@@ -300,9 +300,7 @@ class EtcdStore:
         except requests.RequestException as e:
             raise StoreError(f"{self.url}: watch: {e}") from None
         try:
-            for line in response.iter_lines():
-                if not line:
-                    continue
+            for line in _lines(response):
                 result = json.loads(line).get("result", {})
                 if _rev(result.get("compact_revision")) > 0 or result.get("canceled"):
                     raise Compacted(
@@ -404,6 +402,24 @@ class EtcdStore:
                 lead.lost.set()
                 return
             last_ok = time.monotonic()
+
+
+def _lines(response: requests.Response) -> Iterator[bytes]:
+    """The non-empty lines of a streamed response. (``Response.iter_lines`` reads 512 bytes
+    at a time and splits its whole pending buffer again for each: quadratic in the length of
+    a line, and a watch response carrying a large commit is one line of many MiB.)"""
+    buf = bytearray()
+    for chunk in response.iter_content(chunk_size=1 << 16):
+        searched = len(buf)
+        buf += chunk
+        start = 0
+        while (end := buf.find(b"\n", searched)) >= 0:
+            if end > start:
+                yield bytes(buf[start:end])
+            start = searched = end + 1
+        del buf[:start]
+    if buf.strip():
+        yield bytes(buf)
 
 
 def _hint(detail: str) -> str:

@@ -27,12 +27,13 @@ import contextlib
 import os
 import stat
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from .fsio import atomic_write_many, ensure_dir, read_bytes_at
+from .fsio import StatKey, atomic_write_many, ensure_dir, read_bytes_at, settled_key, stat_key
 
 __all__ = [
     "CONTROLLER_OWNED",
@@ -51,6 +52,7 @@ __all__ = [
     "copy_unit",
     "is_input_path",
     "is_unit_path",
+    "list_unit",
     "scan_unit",
     "split_commit",
     "under",
@@ -171,26 +173,35 @@ class StateStore(Protocol):
 # ---------------------------------------------------------------- the file store
 
 
-def scan_unit(root: Path) -> dict[str, bytes]:
-    """Every unit document under ``root``, by relative path (symlinks are not followed)."""
-    found: dict[str, bytes] = {}
+def list_unit(root: Path) -> dict[str, StatKey]:
+    """Every unit document under ``root`` with its stat key, by relative path, sorted
+    (symlinks are not followed; only regular files count)."""
+    found: dict[str, StatKey] = {}
     for rel in UNIT_FILES:
-        path = root / rel
         with contextlib.suppress(FileNotFoundError):
-            if stat.S_ISREG(os.lstat(path).st_mode):
-                found[rel] = _read(path)
+            st = os.lstat(root / rel)
+            if stat.S_ISREG(st.st_mode):
+                found[rel] = stat_key(st)
     for top in UNIT_DIRS:
         base = root / top
         if not base.is_dir() or base.is_symlink():
             continue
-        for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
-            dirnames.sort()
+        for dirpath, _dirnames, filenames in os.walk(base, followlinks=False):
+            rel_dir = Path(dirpath).relative_to(root).as_posix()
             for name in filenames:
-                path = Path(dirpath) / name
-                rel = path.relative_to(root).as_posix()
-                if is_unit_path(rel) and stat.S_ISREG(os.lstat(path).st_mode):
-                    found[rel] = _read(path)
+                rel = f"{rel_dir}/{name}"
+                if not is_unit_path(rel):
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    st = os.lstat(f"{dirpath}/{name}")
+                    if stat.S_ISREG(st.st_mode):
+                        found[rel] = stat_key(st)
     return dict(sorted(found.items()))
+
+
+def scan_unit(root: Path) -> dict[str, bytes]:
+    """Every unit document under ``root`` with its content, by relative path, sorted."""
+    return {rel: _read(root / rel) for rel in list_unit(root)}
 
 
 def _read(path: Path) -> bytes:
@@ -304,16 +315,50 @@ class Mirror:
         self.revision = 0
         self.synced = 0
         """The revision of the last snapshot: a watch from ``synced + 1`` misses nothing since."""
+        self.verified: dict[str, StatKey] = {}
+        """Settled stat keys of working files whose content was found equal to ``known``: such
+        a file is not read again while its key stays (an atomic rewrite changes the inode)."""
+
+    def _local(self, owned: Callable[[str], bool]) -> dict[str, bytes | None]:
+        """The working files under ``owned``: their content, or None for a file unchanged
+        since it was verified equal to the store's version."""
+        out: dict[str, bytes | None] = {}
+        for rel, key in list_unit(self.workdir).items():
+            if not owned(rel):
+                continue
+            if self.verified.get(rel) == key and rel in self.known:
+                out[rel] = None
+                continue
+            read_at = time.time_ns()
+            data, key = read_bytes_at(self.workdir / rel, MAX_DOCUMENT_BYTES)
+            if len(data) > MAX_DOCUMENT_BYTES:
+                raise StoreError(f"{self.workdir / rel}: larger than {MAX_DOCUMENT_BYTES} bytes")
+            out[rel] = data
+            known = self.known.get(rel)
+            settled = settled_key(key, read_at)
+            if known is not None and known.data == data and settled is not None:
+                self.verified[rel] = settled
+            else:
+                self.verified.pop(rel, None)
+        return out
 
     def resync(self) -> set[str]:
         """Make the working directory equal to a fresh snapshot; returns the paths that changed
         (every path after a restart)."""
         self.workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
         snap = self.store.snapshot()
-        local = scan_unit(self.workdir)
-        puts = {r: e.data for r, e in snap.entries.items() if local.get(r) != e.data}
+        local = self._local(is_unit_path)
+        puts = {
+            r: e.data
+            for r, e in snap.entries.items()
+            if r not in local
+            or (local[r] is None and self.known[r].data != e.data)
+            or (local[r] is not None and local[r] != e.data)
+        }
         deletes = [r for r in local if r not in snap.entries]
         write_unit(self.workdir, puts, deletes)
+        for rel in (*puts, *deletes):
+            self.verified.pop(rel, None)
         self.known = dict(snap.entries)
         self.revision = self.synced = snap.revision
         return set(puts) | set(deletes)
@@ -327,6 +372,7 @@ class Mirror:
         puts: dict[str, bytes] = {}
         deletes: list[str] = []
         for rel, ch in final.items():
+            self.verified.pop(rel, None)
             old = self.known.get(rel)
             if ch.data is None:
                 if old is not None:
@@ -341,8 +387,12 @@ class Mirror:
 
     def local_changes(self, owned: Callable[[str], bool]) -> tuple[dict[str, bytes], list[str]]:
         """What the working directory holds, under the paths ``owned``, that the store does not."""
-        local = {r: d for r, d in scan_unit(self.workdir).items() if owned(r)}
-        puts = {r: d for r, d in local.items() if r not in self.known or self.known[r].data != d}
+        local = self._local(owned)
+        puts = {
+            r: d
+            for r, d in local.items()
+            if d is not None and (r not in self.known or self.known[r].data != d)
+        }
         deletes = sorted(r for r in self.known if owned(r) and r not in local)
         return puts, deletes
 

@@ -1020,3 +1020,37 @@ class TestLargeCommits:
         assert docs["out/instances/a/config.json"] == b"a"  # staged before the takeover
         assert "out/instances/b/config.json" not in docs  # refused: "other" leads
         taken[0].resign(store)
+
+
+class TestWatchStreamLines:
+    """The watch stream is newline-delimited JSON; one message can be many MiB long."""
+
+    class Chunked:
+        def __init__(self, data: bytes, size: int) -> None:
+            self.data, self.size = data, size
+
+        def iter_content(self, chunk_size: int) -> Iterator[bytes]:
+            for i in range(0, len(self.data), self.size):
+                yield self.data[i : i + self.size]
+
+    @pytest.mark.parametrize("size", [1, 2, 3, 7, 64, 1 << 20])
+    def test_lines_are_split_exactly_whatever_the_chunks(self, size: int) -> None:
+        from reconciler.etcdstore import _lines
+
+        big = b"x" * 300_000
+        data = b'{"a":1}\n\n{"b":2}\n' + big + b"\n" + b'{"c":3}'
+        got = list(_lines(self.Chunked(data, size)))  # type: ignore[arg-type]
+        assert got == [b'{"a":1}', b'{"b":2}', big, b'{"c":3}']
+
+    def test_a_long_line_costs_linear_time(self) -> None:
+        from reconciler.etcdstore import _lines
+
+        def seconds(n: int) -> float:
+            data = b"y" * n + b"\n"
+            t0 = time.perf_counter()
+            assert [len(x) for x in _lines(self.Chunked(data, 512))] == [n]  # type: ignore[arg-type]
+            return time.perf_counter() - t0
+
+        small, large = seconds(1 << 20), seconds(8 << 20)
+        # 8x the bytes: linear costs ~8x; the quadratic splitting it replaced cost ~64x
+        assert large < 30 * max(small, 1e-3)
