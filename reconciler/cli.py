@@ -385,7 +385,9 @@ def reconcile_cmd(
 
     With --store etcd://…: takes the unit's leader key (waiting up to --lock-timeout for a
     running leader; by default it fails at once), copies the unit into DIR, runs as above in
-    DIR and commits out/ and checkpoint/ to etcd in one transaction.
+    DIR and commits out/ and checkpoint/ to etcd: the OCI configs and last good inputs first
+    (as many transactions as etcd's limits need), then the checkpoint with the node patches,
+    status and plan in one transaction. Every commit is guarded by the leader key.
 
     Exit codes: 0 done (unplaceable instances are reported in status), 1 error.
     """
@@ -513,7 +515,8 @@ def watch(
 
     With --store etcd://…: any number of replicas may run; they elect one leader through a
     lease on PREFIX/.leader. The leader copies the unit into DIR, reconciles, commits out/ and
-    checkpoint/ in one transaction guarded by its leadership, then follows etcd's watch events
+    checkpoint/ guarded by its leadership (the checkpoint and the plans in one transaction),
+    then follows etcd's watch events
     (resyncing from a snapshot after a compaction or a lost watch). The others stand by and
     take over within --lease seconds of the leader's death.
 
@@ -657,7 +660,14 @@ def _copy(source: StateStore, target: StateStore, verb: str, as_json: bool) -> i
 
 @cli.command(name="export")
 @state_option
-@click.option("--store", "store_url", metavar="URL", required=True, help="etcd://HOST:PORT/PREFIX")
+@click.option(
+    "--store",
+    "store_url",
+    metavar="URL",
+    envvar="RECONCILER_STORE",
+    required=True,
+    help="The unit in etcd: etcd://HOST:PORT/PREFIX (env RECONCILER_STORE).",
+)
 @json_option
 def export_cmd(state_dir: Path, store_url: str, as_json: bool) -> int:
     """Copy a unit from etcd into the state directory DIR.
@@ -675,17 +685,26 @@ def export_cmd(state_dir: Path, store_url: str, as_json: bool) -> int:
 
 @cli.command(name="import")
 @state_option
-@click.option("--store", "store_url", metavar="URL", required=True, help="etcd://HOST:PORT/PREFIX")
+@click.option(
+    "--store",
+    "store_url",
+    metavar="URL",
+    envvar="RECONCILER_STORE",
+    required=True,
+    help="The unit in etcd: etcd://HOST:PORT/PREFIX (env RECONCILER_STORE).",
+)
 @click.option(
     "--force", is_flag=True, help="Import even while a controller leads the unit in etcd."
 )
 @json_option
 def import_cmd(state_dir: Path, store_url: str, force: bool, as_json: bool) -> int:
-    """Copy the unit in the state directory DIR into etcd, in one transaction.
+    """Copy the unit in the state directory DIR into etcd.
 
     Afterwards PREFIX holds exactly DIR's documents (its checkpoint included, so placements
-    carry over): keys DIR does not have are deleted. Refused while a controller leads the unit
-    (its next commit would undo part of the import) unless --force.
+    carry over): keys DIR does not have are deleted. A large unit takes several transactions
+    (within the limits the URL gives), the deletions in the last; an import that fails part-way
+    leaves part of it: run it again. Refused while a controller leads the unit (its next commit
+    would undo part of the import) unless --force.
 
     Exit codes: 0 done, 1 error.
     """

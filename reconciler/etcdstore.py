@@ -73,7 +73,11 @@ ETCD_MAX_TXN_OPS = 128
 ETCD_MAX_REQUEST_BYTES = 1536 * 1024
 """etcd's defaults of ``--max-txn-ops`` and ``--max-request-bytes``."""
 
-_LIMITS = {"max-txn-ops": "max_txn_ops", "max-request-bytes": "max_request_bytes"}
+_LIMITS = {
+    "max-txn-ops": "max_txn_ops",
+    "max-request-bytes": "max_request_bytes",
+    "timeout": "timeout",
+}
 
 
 @dataclass(frozen=True)
@@ -83,12 +87,14 @@ class EtcdURL:
     prefix: str  # without a trailing slash
     max_txn_ops: int = ETCD_MAX_TXN_OPS
     max_request_bytes: int = ETCD_MAX_REQUEST_BYTES
+    timeout: int = 60  # seconds a request may wait for etcd's answer (a large commit's is slow)
 
 
 def parse_etcd_url(url: str) -> EtcdURL:
-    """``etcd://HOST:PORT/PREFIX[?max-txn-ops=N&max-request-bytes=N]``: the server and the
-    unit's prefix, and the server's request limits (etcd's defaults unless given), by which
-    a large commit is split (:meth:`EtcdStore.txn_limits`)."""
+    """``etcd://HOST:PORT/PREFIX[?max-txn-ops=N&max-request-bytes=N&timeout=SECONDS]``: the
+    server and the unit's prefix, the server's request limits (etcd's defaults unless given),
+    by which a large commit is split (:meth:`EtcdStore.txn_limits`), and how long a request
+    may wait for its answer (default 60 s)."""
     parts = urlsplit(url)
     if parts.scheme != "etcd" or not parts.hostname:
         raise StoreError(f"{url!r}: expected etcd://HOST:PORT/PREFIX")
@@ -133,10 +139,8 @@ class Leadership:
             self._thread.join(timeout=self.ttl)
         if not self.lost.is_set():
             try:
-                store.client.post(
-                    store.client.get_url("/kv/lease/revoke"), json={"ID": self.lease_id}
-                )
-            except etcd_exceptions.Etcd3Exception as e:
+                store._post("/kv/lease/revoke", {"ID": self.lease_id})
+            except StoreError as e:
                 log.warning(
                     "could not revoke the leader lease (it expires in %d s): %s", self.ttl, e
                 )
@@ -146,12 +150,14 @@ class Leadership:
 class EtcdStore:
     """A unit under a key prefix of an etcd v3 cluster (see the module docstring)."""
 
-    def __init__(self, url: str, *, timeout: float = 10.0) -> None:
+    def __init__(self, url: str) -> None:
         parsed = parse_etcd_url(url)
         self.host, self.port, self.prefix = parsed.host, parsed.port, parsed.prefix
         self._limits = (parsed.max_txn_ops, parsed.max_request_bytes)
-        self.timeout = timeout
-        self.client = Etcd3Client(host=self.host, port=self.port, timeout=timeout, api_path="/v3/")
+        self.timeout = float(parsed.timeout)
+        self.client = Etcd3Client(
+            host=self.host, port=self.port, timeout=self.timeout, api_path="/v3/"
+        )
 
     @property
     def url(self) -> str:
@@ -375,11 +381,12 @@ class EtcdStore:
         announced: str | None = None
         while not stop.is_set():
             try:
-                lead = self.try_lead(identity, ttl)
-                if lead is not None:
-                    return lead
-                holder = self.leader()
-                if holder is not None and holder != announced:
+                holder = self.leader()  # a read: no lease is granted while another leads
+                if holder is None:
+                    lead = self.try_lead(identity, ttl)
+                    if lead is not None:
+                        return lead
+                elif holder != announced:
                     log.info("standing by: %s leads %s", holder, self.url)
                     announced = holder
             except StoreError as e:
@@ -391,12 +398,16 @@ class EtcdStore:
         interval = max(0.1, lead.ttl / 3)
         last_ok = time.monotonic()
         while not lead._stop.wait(interval):
+            ttl: int | None
             try:
                 result = self._post("/lease/keepalive", {"ID": lead.lease_id})
                 ttl = int(result.get("result", {}).get("TTL", -1))
             except StoreError as e:
                 log.warning("lease refresh failed: %s", e)
-                ttl = 0 if time.monotonic() - last_ok >= lead.ttl else 1
+                # the lease may still hold: lost once a whole TTL passed without a refresh
+                ttl = 0 if time.monotonic() - last_ok >= lead.ttl else None
+            if ttl is None:
+                continue
             if ttl <= 0:
                 log.error("lost the leader lease of %s", self.url)
                 lead.lost.set()
@@ -423,6 +434,9 @@ def _lines(response: requests.Response) -> Iterator[bytes]:
 
 
 def _hint(detail: str) -> str:
-    if "too many operations" in detail or "request is too large" in detail:
+    if any(
+        text in detail
+        for text in ("too many operations", "request is too large", "larger than max")
+    ):
         return " (raise etcd's --max-txn-ops / --max-request-bytes: docs/etcd.md)"
     return ""

@@ -5,7 +5,8 @@ The controller's core runs unchanged in a local working directory (``--state``) 
 
 - :func:`reconcile_via_store` (``reconcile --store``): take the unit's leader key, resync the
   working directory from a snapshot, run :func:`~reconciler.reconcile.reconcile`, publish
-  ``out/`` and ``checkpoint/`` in one transaction guarded by the leader key, resign.
+  ``out/`` and ``checkpoint/`` guarded by the leader key (:meth:`~reconciler.store.Mirror.push`:
+  the checkpoint with its plans in one final transaction), resign.
 - :func:`store_watch_loop` (``watch --store``): any number of replicas campaign for the leader
   key; the leader resyncs, reconciles, then follows watch events (debounced) and reconciles on
   every input change, resyncing from a snapshot after a compaction, a dropped watch or every
@@ -90,7 +91,7 @@ class EventFeed:
     def _run(self, store: EtcdStore, revision: int) -> None:
         while not self._closed.is_set():
             try:
-                for batch in store.watch(revision, idle=1.0):
+                for batch in store.watch(revision, idle=5.0):
                     self._queue.put(batch)
                     revision = max(revision, max(c.mod_revision for c in batch) + 1)
                     if self._closed.is_set():

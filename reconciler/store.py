@@ -16,9 +16,12 @@ a unit. Two implementations:
 
 The controller's core reads and writes a local *working directory*. With etcd that directory is
 a :class:`Mirror` of the unit: brought up to date from the store (a full snapshot, then watch
-events), and after a run its changes under the paths the writer owns are published in **one**
-transaction guarded by the writer's claim (the leader key for the controller, the revision read
-for an agent's actual state). A run that dies before its commit leaves the store untouched.
+events), and after a run its changes under the paths the writer owns are published by guarded
+commits (the leader key for the controller, the revision read for an agent's actual state):
+the documents nothing refers to yet (OCI configs, last good inputs) may go first, in as many
+transactions as the server's limits need; the checkpoint with its node patches, status, plan
+and every deletion is **one** final transaction. A run that dies before that final commit
+leaves the unit's plans and checkpoint as they were.
 """
 
 from __future__ import annotations
@@ -272,7 +275,8 @@ class FileStore:
 
 
 def copy_unit(source: StateStore, target: StateStore) -> tuple[int, int]:
-    """Make ``target`` hold exactly ``source``'s unit (``export`` / ``import``), in one commit.
+    """Make ``target`` hold exactly ``source``'s unit (``export`` / ``import``): the documents
+    in as many commits as the target's limits need, the deletions in the last one.
     Returns (documents written, documents deleted)."""
     wanted = {rel: e.data for rel, e in source.snapshot().entries.items()}
     have = target.snapshot().entries

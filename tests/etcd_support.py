@@ -1,7 +1,7 @@
 """A real etcd server for the tests (Debian's etcd-server; scripts/bootstrap installs it).
 
 One server per test session on free loopback ports, its data directory in a temp dir, with the
-request limits docs/etcd.md recommends (a unit's commit is one transaction). Each test gets its
+request limits docs/etcd.md recommends for large units. Each test gets its
 own key prefix, so tests never see each other's keys. Without the ``etcd`` binary the tests
 that need it skip, saying why.
 """
@@ -167,7 +167,7 @@ def through_etcd(
     ) -> ReconcileReport:
         opts = opts or ReconcileOptions()
         if opts.write_hook is not None:
-            pytest.skip("faults injected into the file store's writes (etcd commits one txn)")
+            pytest.skip("faults injected into the file store's writes (not etcd's commits)")
         if previous_view is not None:
             pytest.skip("an in-memory view of another directory (the file watcher's)")
         calls.append(state_dir)

@@ -916,7 +916,9 @@ class TestLargeCommits:
         assert EtcdStore(etcd_server.url("u")).txn_limits == (128, 1536 * 1024)  # etcd's defaults
         url = etcd_server.url("u") + "?max-txn-ops=7&max-request-bytes=4096"
         assert EtcdStore(url).txn_limits == (7, 4096)
-        for bad in ("?max-txn-ops=0", "?max-txn-ops=x", "?timeout=3"):
+        assert EtcdStore(etcd_server.url("u")).timeout == 60.0
+        assert EtcdStore(etcd_server.url("u") + "?timeout=3").timeout == 3.0
+        for bad in ("?max-txn-ops=0", "?max-txn-ops=x", "?timeout=0", "?bogus=3"):
             with pytest.raises(StoreError):
                 EtcdStore(etcd_server.url("u") + bad)
 
@@ -1054,3 +1056,27 @@ class TestWatchStreamLines:
         small, large = seconds(1 << 20), seconds(8 << 20)
         # 8x the bytes: linear costs ~8x; the quadratic splitting it replaced cost ~64x
         assert large < 30 * max(small, 1e-3)
+
+
+class TestLeaseRefreshFailures:
+    def test_failing_refreshes_lose_the_lease_after_one_ttl_not_before(
+        self, store: EtcdStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        lead = store.try_lead("me", 2)
+        assert lead is not None
+        real = store._post
+
+        def unreachable(path: str, payload: Any) -> dict[str, Any]:
+            if path == "/lease/keepalive":
+                raise StoreError("connection refused")
+            return real(path, payload)
+
+        t0 = time.monotonic()
+        monkeypatch.setattr(store, "_post", unreachable)
+        assert lead.lost.wait(10), "refreshes failed for 10 s and the leader did not notice"
+        waited = time.monotonic() - t0
+        # refreshed every ttl/3 until t0; lost once 2 s passed since the last refresh that
+        # worked: within (2 - 2/3, 2 + 2/3] s of t0
+        assert 1.3 <= waited <= 2.7 + 0.5, waited
+        monkeypatch.setattr(store, "_post", real)
+        lead.resign(store)
