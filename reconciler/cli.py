@@ -590,8 +590,9 @@ def agent(
     (running: active, created: activating, stopped or gone: failed), which closes the loop: the
     next plan is empty. Containers are named <node>.<instance id>.
 
-    With --store etcd://…: the unit is read from etcd into DIR (the same path on every
-    machine, as the OCI configs name it), and actual/NODE.yaml is written back in a
+    With --store etcd://…: the node's patch, its actual document and the bundles the patch
+    starts are read from etcd into DIR (the same path on every machine, as the OCI configs
+    name it), and actual/NODE.yaml is written back in a
     transaction that fails if anyone changed it since it was read (a stale write: exit 1,
     nothing written; the next run reads the new version).
 

@@ -197,13 +197,36 @@ class EtcdStore:
 
     # ------------------------------------------------------------ reads and writes
 
-    def snapshot(self) -> Snapshot:
-        start = (self.prefix + "/").encode()
-        result = self._post(
-            "/kv/range", {"key": _b64(start), "range_end": _b64(_prefix_end(self.prefix + "/"))}
-        )
+    def _range(self, scope: str | None) -> dict[str, Any]:
+        """A range request: the whole unit (None), one document, or a directory (``dir/``)."""
+        if scope is None:
+            start = self.prefix + "/"
+            return {"key": _b64(start), "range_end": _b64(_prefix_end(start))}
+        key = self.key(scope)
+        if scope.endswith("/"):
+            return {"key": _b64(key), "range_end": _b64(_prefix_end(key))}
+        return {"key": _b64(key)}
+
+    def snapshot(self, scope: Sequence[str] | None = None, revision: int | None = None) -> Snapshot:
+        """The unit's documents at one revision (the newest unless given): all of them, or
+        only those ``scope`` names (documents, or directories ending in ``/``), read in one
+        transaction."""
+        at = {"revision": revision} if revision else {}
+        if not scope:
+            result = self._post(
+                "/kv/range", {**self._range(None), **at, "count_only": scope is not None}
+            )
+            kvs = result.get("kvs", [])
+        else:
+            txn = {"success": [{"request_range": {**self._range(s), **at}} for s in scope]}
+            result = self._post("/kv/txn", txn)
+            kvs = [
+                kv
+                for r in result.get("responses", [])
+                for kv in r.get("response_range", {}).get("kvs", [])
+            ]
         entries: dict[str, Entry] = {}
-        for kv in result.get("kvs", []):
+        for kv in kvs:
             rel = self._rel(_unb64(kv["key"]))
             if rel is not None:
                 entries[rel] = Entry(_unb64(kv.get("value")), _rev(kv.get("mod_revision")))
@@ -284,17 +307,15 @@ class EtcdStore:
 
     # ------------------------------------------------------------ watch
 
-    def watch(self, start_revision: int, *, idle: float = 1.0) -> Iterator[list[Change]]:
-        """Batches of changes to the unit's documents from ``start_revision`` on, in order,
-        until the stream is quiet for ``idle`` seconds or drops (the iterator then ends: watch
-        again from the last revision seen + 1). Raises :class:`Compacted`."""
-        start = (self.prefix + "/").encode()
+    def watch(
+        self, start_revision: int, *, idle: float = 1.0, scope: str | None = None
+    ) -> Iterator[list[Change]]:
+        """Batches of changes to the unit's documents (or only to ``scope``: a document, or a
+        directory ending in ``/``) from ``start_revision`` on, in order, until the stream is
+        quiet for ``idle`` seconds or drops (the iterator then ends: watch again from the last
+        revision seen + 1). Raises :class:`Compacted`."""
         request: dict[str, Any] = {
-            "create_request": {
-                "key": _b64(start),
-                "range_end": _b64(_prefix_end(self.prefix + "/")),
-                "start_revision": start_revision,
-            }
+            "create_request": {**self._range(scope), "start_revision": start_revision}
         }
         try:
             response = self.client.session.post(

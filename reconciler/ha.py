@@ -20,6 +20,7 @@ The controller's core runs unchanged in a local working directory (``--state``) 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import queue
@@ -43,9 +44,11 @@ from .store import (
     LeaderGuard,
     Mirror,
     RevisionGuard,
+    Snapshot,
     StaleWrite,
     StoreError,
     is_input_path,
+    is_unit_path,
     under,
 )
 from .values import validate_id
@@ -80,18 +83,21 @@ class EventFeed:
     with its own timeout (the debounce), and a dropped stream is re-watched from the last
     revision seen. A compaction or store error is handed over as the exception, and ends it."""
 
-    def __init__(self, store: EtcdStore, start_revision: int) -> None:
+    def __init__(self, store: EtcdStore, start_revision: int, scope: str | None = None) -> None:
         self._queue: queue.Queue[list[Change] | StoreError] = queue.Queue()
         self._closed = threading.Event()
         self._thread = threading.Thread(
-            target=self._run, args=(store, start_revision), name="reconciler-watch", daemon=True
+            target=self._run,
+            args=(store, start_revision, scope),
+            name="reconciler-watch",
+            daemon=True,
         )
         self._thread.start()
 
-    def _run(self, store: EtcdStore, revision: int) -> None:
+    def _run(self, store: EtcdStore, revision: int, scope: str | None) -> None:
         while not self._closed.is_set():
             try:
-                for batch in store.watch(revision, idle=5.0):
+                for batch in store.watch(revision, idle=5.0, scope=scope):
                     self._queue.put(batch)
                     revision = max(revision, max(c.mod_revision for c in batch) + 1)
                     if self._closed.is_set():
@@ -301,7 +307,7 @@ def run_agent_via_store(
     validate_id(node_id, "node id")
     rel = f"actual/{node_id}.yaml"
     mirror = mirror or Mirror(store, workdir)
-    mirror.resync()
+    _sync_node(store, mirror, node_id)
     seen = mirror.known[rel].mod_revision if rel in mirror.known else 0
     report = run_agent_once(workdir, node_id, runc, stop_timeout=stop_timeout, log_dir=log_dir)
     if report.written:
@@ -310,6 +316,29 @@ def run_agent_via_store(
         except StaleWrite as e:
             raise AgentError(f"{e} (the next run reads the new version)") from None
     return report
+
+
+def _sync_node(store: EtcdStore, mirror: Mirror, node_id: str) -> None:
+    """Bring into the agent's working directory what its run reads, and nothing else: the
+    node's patch, its actual document, and the bundles of the instances the patch adds, all
+    read at one revision (the rest of the unit may be large, and is other nodes' business)."""
+    patch_rel, actual_rel = f"out/nodes/{node_id}.json", f"actual/{node_id}.yaml"
+    first = store.snapshot([patch_rel, actual_rel])
+    added: list[str] = []
+    if patch_rel in first.entries:
+        try:
+            ops = json.loads(first.entries[patch_rel].data)
+        except ValueError:
+            ops = None  # the agent reports the broken patch itself
+        for op in ops if isinstance(ops, list) else []:
+            path = op.get("path") if isinstance(op, dict) else None
+            if op.get("op") == "add" and isinstance(path, str) and path.startswith("/instances/"):
+                iid = path[len("/instances/") :]
+                if is_unit_path(f"out/instances/{iid}/config.json"):
+                    added.append(iid)
+    bundles = store.snapshot([f"out/instances/{i}/" for i in added], revision=first.revision)
+    snap = Snapshot(first.revision, {**first.entries, **bundles.entries})
+    mirror.resync(snap, managed=under(patch_rel, actual_rel, "out/instances"))
 
 
 def agent_watch_store(
@@ -353,7 +382,8 @@ def agent_watch_store(
     log.info("%s: agent watching %s (resync every %.0f s)", node_id, store.url, resync)
     run("start")
     last = time.monotonic()
-    feed = EventFeed(store, mirror.synced + 1)  # events since the run's snapshot: none missed
+    # the node's plan only (not every commit of the unit); events since the run's snapshot
+    feed = EventFeed(store, mirror.synced + 1, scope=plan_rel)
     try:
         while not stop.is_set():
             try:
@@ -361,7 +391,7 @@ def agent_watch_store(
             except StoreError as e:
                 log.warning("%s: %s; resyncing", node_id, e)
                 run("resync after a lost watch")
-                feed = EventFeed(store, mirror.synced + 1)
+                feed = EventFeed(store, mirror.synced + 1, scope=plan_rel)
                 last = time.monotonic()
                 continue
             if batch is not None and any(c.rel == plan_rel for c in batch):

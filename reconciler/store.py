@@ -158,8 +158,9 @@ class StateStore(Protocol):
         """What writing ``data`` at ``rel`` adds to a commit's request bytes."""
         ...
 
-    def snapshot(self) -> Snapshot:
-        """Every document of the unit, read at one revision."""
+    def snapshot(self, scope: Sequence[str] | None = None, revision: int | None = None) -> Snapshot:
+        """The unit's documents read at one revision (the newest unless given): all, or those
+        ``scope`` names (documents, or directories ending in ``/``)."""
         ...
 
     def commit(
@@ -258,8 +259,10 @@ class FileStore:
     def op_size(self, rel: str, data: bytes) -> int:
         return len(data)
 
-    def snapshot(self) -> Snapshot:
-        return Snapshot(0, {rel: Entry(data, 0) for rel, data in scan_unit(self.root).items()})
+    def snapshot(self, scope: Sequence[str] | None = None, revision: int | None = None) -> Snapshot:
+        inside = under(*(s.rstrip("/") for s in scope)) if scope is not None else is_unit_path
+        found = {rel: Entry(data, 0) for rel, data in scan_unit(self.root).items() if inside(rel)}
+        return Snapshot(0, found)
 
     def commit(
         self,
@@ -346,12 +349,15 @@ class Mirror:
                 self.verified.pop(rel, None)
         return out
 
-    def resync(self) -> set[str]:
-        """Make the working directory equal to a fresh snapshot; returns the paths that changed
-        (every path after a restart)."""
+    def resync(
+        self, snap: Snapshot | None = None, managed: Callable[[str], bool] = is_unit_path
+    ) -> set[str]:
+        """Make the working directory equal to a fresh snapshot (or to ``snap``, a snapshot of
+        part of the unit, for the working files ``managed``: others are left alone); returns the
+        paths that changed (every path after a restart)."""
         self.workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        snap = self.store.snapshot()
-        local = self._local(is_unit_path)
+        snap = snap if snap is not None else self.store.snapshot()
+        local = self._local(managed)
         puts = {
             r: e.data
             for r, e in snap.entries.items()
@@ -363,7 +369,7 @@ class Mirror:
         write_unit(self.workdir, puts, deletes)
         for rel in (*puts, *deletes):
             self.verified.pop(rel, None)
-        self.known = dict(snap.entries)
+        self.known = {r: e for r, e in self.known.items() if not managed(r)} | dict(snap.entries)
         self.revision = self.synced = snap.revision
         return set(puts) | set(deletes)
 

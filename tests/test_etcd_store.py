@@ -1080,3 +1080,74 @@ class TestLeaseRefreshFailures:
         assert 1.3 <= waited <= 2.7 + 0.5, waited
         monkeypatch.setattr(store, "_post", real)
         lead.resign(store)
+
+
+class TestScopedReads:
+    """An agent reads its node's documents only: a unit can be far larger than one node's."""
+
+    def test_a_scoped_snapshot_holds_exactly_the_named_documents_and_directories(
+        self, store: EtcdStore
+    ) -> None:
+        store.commit(
+            {
+                "out/nodes/a.json": b"A",
+                "out/nodes/b.json": b"B",
+                "out/instances/i1/config.json": b"1",
+                "out/instances/i1/hosts": b"h1",
+                "out/instances/i10/config.json": b"10",  # i1/ is not a prefix of i10/
+                "desired/x.yaml": b"x",
+            }
+        )
+        snap = store.snapshot(["out/nodes/a.json", "out/instances/i1/", "actual/missing.yaml"])
+        assert documents(snap) == {
+            "out/instances/i1/config.json": b"1",
+            "out/instances/i1/hosts": b"h1",
+            "out/nodes/a.json": b"A",
+        }
+        assert documents(store.snapshot([])) == {}
+        assert store.snapshot([]).revision == snap.revision
+
+    def test_a_snapshot_at_a_revision_reads_that_version(self, store: EtcdStore) -> None:
+        first = store.commit({"out/nodes/a.json": b"old"})
+        store.commit({"out/nodes/a.json": b"new"})
+        assert documents(store.snapshot(["out/nodes/a.json"], revision=first)) == {
+            "out/nodes/a.json": b"old"
+        }
+        assert documents(store.snapshot(["out/nodes/a.json"])) == {"out/nodes/a.json": b"new"}
+
+    def test_the_agent_copies_its_patch_its_actual_and_the_bundles_it_starts_only(
+        self, planned: EtcdStore, tmp_path: Path
+    ) -> None:
+        work = tmp_path / "agent"
+        stale = work / "out" / "instances" / "left-over" / "config.json"
+        stale.parent.mkdir(parents=True)
+        stale.write_text("{}")
+        report = run_agent_via_store(planned, work, HEADUNIT, FakeRunc())
+        assert report.started == (HMI,)
+        in_store = documents(planned.snapshot())
+        assert {r for r in in_store if r.startswith("out/nodes/")} == {
+            "out/nodes/gateway.json",
+            "out/nodes/headunit.json",
+        }  # the unit holds another node's plan, and desired/, nodes/, checkpoint/...
+        assert sorted(files_under(work)) == sorted(
+            [
+                f"out/nodes/{HEADUNIT}.json",
+                f"out/instances/{HMI}/config.json",
+                f"out/instances/{HMI}/hosts",
+                ACTUAL,  # written by this run, and committed
+            ]
+        )
+        assert not stale.exists()  # a bundle no plan of this node names is removed
+        for rel in files_under(work):
+            assert (work / rel).read_bytes() == in_store[rel]
+
+    def test_the_agents_watch_sees_its_plan_only(self, store: EtcdStore) -> None:
+        start = store.commit({"desired/x.yaml": b"x"}) + 1
+        feed = EventFeed(store, start, scope="out/nodes/a.json")
+        try:
+            store.commit({"out/nodes/b.json": b"B", "desired/x.yaml": b"y"})
+            store.commit({"out/nodes/a.json": b"A"})
+            got = gather(feed, 1, timeout=10)
+            assert [(c.rel, c.data) for c in got] == [("out/nodes/a.json", b"A")]
+        finally:
+            feed.close()
