@@ -78,26 +78,40 @@ def default_identity() -> str:
     return f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
 
 
+WATCH_IDLE = 300.0
+"""Seconds a watch stream may stay silent before it is opened again from the last revision
+seen. Long on purpose: etcd may need a while to send the first byte of a large replay (a
+watch that starts behind a leader's own commits of a big unit), and a stream re-opened from
+the same revision before that would replay it again, forever. A closed connection ends the
+stream at once; the feed's thread is a daemon, so a silent stream delays nothing."""
+
+
 class EventFeed:
     """Watch events of a store on a thread, handed over through a queue: the consumer waits
     with its own timeout (the debounce), and a dropped stream is re-watched from the last
     revision seen. A compaction or store error is handed over as the exception, and ends it."""
 
-    def __init__(self, store: EtcdStore, start_revision: int, scope: str | None = None) -> None:
+    def __init__(
+        self,
+        store: EtcdStore,
+        start_revision: int,
+        scope: str | None = None,
+        idle: float = WATCH_IDLE,
+    ) -> None:
         self._queue: queue.Queue[list[Change] | StoreError] = queue.Queue()
         self._closed = threading.Event()
         self._thread = threading.Thread(
             target=self._run,
-            args=(store, start_revision, scope),
+            args=(store, start_revision, scope, idle),
             name="reconciler-watch",
             daemon=True,
         )
         self._thread.start()
 
-    def _run(self, store: EtcdStore, revision: int, scope: str | None) -> None:
+    def _run(self, store: EtcdStore, revision: int, scope: str | None, idle: float) -> None:
         while not self._closed.is_set():
             try:
-                for batch in store.watch(revision, idle=5.0, scope=scope):
+                for batch in store.watch(revision, idle=idle, scope=scope):
                     self._queue.put(batch)
                     revision = max(revision, max(c.mod_revision for c in batch) + 1)
                     if self._closed.is_set():

@@ -536,7 +536,7 @@ class TestWatch:
         self, store: EtcdStore
     ) -> None:
         start = store.snapshot().revision + 1
-        feed = EventFeed(store, start)  # its watch ends after 1 s without events
+        feed = EventFeed(store, start, idle=1.0)  # its watch ends after 1 s without events
         try:
             r1 = store.commit({"desired/a.yaml": b"1\n"})
             assert gather(feed, 1, 5) == [Change("desired/a.yaml", b"1\n", r1)]
