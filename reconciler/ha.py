@@ -78,7 +78,7 @@ def default_identity() -> str:
     return f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
 
 
-WATCH_IDLE = 300.0
+WATCH_IDLE = WatchOptions.stream_idle
 """Seconds a watch stream may stay silent before it is opened again from the last revision
 seen. Long on purpose: etcd may need a while to send the first byte of a large replay (a
 watch that starts behind a leader's own commits of a big unit), and a stream re-opened from
@@ -86,10 +86,17 @@ the same revision before that would replay it again, forever. A closed connectio
 stream at once; the feed's thread is a daemon, so a silent stream delays nothing."""
 
 
+INPUT_SCOPES = ("actual/", "desired/", "nodes/", "resources/", "unit.yaml")
+"""What a leader watches: the inputs. Its own commits (out/, checkpoint/: only the leader writes
+them, fenced) would come back as events as large as the commits themselves."""
+
+
 class EventFeed:
-    """Watch events of a store on a thread, handed over through a queue: the consumer waits
-    with its own timeout (the debounce), and a dropped stream is re-watched from the last
-    revision seen. A compaction or store error is handed over as the exception, and ends it."""
+    """Watch events of a store on threads (one per scope: the whole unit, a document, or a
+    directory ending in ``/``), handed over through one queue: the consumer waits with its own
+    timeout (the debounce), and a dropped stream is re-watched from the last revision it saw.
+    A compaction or store error is handed over as the exception, and ends the feed. Events of
+    one document keep their order (each document is in one scope)."""
 
     def __init__(
         self,
@@ -97,16 +104,18 @@ class EventFeed:
         start_revision: int,
         scope: str | None = None,
         idle: float = WATCH_IDLE,
+        *,
+        scopes: tuple[str, ...] | None = None,
     ) -> None:
         self._queue: queue.Queue[list[Change] | StoreError] = queue.Queue()
         self._closed = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run,
-            args=(store, start_revision, scope, idle),
-            name="reconciler-watch",
-            daemon=True,
-        )
-        self._thread.start()
+        for one in scopes if scopes is not None else (scope,):
+            threading.Thread(
+                target=self._run,
+                args=(store, start_revision, one, idle),
+                name="reconciler-watch",
+                daemon=True,
+            ).start()
 
     def _run(self, store: EtcdStore, revision: int, scope: str | None, idle: float) -> None:
         while not self._closed.is_set():
@@ -258,7 +267,8 @@ def _lead(
             on_run(report)
 
     mirror.resync()
-    feed = EventFeed(store, mirror.synced + 1)  # what changes while the first run computes
+    # the inputs, from the snapshot on: what changes while the first run computes is not missed
+    feed = EventFeed(store, mirror.synced + 1, idle=wopts.stream_idle, scopes=INPUT_SCOPES)
     run("became leader")
     last = time.monotonic()
     try:
@@ -284,7 +294,9 @@ def _lead(
                 feed.close()
                 changed = {r for r in mirror.resync() if is_input_path(r)} or {"(resync)"}
                 reason = "resync after a lost watch"
-                feed = EventFeed(store, mirror.synced + 1)
+                feed = EventFeed(
+                    store, mirror.synced + 1, idle=wopts.stream_idle, scopes=INPUT_SCOPES
+                )
             if stop.is_set() or lead.lost.is_set():
                 break
             if changed:

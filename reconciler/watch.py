@@ -64,6 +64,7 @@ class WatchOptions:
     debounce: float = 0.2  # seconds of quiet before a run
     resync: float = 60.0  # seconds between full resyncs without events
     max_batch: float = 5.0  # never wait longer than this while events keep coming
+    stream_idle: float = 300.0  # etcd: re-open a watch stream silent this long (ha.WATCH_IDLE)
 
 
 def summary(report: ReconcileReport, elapsed: float) -> str:

@@ -847,11 +847,13 @@ def leader_key_revision(store: EtcdStore) -> str:
 def watch_loop(
     store: EtcdStore, workdir: Path, runs: list[ReconcileReport | None]
 ) -> Iterator[None]:
-    """``watch --store`` on a thread, stopped (and checked to return) on leaving."""
+    """``watch --store`` on a thread, stopped (and checked to return) on leaving; its watch
+    streams are re-opened after 1 s of silence (so that a compaction reaches them soon)."""
     stop = threading.Event()
+    wopts = WatchOptions(debounce=0.1, resync=60, stream_idle=1.0)
     thread = threading.Thread(
         target=store_watch_loop,
-        args=(store, workdir, options(), WatchOptions(debounce=0.1, resync=60), stop),
+        args=(store, workdir, options(), wopts, stop),
         kwargs={"ttl": 2, "identity": "watcher", "on_run": runs.append},
     )
     thread.start()
@@ -1149,5 +1151,28 @@ class TestScopedReads:
             store.commit({"out/nodes/a.json": b"A"})
             got = gather(feed, 1, timeout=10)
             assert [(c.rel, c.data) for c in got] == [("out/nodes/a.json", b"A")]
+        finally:
+            feed.close()
+
+    def test_a_leaders_feed_sees_the_inputs_and_not_its_own_commits(self, store: EtcdStore) -> None:
+        from reconciler.ha import INPUT_SCOPES
+
+        start = store.snapshot().revision + 1
+        feed = EventFeed(store, start, scopes=INPUT_SCOPES)
+        try:
+            store.commit({"out/plan.json": b"{}", "checkpoint/allocations.json": b"1"})
+            inputs = {
+                "actual/n.yaml": b"a",
+                "desired/deep/s.yaml": b"d",
+                "nodes/n.yaml": b"n",
+                "resources/n.json": b"[]",
+                "unit.yaml": b"u",
+            }
+            revision = store.commit(inputs)
+            got = gather(feed, 5, timeout=10)
+            assert sorted((c.rel, c.data, c.mod_revision) for c in got) == sorted(
+                (rel, data, revision) for rel, data in inputs.items()
+            )
+            assert feed.get(0.5) is None  # the out/ and checkpoint/ commit never came
         finally:
             feed.close()
