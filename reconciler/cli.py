@@ -87,6 +87,16 @@ def store_option(f: F) -> F:
     )(f)
 
 
+required_store_option = click.option(
+    "--store",
+    "store_url",
+    metavar="URL",
+    envvar="RECONCILER_STORE",
+    required=True,
+    help="The unit in etcd: etcd://HOST:PORT/PREFIX (env RECONCILER_STORE).",
+)
+
+
 def _etcd(url: str) -> EtcdStore:
     try:
         return EtcdStore(url)
@@ -661,14 +671,7 @@ def _copy(source: StateStore, target: StateStore, verb: str, as_json: bool) -> i
 
 @cli.command(name="export")
 @state_option
-@click.option(
-    "--store",
-    "store_url",
-    metavar="URL",
-    envvar="RECONCILER_STORE",
-    required=True,
-    help="The unit in etcd: etcd://HOST:PORT/PREFIX (env RECONCILER_STORE).",
-)
+@required_store_option
 @json_option
 def export_cmd(state_dir: Path, store_url: str, as_json: bool) -> int:
     """Copy a unit from etcd into the state directory DIR.
@@ -686,14 +689,7 @@ def export_cmd(state_dir: Path, store_url: str, as_json: bool) -> int:
 
 @cli.command(name="import")
 @state_option
-@click.option(
-    "--store",
-    "store_url",
-    metavar="URL",
-    envvar="RECONCILER_STORE",
-    required=True,
-    help="The unit in etcd: etcd://HOST:PORT/PREFIX (env RECONCILER_STORE).",
-)
+@required_store_option
 @click.option(
     "--force", is_flag=True, help="Import even while a controller leads the unit in etcd."
 )
