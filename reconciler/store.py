@@ -179,27 +179,40 @@ class StateStore(Protocol):
 
 def list_unit(root: Path) -> dict[str, StatKey]:
     """Every unit document under ``root`` with its stat key, by relative path, sorted
-    (symlinks are not followed; only regular files count)."""
+    (symlinks are not followed; only regular files count). One ``scandir`` per directory and
+    one ``lstat`` per file, on strings: a big unit has tens of thousands of files."""
     found: dict[str, StatKey] = {}
+    base = os.fspath(root)
     for rel in UNIT_FILES:
         with contextlib.suppress(FileNotFoundError):
-            st = os.lstat(root / rel)
+            st = os.lstat(f"{base}/{rel}")
             if stat.S_ISREG(st.st_mode):
                 found[rel] = stat_key(st)
+    pending = []
     for top in UNIT_DIRS:
-        base = root / top
-        if not base.is_dir() or base.is_symlink():
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISDIR(os.lstat(f"{base}/{top}").st_mode):  # a symlink is not followed
+                pending.append(top)
+    while pending:
+        rel_dir = pending.pop()
+        try:
+            entries = os.scandir(f"{base}/{rel_dir}")
+        except (FileNotFoundError, NotADirectoryError):
             continue
-        for dirpath, _dirnames, filenames in os.walk(base, followlinks=False):
-            rel_dir = Path(dirpath).relative_to(root).as_posix()
-            for name in filenames:
-                rel = f"{rel_dir}/{name}"
-                if not is_unit_path(rel):
+        with entries:
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue  # never a document (is_unit_path)
+                rel = f"{rel_dir}/{entry.name}"
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(rel)
                     continue
-                with contextlib.suppress(FileNotFoundError):
-                    st = os.lstat(f"{dirpath}/{name}")
-                    if stat.S_ISREG(st.st_mode):
-                        found[rel] = stat_key(st)
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    found[rel] = stat_key(st)
     return dict(sorted(found.items()))
 
 

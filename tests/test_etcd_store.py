@@ -1176,3 +1176,30 @@ class TestScopedReads:
             assert feed.get(0.5) is None  # the out/ and checkpoint/ commit never came
         finally:
             feed.close()
+
+
+class TestScanningADirectory:
+    def test_only_regular_files_of_unit_paths_are_listed_and_symlinks_never_followed(
+        self, tmp_path: Path
+    ) -> None:
+        root = tmp_path / "unit"
+        elsewhere = tmp_path / "elsewhere"
+        (elsewhere / "sub").mkdir(parents=True)
+        (elsewhere / "x.yaml").write_text("x")
+        (elsewhere / "sub" / "y.yaml").write_text("y")
+        (root / "desired" / "apps").mkdir(parents=True)
+        (root / "desired" / "apps" / "a.yaml").write_text("a")
+        (root / "desired" / ".a.yaml.swp").write_text("swap")
+        (root / "desired" / "link-dir").symlink_to(elsewhere)
+        (root / "desired" / "link.yaml").symlink_to(elsewhere / "x.yaml")
+        (root / "nodes").symlink_to(elsewhere)  # a symlinked top-level directory
+        (root / "out" / "instances" / "i").mkdir(parents=True)
+        (root / "out" / "instances" / "i" / "config.json").write_text("{}")
+        (root / "out" / "instances" / ".manifest.json").write_text("{}")
+        (root / "unit.yaml").write_text("u")
+        (root / "notes.txt").write_text("not a document")
+        assert scan_unit(root) == {
+            "desired/apps/a.yaml": b"a",
+            "out/instances/i/config.json": b"{}",
+            "unit.yaml": b"u",
+        }
