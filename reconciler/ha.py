@@ -219,7 +219,7 @@ def store_watch_loop(
             # each leadership starts afresh: another leader may have written meanwhile
             fresh = dataclasses.replace(opts, cache=ReconcileCache())
             _lead(store, Mirror(store, workdir), fresh, wopts, stop, lead, on_run)
-        except StoreError as e:
+        except (StoreError, OSError) as e:  # etcd unreachable, the working directory unwritable
             log.error("leading %s failed: %s; campaigning again", store.url, e)
             stop.wait(1.0)
         finally:
@@ -357,7 +357,9 @@ def _sync_node(store: EtcdStore, mirror: Mirror, node_id: str) -> None:
         except ValueError:
             ops = None  # the agent reports the broken patch itself
         for op in ops if isinstance(ops, list) else []:
-            path = op.get("path") if isinstance(op, dict) else None
+            if not isinstance(op, dict):
+                continue  # the agent reports the broken patch itself
+            path = op.get("path")
             if op.get("op") == "add" and isinstance(path, str) and path.startswith("/instances/"):
                 iid = path[len("/instances/") :]
                 if is_unit_path(f"out/instances/{iid}/config.json"):

@@ -1203,3 +1203,14 @@ class TestScanningADirectory:
             "out/instances/i/config.json": b"{}",
             "unit.yaml": b"u",
         }
+
+
+class TestAgentSyncOfABrokenPlan:
+    @pytest.mark.parametrize("patch", [b"[1, 2]", b'{"op": "add"}', b"not json", b'[{"op": 3}]'])
+    def test_a_broken_patch_is_the_agents_error_not_a_crash_of_the_sync(
+        self, store: EtcdStore, tmp_path: Path, patch: bytes
+    ) -> None:
+        store.commit({f"out/nodes/{HEADUNIT}.json": patch})
+        with pytest.raises(AgentError):
+            run_agent_via_store(store, tmp_path / "agent", HEADUNIT, FakeRunc())
+        assert ACTUAL not in store.snapshot().entries
