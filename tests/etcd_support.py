@@ -137,8 +137,13 @@ def etcd_url(etcd_server: EtcdServer) -> str:
 STORE_PARAM = "store"
 """The parameter that names the store of a scenario test's variant."""
 
-STORE_SCENARIO_MODULES = ("tests.test_checkpoint", "tests.test_planner", "tests.test_rebalance")
-"""The placement, checkpoint and plan scenario modules: each of their tests that runs
+STORE_SCENARIO_MODULES = (
+    "tests.test_checkpoint",
+    "tests.test_planner",
+    "tests.test_rebalance",
+    "tests.test_reconcile_oci",
+)
+"""The placement, checkpoint, plan and OCI scenario modules: each of their tests that runs
 ``reconcile`` (directly or through the CLI) runs once per store, unchanged."""
 
 
