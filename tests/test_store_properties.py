@@ -16,10 +16,11 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from hypothesis import assume, given, settings
@@ -128,8 +129,19 @@ def batches(changes: list[Change], cuts: list[int]) -> list[list[Change]]:
     return [changes[a:b] for a, b in itertools.pairwise(points) if b > a]
 
 
-def workdir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="mirror-"))
+@contextlib.contextmanager
+def unit_with_history(
+    history: list[Mapping[str, bytes | None]], store: MemoryStore | None = None
+) -> Iterator[tuple[MemoryStore, Path]]:
+    """A store after ``history``'s commits, and an empty working directory (removed after)."""
+    store = store or MemoryStore()
+    for edit in history:
+        commit_edit(store, edit)
+    root = Path(tempfile.mkdtemp(prefix="mirror-"))
+    try:
+        yield store, root
+    finally:
+        shutil.rmtree(root)
 
 
 @settings(max_examples=150, deadline=None)
@@ -145,11 +157,7 @@ def test_the_working_directory_follows_the_store_by_snapshot_and_by_events(
     local: Mapping[str, bytes | None],
     cuts: list[int],
 ) -> None:
-    store = MemoryStore()
-    for edit in history:
-        commit_edit(store, edit)
-    root = workdir()
-    try:
+    with unit_with_history(history) as (store, root):
         # a working directory with stale local files of its own
         write_unit(root, {r: d for r, d in local.items() if d is not None}, [])
         mirror = Mirror(store, root)
@@ -162,8 +170,6 @@ def test_the_working_directory_follows_the_store_by_snapshot_and_by_events(
             mirror.apply(batch)
         assert scan_unit(root) == documents(store)
         assert mirror.local_changes(lambda _r: True) == ({}, [])
-    finally:
-        shutil.rmtree(root)
 
 
 @settings(max_examples=150, deadline=None)
@@ -179,11 +185,7 @@ def test_a_push_makes_the_store_hold_the_owned_working_files_and_touches_nothing
     max_ops: int,
     max_bytes: int,
 ) -> None:
-    store = MemoryStore(max_ops, max_bytes)
-    for edit in history:
-        commit_edit(store, edit)
-    root = workdir()
-    try:
+    with unit_with_history(history, MemoryStore(max_ops, max_bytes)) as (store, root):
         mirror = Mirror(store, root)
         mirror.resync()
         before = documents(store)
@@ -206,8 +208,6 @@ def test_a_push_makes_the_store_hold_the_owned_working_files_and_touches_nothing
             r: d for r, d in before.items() if not owned(r)
         }
         assert mirror.local_changes(owned) == ({}, [])
-    finally:
-        shutil.rmtree(root)
 
 
 @settings(max_examples=100, deadline=None)
@@ -233,11 +233,7 @@ def test_split_commits_keep_every_document_once_in_order_within_the_limits(
 def test_a_refused_guarded_push_changes_nothing(
     history: list[Mapping[str, bytes | None]], mine: bytes, theirs: bytes
 ) -> None:
-    store = MemoryStore()
-    for edit in history:
-        commit_edit(store, edit)
-    root = workdir()
-    try:
+    with unit_with_history(history) as (store, root):
         mirror = Mirror(store, root)
         mirror.resync()
         rel = "actual/n1.yaml"
@@ -254,5 +250,3 @@ def test_a_refused_guarded_push_changes_nothing(
         else:
             raise AssertionError("a write guarded by an outdated revision went through")
         assert store.docs == before
-    finally:
-        shutil.rmtree(root)
