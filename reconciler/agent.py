@@ -52,11 +52,14 @@ from .values import validate_id
 from .yamlsafe import DEFAULT_MAX_BYTES, YamlRejected, parse_yaml
 
 __all__ = [
+    "AGENT_RUN_ERRORS",
     "AgentError",
     "AgentReport",
     "agent_watch",
     "container_id",
+    "instances_added",
     "observed_state",
+    "run_agent_logged",
     "run_agent_once",
 ]
 
@@ -167,15 +170,25 @@ def _read_patch(path: Path) -> list[dict[str, Any]] | None:
         raw, _ = read_bytes_at(path, MAX_PATCH_BYTES)
     except FileReadError as e:
         raise AgentError(f"{path}: {e}") from None
+    return _parse_patch(raw, str(path))
+
+
+def _parse_patch(raw: bytes, where: str) -> list[dict[str, Any]]:
     if len(raw) > MAX_PATCH_BYTES:
-        raise AgentError(f"{path}: over {MAX_PATCH_BYTES} bytes")
+        raise AgentError(f"{where}: over {MAX_PATCH_BYTES} bytes")
     try:
         ops = json.loads(raw)
     except ValueError as e:
-        raise AgentError(f"{path}: not JSON: {e}") from None
+        raise AgentError(f"{where}: not JSON: {e}") from None
     if not isinstance(ops, list) or not all(isinstance(op, dict) for op in ops):
-        raise AgentError(f"{path}: a patch is a JSON array of operations")
+        raise AgentError(f"{where}: a patch is a JSON array of operations")
     return ops
+
+
+def instances_added(raw: bytes, where: str) -> list[str]:
+    """The ids a node patch's ``add`` operations start, as the agent reads them; raises
+    :class:`AgentError` for a patch the agent refuses."""
+    return _check_ops(_parse_patch(raw, where), where)[1]
 
 
 def _instance_of_path(path: object, where: str) -> str:
@@ -499,6 +512,36 @@ def _run_locked(
 # ---------------------------------------------------------------- watch
 
 
+AGENT_RUN_ERRORS: tuple[type[Exception], ...] = (
+    AgentError,
+    RuncError,
+    LockTimeout,
+    OSError,
+    ValueError,
+)
+"""What one run of a long-running agent may fail with: logged, and the loop goes on."""
+
+
+def run_agent_logged(
+    node_id: str,
+    reason: str,
+    once: Callable[[], AgentReport],
+    on_run: Callable[[AgentReport | None], None] | None,
+    errors: tuple[type[Exception], ...] = AGENT_RUN_ERRORS,
+) -> None:
+    """One run of a watching agent: a failure is logged and reported as ``on_run(None)``."""
+    try:
+        report = once()
+    except errors as e:
+        log.error("%s: agent run failed (%s): %s", node_id, reason, e)
+        if on_run is not None:
+            on_run(None)
+        return
+    log.debug("%s: run done (%s)", node_id, reason)
+    if on_run is not None:
+        on_run(report)
+
+
 def agent_watch(
     state_dir: Path,
     node_id: str,
@@ -521,18 +564,14 @@ def agent_watch(
     target = f"{node_id}.json"
 
     def run(reason: str) -> None:
-        try:
-            report = run_agent_once(
+        run_agent_logged(
+            node_id,
+            reason,
+            lambda: run_agent_once(
                 state_dir, node_id, runc, stop_timeout=stop_timeout, log_dir=log_dir
-            )
-        except (AgentError, RuncError, LockTimeout, OSError, ValueError) as e:
-            log.error("%s: agent run failed (%s): %s", node_id, reason, e)
-            if on_run is not None:
-                on_run(None)
-            return
-        log.debug("%s: run done (%s)", node_id, reason)
-        if on_run is not None:
-            on_run(report)
+            ),
+            on_run,
+        )
 
     def accept(_change: watchfiles.Change, path: str) -> bool:
         return Path(path).name == target

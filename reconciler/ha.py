@@ -19,8 +19,8 @@ The controller's core runs unchanged in a local working directory (``--state``) 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import json
 import logging
 import os
 import queue
@@ -31,12 +31,18 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from .agent import AgentError, AgentReport, run_agent_once
+from .agent import (
+    AGENT_RUN_ERRORS,
+    AgentError,
+    AgentReport,
+    instances_added,
+    run_agent_logged,
+    run_agent_once,
+)
 from .etcdstore import EtcdStore, Leadership
 from .loader import StateView
-from .lock import LockTimeout
 from .reconcile import ReconcileCache, ReconcileError, ReconcileOptions, ReconcileReport, reconcile
-from .runc import ContainerRuntime, RuncError
+from .runc import ContainerRuntime
 from .signals import stop_on_signals
 from .store import (
     CONTROLLER_OWNED,
@@ -48,7 +54,6 @@ from .store import (
     StaleWrite,
     StoreError,
     is_input_path,
-    is_unit_path,
     under,
 )
 from .values import validate_id
@@ -352,18 +357,8 @@ def _sync_node(store: EtcdStore, mirror: Mirror, node_id: str) -> None:
     first = store.snapshot([patch_rel, actual_rel])
     added: list[str] = []
     if patch_rel in first.entries:
-        try:
-            ops = json.loads(first.entries[patch_rel].data)
-        except ValueError:
-            ops = None  # the agent reports the broken patch itself
-        for op in ops if isinstance(ops, list) else []:
-            if not isinstance(op, dict):
-                continue  # the agent reports the broken patch itself
-            path = op.get("path")
-            if op.get("op") == "add" and isinstance(path, str) and path.startswith("/instances/"):
-                iid = path[len("/instances/") :]
-                if is_unit_path(f"out/instances/{iid}/config.json"):
-                    added.append(iid)
+        with contextlib.suppress(AgentError):  # the agent's run refuses it and says why
+            added = instances_added(first.entries[patch_rel].data, patch_rel)
     bundles = store.snapshot([f"out/instances/{i}/" for i in added], revision=first.revision)
     snap = Snapshot(first.revision, {**first.entries, **bundles.entries})
     mirror.resync(snap, managed=under(patch_rel, actual_rel, "out/instances"))
@@ -388,24 +383,19 @@ def agent_watch_store(
     plan_rel = f"out/nodes/{node_id}.json"
     mirror = Mirror(store, workdir)
 
+    def once() -> AgentReport:
+        return run_agent_via_store(
+            store,
+            workdir,
+            node_id,
+            runc,
+            stop_timeout=stop_timeout,
+            log_dir=log_dir,
+            mirror=mirror,
+        )
+
     def run(reason: str) -> None:
-        try:
-            report = run_agent_via_store(
-                store,
-                workdir,
-                node_id,
-                runc,
-                stop_timeout=stop_timeout,
-                log_dir=log_dir,
-                mirror=mirror,
-            )
-        except (AgentError, RuncError, LockTimeout, StoreError, OSError, ValueError) as e:
-            log.error("%s: agent run failed (%s): %s", node_id, reason, e)
-            if on_run is not None:
-                on_run(None)
-            return
-        if on_run is not None:
-            on_run(report)
+        run_agent_logged(node_id, reason, once, on_run, (*AGENT_RUN_ERRORS, StoreError))
 
     log.info("%s: agent watching %s (resync every %.0f s)", node_id, store.url, resync)
     run("start")
