@@ -25,6 +25,7 @@ from .agent import AgentError, agent_watch, run_agent_once
 from .balancer import explain as explain_instance
 from .checkpoint import load_checkpoint
 from .etcdstore import EtcdStore
+from .fsio import FileReadError, ensure_dir
 from .ha import agent_watch_store, reconcile_via_store, run_agent_via_store, store_watch_loop
 from .loader import Diagnostic, load_state
 from .lock import LockTimeout, StateLock
@@ -683,7 +684,12 @@ def export_cmd(state_dir: Path, store_url: str, as_json: bool) -> int:
 
     Exit codes: 0 done, 1 error.
     """
-    with StateLock(_mkdir(state_dir)):
+    try:
+        ensure_dir(state_dir)
+    except (FileReadError, OSError) as e:
+        _err_console().print(f"error: {e}", markup=False)
+        return EXIT_ERROR
+    with StateLock(state_dir):
         return _copy(_etcd(store_url), FileStore(state_dir), "exported", as_json)
 
 
@@ -719,11 +725,6 @@ def import_cmd(state_dir: Path, store_url: str, force: bool, as_json: bool) -> i
         return EXIT_ERROR
     with StateLock(state_dir):
         return _copy(FileStore(state_dir), store, "imported", as_json)
-
-
-def _mkdir(path: Path) -> Path:
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return path
 
 
 @cli.command()

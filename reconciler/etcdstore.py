@@ -232,11 +232,15 @@ class EtcdStore:
                 entries[rel] = Entry(_unb64(kv.get("value")), _rev(kv.get("mod_revision")))
         return Snapshot(_rev(result["header"].get("revision")), dict(sorted(entries.items())))
 
+    def _kv(self, key: str) -> dict[str, Any] | None:
+        """One key's record (value, revisions), or None when it does not exist."""
+        kvs: list[dict[str, Any]] = self._post("/kv/range", {"key": _b64(key)}).get("kvs", [])
+        return kvs[0] if kvs else None
+
     def revision_of(self, rel: str) -> int:
         """The ``mod_revision`` of one document (0 when it does not exist)."""
-        result = self._post("/kv/range", {"key": _b64(self.key(rel))})
-        kvs = result.get("kvs", [])
-        return _rev(kvs[0].get("mod_revision")) if kvs else 0
+        kv = self._kv(self.key(rel))
+        return _rev(kv.get("mod_revision")) if kv else 0
 
     def _compare(self, guard: Guard) -> dict[str, Any]:
         if isinstance(guard, LeaderGuard):
@@ -289,9 +293,7 @@ class EtcdStore:
         reasons: list[str] = []
         for g in guards:
             if isinstance(g, LeaderGuard):
-                result = self._post("/kv/range", {"key": _b64(self.leader_key)})
-                kvs = result.get("kvs", [])
-                holder = _unb64(kvs[0].get("value")).decode() if kvs else None
+                holder = self.leader()
                 if holder != g.identity:
                     reasons.append(
                         f"this controller ({g.identity}) does not lead (leader: {holder or 'none'})"
@@ -355,9 +357,9 @@ class EtcdStore:
     # ------------------------------------------------------------ leader election
 
     def leader(self) -> str | None:
-        result = self._post("/kv/range", {"key": _b64(self.leader_key)})
-        kvs = result.get("kvs", [])
-        return _unb64(kvs[0].get("value")).decode() if kvs else None
+        """The identity holding the unit's leader key, if any."""
+        kv = self._kv(self.leader_key)
+        return _unb64(kv.get("value")).decode() if kv else None
 
     def try_lead(self, identity: str, ttl: int) -> Leadership | None:
         """Take the leader key if nobody holds it (one transaction); None if another does."""

@@ -218,14 +218,14 @@ def list_unit(root: Path) -> dict[str, StatKey]:
 
 def scan_unit(root: Path) -> dict[str, bytes]:
     """Every unit document under ``root`` with its content, by relative path, sorted."""
-    return {rel: _read(root / rel) for rel in list_unit(root)}
+    return {rel: _read(root / rel)[0] for rel in list_unit(root)}
 
 
-def _read(path: Path) -> bytes:
-    data, _ = read_bytes_at(path, MAX_DOCUMENT_BYTES)
+def _read(path: Path) -> tuple[bytes, StatKey]:
+    data, key = read_bytes_at(path, MAX_DOCUMENT_BYTES)
     if len(data) > MAX_DOCUMENT_BYTES:
         raise StoreError(f"{path}: larger than {MAX_DOCUMENT_BYTES} bytes")
-    return data
+    return data, key
 
 
 def write_unit(root: Path, puts: Mapping[str, bytes], deletes: Iterable[str]) -> None:
@@ -285,7 +285,7 @@ class FileStore:
     ) -> int:
         if guards:
             raise StoreError("the file store has no revisions to guard a write with")
-        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        ensure_dir(self.root)
         write_unit(self.root, puts, deletes)
         return 0
 
@@ -350,9 +350,7 @@ class Mirror:
                 out[rel] = None
                 continue
             read_at = time.time_ns()
-            data, key = read_bytes_at(self.workdir / rel, MAX_DOCUMENT_BYTES)
-            if len(data) > MAX_DOCUMENT_BYTES:
-                raise StoreError(f"{self.workdir / rel}: larger than {MAX_DOCUMENT_BYTES} bytes")
+            data, key = _read(self.workdir / rel)
             out[rel] = data
             known = self.known.get(rel)
             settled = settled_key(key, read_at)
@@ -368,7 +366,7 @@ class Mirror:
         """Make the working directory equal to a fresh snapshot (or to ``snap``, a snapshot of
         part of the unit, for the working files ``managed``: others are left alone); returns the
         paths that changed (every path after a restart)."""
-        self.workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        ensure_dir(self.workdir)
         snap = snap if snap is not None else self.store.snapshot()
         local = self._local(managed)
         puts = {
