@@ -24,16 +24,12 @@ import os
 import platform
 import queue
 import shutil
-import socket
-import subprocess
 import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-
-import requests
 
 from reconciler.etcdstore import EtcdStore
 from reconciler.ha import reconcile_via_store, store_watch_loop
@@ -42,48 +38,8 @@ from reconciler.reconcile import ReconcileOptions, reconcile
 from reconciler.store import FileStore, copy_unit
 from reconciler.watch import WatchOptions
 
+from .etcdserver import EtcdUnavailable, start_etcd
 from .statedir import bump_instances, write_state_dir
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start_etcd(data: Path, max_request_bytes: int) -> tuple[subprocess.Popen[bytes], int]:
-    binary = shutil.which("etcd")
-    if binary is None:
-        raise SystemExit("no etcd binary (Debian: apt-get install etcd-server)")
-    client, peer = _port(), _port()
-    proc = subprocess.Popen(
-        [
-            binary,
-            "--name=bench",
-            f"--data-dir={data}",
-            f"--listen-client-urls=http://127.0.0.1:{client}",
-            f"--advertise-client-urls=http://127.0.0.1:{client}",
-            f"--listen-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-cluster=bench=http://127.0.0.1:{peer}",
-            f"--max-request-bytes={max_request_bytes}",
-            "--max-txn-ops=20000",
-            "--quota-backend-bytes=8589934592",
-            "--log-level=error",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(f"http://127.0.0.1:{client}/health", timeout=1).ok:
-                return proc, client
-        except requests.RequestException:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("etcd did not start")
 
 
 def _timed(label: str, fn: Callable[[], object], floor: float | None = None) -> float:
@@ -121,11 +77,21 @@ def main() -> None:
         reconcile(plain, ReconcileOptions(configs=default_config_builder()))
         file_idle = time.perf_counter() - t0
 
-        proc, port = _start_etcd(tmp / "etcd", args.max_request_mib << 20)
+        (tmp / "etcd").mkdir()
+        limit = args.max_request_mib << 20
+        try:
+            server = start_etcd(
+                tmp / "etcd",
+                max_txn_ops=20000,
+                max_request_bytes=limit,
+                extra=["--quota-backend-bytes=8589934592"],
+            )
+        except EtcdUnavailable as e:
+            raise SystemExit(str(e)) from None
         try:
             url = (
-                f"etcd://127.0.0.1:{port}/bench/{uuid.uuid4().hex[:8]}"
-                f"?max-txn-ops=20000&max-request-bytes={args.max_request_mib << 20}"
+                server.url(f"bench/{uuid.uuid4().hex[:8]}")
+                + f"?max-txn-ops=20000&max-request-bytes={limit}"
             )
             store = EtcdStore(url)
             work = tmp / "work"
@@ -156,8 +122,7 @@ def main() -> None:
             size = sum(len(e.data) for e in snap.entries.values())
             print(f"unit in etcd: {len(snap.entries)} documents, {size / 2**20:.1f} MiB")
         finally:
-            proc.terminate()
-            proc.wait()
+            server.stop()
 
 
 def _watch_edit(store: EtcdStore, source: Path, workdir: Path, args: argparse.Namespace) -> None:
