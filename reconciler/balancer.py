@@ -76,6 +76,7 @@ from .sharing import REGISTRY, ShareRequest
 
 __all__ = [
     "Ask",
+    "BalanceMemo",
     "Explanation",
     "NodeSlot",
     "Overload",
@@ -386,6 +387,9 @@ Level = list[tuple[int, tuple[int, ...]]]
 """The classes of one priority level a service may use, each with its static runtimes."""
 
 HeapItem = tuple[Entry, int, bool]  # entry, class (local index), whether a class head
+
+Made = dict[str, tuple[Reservation, Placement]]
+"""Per instance id, a placement and the reservation it was made from (``_Run.placements``)."""
 
 
 class _Run:
@@ -913,39 +917,56 @@ class _Run:
         self.reserve(slot, ask, _best_runtime(slot, verdict))
         return victim_ids
 
-    def placements(self, instances: Sequence[Instance]) -> tuple[Placement, ...]:
-        """The placements of the placed ``instances``, in their order."""
+    def placements(
+        self, instances: Sequence[Instance], made: Made | None = None
+    ) -> tuple[Placement, ...]:
+        """The placements of the placed ``instances``, in their order. ``made``: per instance,
+        the reservation a placement was made from and that placement; one whose reservation is
+        the same object is taken from there (the node is unchanged, the run is the same), and
+        ``made`` is left holding this call's."""
         out = []
         slots, where = self.slots, self.where
         service: Service | None = None
         version, priority = "", 0
+        old: Made = {}
+        if made is not None:
+            old = dict(made)
+            made.clear()
         for inst in instances:
             iid = inst.id
             node_id = where.get(iid)
             if node_id is None:
                 continue
+            slot = slots[node_id]
+            res = slot.placed[iid]
+            if old:
+                got = old.get(iid)
+                if got is not None and got[0] is res:
+                    out.append(got[1])
+                    if made is not None:
+                        made[iid] = got
+                    continue
             if inst.service is not service:
                 service = inst.service
                 version, priority = service.version, service.priority
-            slot = slots[node_id]
-            res = slot.placed[iid]
-            out.append(
-                Placement(
-                    iid,
-                    inst.item_id,
-                    inst.subject_id,
-                    inst.index,
-                    version,
-                    priority,
-                    node_id,
-                    slot.runtimes[res.runtime_index].runtime.id,
-                    res.requested,
-                    res.resources,
-                    res.devices,
-                    _unhealthy(slot, res) if res.devices else (),
-                    res.cause,
-                )
+            p = Placement(
+                iid,
+                inst.item_id,
+                inst.subject_id,
+                inst.index,
+                version,
+                priority,
+                node_id,
+                slot.runtimes[res.runtime_index].runtime.id,
+                res.requested,
+                res.resources,
+                res.devices,
+                _unhealthy(slot, res) if res.devices else (),
+                res.cause,
             )
+            out.append(p)
+            if made is not None:
+                made[iid] = (res, p)
         return tuple(out)
 
     def placement(self, instance: Instance) -> Placement:
@@ -1003,14 +1024,21 @@ def balance(
     overload: Overload | None = None,
     *,
     exhaustive: bool = False,
+    memo: BalanceMemo | None = None,
 ) -> BalanceResult:
     """Place every desired instance (SPEC §7); see the module docstring for the passes.
 
     ``exhaustive`` evaluates every filter on every node for every instance instead of using
     the class indexes: the same result, slowly (the reference the tests compare against).
+
+    ``memo`` (a long-running caller's, see :class:`BalanceMemo`) lets a stable run whose inputs
+    differ from the memo's last call only in some services re-place only those services'
+    instances; the result is the same as without it.
     """
     with collector_paused():
-        return _balance(unit, nodes, services, previous, mode, overload, exhaustive)
+        if memo is None:
+            return _balance(unit, nodes, services, previous, mode, overload, exhaustive)
+        return memo.balance(unit, nodes, services, previous, mode, overload, exhaustive)
 
 
 def _balance(
@@ -1022,10 +1050,27 @@ def _balance(
     overload: Overload | None,
     exhaustive: bool,
 ) -> BalanceResult:
+    return _balance_run(unit, nodes, services, previous, mode, overload, exhaustive)[0]
+
+
+def _balance_run(
+    unit: UnitConfig | None,
+    nodes: Sequence[Node],
+    services: Sequence[Service],
+    previous: Mapping[str, PreviousAllocation] | None,
+    mode: Mode | None,
+    overload: Overload | None,
+    exhaustive: bool,
+    instances: list[Instance] | None = None,
+    made: Made | None = None,
+) -> tuple[BalanceResult, _Run]:
+    """The balance, and the run whose final state it is (reservations on the real capacities
+    and requests, in every mode)."""
     if mode is None:
         mode = unit.placement if unit is not None else "stable"
     previous = previous or {}
-    instances = expand_instances(sorted(services, key=lambda s: s.key))
+    if instances is None:
+        instances = expand_instances(sorted(services, key=lambda s: s.key))
     if mode == "rebalance":
         # the rebalance proper: pinned instances first, the rest afresh, on lowered capacity
         core = _Run(unit, nodes, overload or {}, "rebalanced", exhaustive=exhaustive)
@@ -1047,7 +1092,8 @@ def _balance(
     else:
         run = _Run(unit, nodes, {}, exhaustive=exhaustive)
         preempted = _passes(run, instances, previous, _always, preempt=True)
-    return BalanceResult(run.placements(instances), run.failures(instances), frozenset(preempted))
+    result = BalanceResult(run.placements(instances), run.failures(instances), frozenset(preempted))
+    return result, run
 
 
 def _always(_instance: Instance) -> bool:
@@ -1073,7 +1119,10 @@ def _passes(
     through pass 2 again in instance order: room a preemption left over is used now, as the
     next run's pass 2 would use it."""
     pending = []
+    where = run.where
     for inst in instances:
+        if inst.id in where:  # placed before this call (BalanceMemo)
+            continue
         prev = previous.get(inst.id)
         if prev is not None and keeps(inst) and run.keep(inst, prev):
             continue
@@ -1095,6 +1144,158 @@ def _passes(
         causes: dict[str, Cause] = {iid: "preempted" for iid in preempted}
         run.place_all(sorted(unplaced, key=Instance.order_key), causes)
     return preempted
+
+
+# ----------------------------------------------------------------------------- memo
+
+
+def _service_order(service: Service) -> tuple[int, str, str]:
+    return (-service.priority, service.id, service.subject)
+
+
+class BalanceMemo:
+    """What a long-running caller (``watch``) carries from one :func:`balance` call to the
+    next: the last call's inputs (by identity: the loader hands out the same objects for
+    unchanged files), its instances per service, its result and the run in its final state.
+
+    A ``stable`` call whose unit and nodes are the memo's, whose ``previous`` is exactly the
+    memo's result (the checkpoint the last run wrote) and with no overload is answered from the
+    memo: the instances of the services that changed (edited, added, removed) are released,
+    those that had a place keep it (pass 1), and pass 2 and 3 run for every instance without a
+    place, in instance order. That is the full run's result: in a full run every unchanged
+    instance keeps its place (it fits beside every other reservation of the last result, so
+    beside any subset of them: the filters are monotone in what is reserved), and so pass 2 and
+    3 see the same instances on the same reservations. When a changed service's instance cannot
+    keep its place, the memo cannot tell what the full run's pass 1 would do, so the call runs
+    in full. Any other call runs in full and leaves its run in the memo (``fresh`` and
+    ``stable`` ones: a rebalance's run records a cause with its placements).
+
+    The memo's run is mutated by the next call: a memo belongs to one caller."""
+
+    def __init__(self) -> None:
+        self._unit: UnitConfig | None = None
+        self._nodes: dict[str, Node] = {}
+        self._services: dict[tuple[str, str], Service] = {}
+        self._expanded: dict[tuple[str, str], tuple[Service, list[Instance]]] = {}
+        self._run: _Run | None = None
+        self._result: BalanceResult | None = None
+        self._made: Made = {}
+        self.incremental = False  # whether the last call was answered from the memo
+        self.replaced = 0  # instances the last call released and placed again (incremental)
+
+    def balance(
+        self,
+        unit: UnitConfig | None,
+        nodes: Sequence[Node],
+        services: Sequence[Service],
+        previous: Mapping[str, PreviousAllocation] | None,
+        mode: Mode | None,
+        overload: Overload | None,
+        exhaustive: bool,
+    ) -> BalanceResult:
+        if mode is None:
+            mode = unit.placement if unit is not None else "stable"
+        by_key = {s.key: s for s in services}
+        if mode == "stable" and not overload and not exhaustive:
+            got = self._incremental(unit, nodes, by_key, previous or {})
+            if got is not None:
+                return got
+        instances = self._instances(by_key)
+        made: Made = {}
+        result, run = _balance_run(
+            unit, nodes, services, previous, mode, overload, exhaustive, instances, made
+        )
+        self.incremental = False
+        self.replaced = len(instances)
+        if mode == "rebalance" or overload or exhaustive:
+            self._run = None  # not a state the next stable call may start from
+            return result
+        self._unit, self._nodes, self._services = unit, {n.id: n for n in nodes}, by_key
+        self._run, self._result, self._made = run, result, made
+        return result
+
+    def _instances(self, by_key: Mapping[tuple[str, str], Service]) -> list[Instance]:
+        """Every instance in instance order (the instances of one service are consecutive),
+        each service's expanded once while it is the same object."""
+        old = self._expanded
+        expanded: dict[tuple[str, str], tuple[Service, list[Instance]]] = {}
+        out: list[Instance] = []
+        for service in sorted(by_key.values(), key=_service_order):
+            key = service.key
+            got = old.get(key)
+            if got is None or got[0] is not service:
+                got = (service, expand_instances([service]))
+            expanded[key] = got
+            out += got[1]
+        self._expanded = expanded
+        return out
+
+    def _incremental(
+        self,
+        unit: UnitConfig | None,
+        nodes: Sequence[Node],
+        by_key: Mapping[tuple[str, str], Service],
+        previous: Mapping[str, PreviousAllocation],
+    ) -> BalanceResult | None:
+        run, result = self._run, self._result
+        if run is None or result is None or run.cause is not None:
+            return None
+        if not (unit is self._unit or unit == self._unit) or len(nodes) != len(self._nodes):
+            return None
+        known = self._nodes
+        if any(known.get(n.id) is not n for n in nodes):
+            return None
+        if len(previous) != len(result.placements):
+            return None
+        for p in result.placements:
+            prev = previous.get(p.instance_id)
+            if prev is None or (prev.node_id, prev.runtime_id, prev.devices, prev.cause) != (
+                p.node_id,
+                p.runtime_id,
+                p.devices,
+                p.cause,
+            ):
+                return None
+        old = self._services
+        changed = {k for k, s in by_key.items() if old.get(k) is not s}
+        changed.update(k for k in old if k not in by_key)
+        if not changed:
+            self.incremental, self.replaced = True, 0
+            return result
+        self._run = None  # mutated below: a failure leaves no usable state
+        # release every instance of the services as they were
+        where, slots = run.where, run.slots
+        gone = set()
+        replaced = 0
+        for key in changed:
+            got = self._expanded.get(key)
+            if got is None:
+                continue
+            gone.add(id(got[0]))
+            for inst in got[1]:
+                node_id = where.get(inst.id)
+                if node_id is not None:
+                    run.release(slots[node_id], inst.id)
+        for g in [g for g in run.groups if g in gone]:
+            del run.groups[g]
+        for refused in run.refused.values():
+            refused.clear()
+        run.exhausted.clear()
+        instances = self._instances(by_key)
+        # pass 1 for the services as they are now
+        for key in sorted(k for k in changed if k in by_key):
+            for inst in self._expanded[key][1]:
+                replaced += 1
+                prev = previous.get(inst.id)
+                if prev is not None and not run.keep(inst, prev):
+                    return None
+        preempted = _passes(run, instances, {}, _always, preempt=True)
+        result = BalanceResult(
+            run.placements(instances, self._made), run.failures(instances), frozenset(preempted)
+        )
+        self._services, self._run, self._result = dict(by_key), run, result
+        self.incremental, self.replaced = True, replaced
+        return result
 
 
 # ----------------------------------------------------------------------------- explain

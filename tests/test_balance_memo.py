@@ -1,0 +1,145 @@
+"""The balancer's memo (``BalanceMemo``, issue 9's warm path): a long-running caller's sequence
+of calls must give exactly what calls without the memo give, whatever changes between them
+(services edited, added, removed; nodes, unit or mode changed; a previous that is not the last
+result), and an edit of one service must be answered without re-placing the others."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reconciler.balancer import BalanceMemo, balance, node_states
+from reconciler.loader import load_state
+from reconciler.models import Node, Service, UnitConfig
+from reconciler.nodestate import NodeSlot
+from reconciler.placement import BalanceResult, Mode, PreviousAllocation
+from tests.builders import make_node, make_service, previous_of
+from tests.test_balancer_properties import SETTINGS, Scenario, node_docs, scenarios, services
+
+
+def _state(slot: NodeSlot) -> tuple[object, ...]:
+    """Everything a node's state holds that a later placement may read."""
+    return (
+        sorted(slot.placed),
+        slot.cpu,
+        slot.ram,
+        slot.partitions,
+        [(rt.slots, rt.cpu, rt.ram) for rt in slot.runtimes],
+        slot.resources,
+        slot.pools,
+    )
+
+
+def _assert_holds_exactly(
+    memo: BalanceMemo,
+    unit: UnitConfig,
+    nodes: list[Node],
+    svcs: list[Service],
+    result: BalanceResult,
+) -> None:
+    """The run the memo keeps for the next call holds the result's reservations and nothing
+    else: each node's state equals a replay of the result on fresh node states."""
+    run = memo._run  # white box: what the next call starts from
+    if run is None:
+        return
+    replayed = node_states(unit, nodes, svcs, result)
+    for node_id, slot in run.slots.items():
+        assert _state(slot) == _state(replayed[node_id]), node_id
+    assert set(run.where) == {p.instance_id for p in result.placements}
+
+
+def _edit(data: st.DataObject, svcs: list[Service], node_ids: list[str], step: int) -> None:
+    """One change to the desired services, in place."""
+    what = data.draw(
+        st.sampled_from(("instances", "replace", "remove", "add", "priority", "none")),
+        label=f"edit {step}",
+    )
+    if what == "add" or not svcs:
+        svcs.append(data.draw(services(f"t{step}", node_ids), label="added"))
+        return
+    k = data.draw(st.integers(0, len(svcs) - 1), label="which")
+    s = svcs[k]
+    if what == "instances":
+        n = data.draw(st.integers(0, 6), label="instances")
+        svcs[k] = s.model_copy(update={"instances": n})
+    elif what == "replace":
+        svcs[k] = data.draw(services(s.id, node_ids), label="replacement")
+    elif what == "remove":
+        del svcs[k]
+    elif what == "priority":
+        svcs[k] = s.model_copy(update={"priority": (s.priority + 1) % 3})
+
+
+@SETTINGS
+@given(scenario=scenarios(), data=st.data())
+def test_a_memo_gives_what_a_full_balance_gives(scenario: Scenario, data: st.DataObject) -> None:
+    nodes = scenario.nodes()
+    node_ids = [n.id for n in nodes]
+    unit = scenario.unit
+    svcs = list(scenario.services)
+    memo = BalanceMemo()
+    previous: dict[str, PreviousAllocation] = {}
+    for step in range(data.draw(st.integers(1, 6), label="steps")):
+        mode: Mode = data.draw(
+            st.sampled_from(("stable", "stable", "stable", "fresh")), label="mode"
+        )
+        if data.draw(st.integers(0, 5), label="nodes change") == 0:
+            i = data.draw(st.integers(0, len(nodes) - 1), label="node")
+            nodes = list(nodes)
+            nodes[i] = Node.model_validate(data.draw(node_docs(node_ids[i]), label="node doc"))
+        if data.draw(st.integers(0, 6), label="previous kept") == 0:
+            previous = {}  # a lost checkpoint: not the memo's result
+        got = balance(unit, nodes, svcs, previous, mode, memo=memo)
+        want = balance(unit, nodes, svcs, previous, mode)
+        assert got == want, f"step {step}"
+        _assert_holds_exactly(memo, unit, nodes, svcs, got)
+        previous = previous_of(got)
+        _edit(data, svcs, node_ids, step)
+
+
+class TestTheMemoIsUsed:
+    def setup_method(self) -> None:
+        self.nodes = [make_node(f"n{i}") for i in range(4)]
+        self.services = [make_service(f"s{i}", instances=3, cpu=100) for i in range(5)]
+        self.memo = BalanceMemo()
+        first = balance(None, self.nodes, self.services, {}, "stable", memo=self.memo)
+        assert not self.memo.incremental
+        self.previous = previous_of(first)
+
+    def test_unchanged_inputs_replace_nothing(self) -> None:
+        again = balance(None, self.nodes, self.services, self.previous, "stable", memo=self.memo)
+        assert self.memo.incremental and self.memo.replaced == 0
+        assert again == balance(None, self.nodes, self.services, self.previous, "stable")
+
+    def test_one_edited_service_replaces_its_instances_only(self) -> None:
+        edited = [*self.services[:2], make_service("s2", instances=5, cpu=50), *self.services[3:]]
+        got = balance(None, self.nodes, edited, self.previous, "stable", memo=self.memo)
+        assert self.memo.incremental and self.memo.replaced == 5
+        assert got == balance(None, self.nodes, edited, self.previous, "stable")
+        assert len(got.placements) == 17
+
+    def test_other_nodes_run_in_full(self) -> None:
+        nodes = [*self.nodes[:3], make_node("n3")]  # equal, but not the objects the memo saw
+        got = balance(None, nodes, self.services, self.previous, "stable", memo=self.memo)
+        assert not self.memo.incremental
+        assert got == balance(None, nodes, self.services, self.previous, "stable")
+
+    def test_a_previous_other_than_the_result_runs_in_full(self) -> None:
+        got = balance(None, self.nodes, self.services, {}, "stable", memo=self.memo)
+        assert not self.memo.incremental
+        assert got == balance(None, self.nodes, self.services, {}, "stable")
+
+
+def test_the_loader_hands_out_the_same_node_for_the_same_content(demo_copy: Path) -> None:
+    """The memo recognises unchanged inputs by identity: a node whose resourcesFile was read
+    while it was too new to trust its stat key is parsed again, and must come out as the same
+    object when its content is the same."""
+    view, _ = load_state(demo_copy)
+    again, _ = load_state(demo_copy, view)
+    assert any(r.deps for r in view.files.values())  # the demo has a node with a resourcesFile
+    for node_id, node in view.nodes.items():
+        assert again.nodes[node_id] is node
+    for key, service in view.services.items():
+        assert again.services[key] is service
