@@ -9,10 +9,12 @@ exactly the desired document for that node.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .jsonio import fragment, pretty_array, pretty_object
 from .models import API_VERSION, ActualInstance, ActualState
 from .placement import BalanceResult, Failure, Placement
 
@@ -20,8 +22,10 @@ __all__ = [
     "PLAN_FORMAT_VERSION",
     "Action",
     "Plan",
+    "PlanMemo",
     "empty_actual_document",
     "make_plan",
+    "plan_bytes",
     "pointer",
 ]
 
@@ -143,39 +147,113 @@ def _devices_of(inst: ActualInstance) -> tuple[tuple[str, tuple[str, ...]], ...]
     return tuple(sorted((r, tuple(sorted(ids))) for r, ids in inst.devices.items()))
 
 
+class PlanMemo:
+    """What a long-running caller (``watch``) carries from one :func:`make_plan` call to the
+    next, so that a plan that changed little costs little: per node, the diff of its actual
+    document against the placements it names (while that document and those placements are
+    the same objects), the actions (while their placement or running instance and reason are
+    the same objects and value), the sorted action lists, and each node's patch (while its
+    revision and actions are the same). Every reuse is checked against the inputs it came
+    from; the plan is the one :func:`make_plan` computes without a memo."""
+
+    def __init__(self) -> None:
+        self._matches: dict[
+            str,
+            tuple[
+                ActualState,
+                tuple[Placement | None, ...],
+                list[str],
+                list[tuple[str, ActualInstance]],
+            ],
+        ] = {}
+        self._stops: dict[tuple[str, str], tuple[ActualInstance, Reason, Action]] = {}
+        self._starts: dict[str, tuple[Placement, Reason, Action]] = {}
+        self._sorted: tuple[list[Action], list[Action], list[Action], list[Action]] | None = None
+        self._patches: dict[
+            str, tuple[int, list[Action], list[Action], tuple[dict[str, Any], ...]]
+        ] = {}
+        self.patches_built = 0  # in the last call: nodes whose patch was built again
+        # plan_bytes: each action's and each node's pretty JSON, by the object it came from
+        self._action_fragments: dict[int, tuple[Action, bytes]] = {}
+        self._node_fragments: dict[str, tuple[tuple[dict[str, Any], ...], bytes]] = {}
+
+
+def _match(
+    node_id: str, doc: ActualState, get: Any
+) -> tuple[list[str], list[tuple[str, ActualInstance]]]:
+    """The instances running on ``node_id`` as they are placed, and the others."""
+    matches: list[str] = []
+    others: list[tuple[str, ActualInstance]] = []
+    for iid, inst in doc.instances.items():
+        p = get(iid)
+        if (
+            p is not None
+            and p.node_id == node_id
+            and p.version == inst.version
+            and p.runtime_id == inst.runtimeId
+            and (p.devices == _devices_of(inst) if inst.devices else not p.devices)
+        ):
+            matches.append(iid)
+        else:
+            others.append((iid, inst))
+    return matches, others
+
+
+def _identical(old: list[Action], new: list[Action]) -> bool:
+    """The same action objects in the same order (an equal action may come from another
+    placement: a patch's records are made from the placement, not the action)."""
+    return len(old) == len(new) and all(map(operator.is_, old, new))
+
+
+def _by_node_and_id(a: Action) -> tuple[str, str]:
+    return (a.node_id, a.instance_id)
+
+
 def make_plan(
     result: BalanceResult,
     actual: Mapping[str, ActualState],
     nodes: frozenset[str] | set[str],
     *,
     fingerprint: str = "",
+    memo: PlanMemo | None = None,
 ) -> Plan:
     """Diff ``result`` against ``actual`` (SPEC §10). ``nodes`` are the ids of the nodes that
-    exist now; instances on any other node are lost with it."""
+    exist now; instances on any other node are lost with it. ``memo``: see :class:`PlanMemo`."""
+    m = memo if memo is not None else PlanMemo()
     desired = result.by_id
-    stops: list[Action] = []
-    starts: list[Action] = []
+    get = desired.get
     kept: set[str] = set()
     moved_reason: dict[str, Reason] = {}
-
-    get = desired.get
     # nodes in id order: an instance running on two nodes is kept on the first (the order
     # within a node does not matter: actions are sorted below)
     running: list[tuple[str, str, ActualInstance]] = []
+    old_matches = m._matches
+    matches_now: dict[
+        str,
+        tuple[
+            ActualState, tuple[Placement | None, ...], list[str], list[tuple[str, ActualInstance]]
+        ],
+    ] = {}
     for node_id in sorted(actual):
-        for iid, inst in actual[node_id].instances.items():
-            p = get(iid)
-            if (
-                p is not None
-                and p.node_id == node_id
-                and p.version == inst.version
-                and p.runtime_id == inst.runtimeId
-                and (p.devices == _devices_of(inst) if inst.devices else not p.devices)
-                and iid not in kept
-            ):
-                kept.add(iid)
+        doc = actual[node_id]
+        placed = tuple([get(iid) for iid in doc.instances])
+        got = old_matches.get(node_id)
+        if got is not None and got[0] is doc and got[1] == placed:
+            matched, others = got[2], got[3]
+            matches_now[node_id] = got
+        else:
+            matched, others = _match(node_id, doc, get)
+            matches_now[node_id] = (doc, placed, matched, others)
+        for iid in matched:
+            if iid in kept:
+                running.append((node_id, iid, doc.instances[iid]))
             else:
-                running.append((node_id, iid, inst))
+                kept.add(iid)
+        running += [(node_id, iid, inst) for iid, inst in others]
+    m._matches = matches_now
+    stops: list[Action] = []
+    old_stops = m._stops
+    stops_now: dict[tuple[str, str], tuple[ActualInstance, Reason, Action]] = {}
     for node_id, iid, inst in running:
         p = get(iid)
         reason: Reason
@@ -193,8 +271,11 @@ def make_plan(
             reason = "moved"
         if p is not None and reason != "not-desired":
             moved_reason.setdefault(iid, reason)
-        stops.append(
-            Action(
+        was = old_stops.get((node_id, iid))
+        if was is not None and was[0] is inst and was[1] == reason:
+            action = was[2]
+        else:
+            action = Action(
                 "stop",
                 iid,
                 inst.itemId,
@@ -205,25 +286,43 @@ def make_plan(
                 inst.runtimeId,
                 reason,
             )
-        )
+        stops_now[(node_id, iid)] = (inst, reason, action)
+        stops.append(action)
+    m._stops = stops_now
+    starts: list[Action] = []
+    old_starts = m._starts
+    starts_now: dict[str, tuple[Placement, Reason, Action]] = {}
     for p in result.placements:
-        if p.instance_id in kept:
+        iid = p.instance_id
+        if iid in kept:
             continue
-        starts.append(
-            Action(
+        reason = moved_reason.get(iid, "new")
+        known = old_starts.get(iid)
+        if known is not None and known[0] is p and known[1] == reason:
+            action = known[2]
+        else:
+            action = Action(
                 "start",
-                p.instance_id,
+                iid,
                 p.item_id,
                 p.subject_id,
                 p.index,
                 p.version,
                 p.node_id,
                 p.runtime_id,
-                moved_reason.get(p.instance_id, "new"),
+                reason,
             )
-        )
-    stops.sort(key=lambda a: (a.node_id, a.instance_id))
-    starts.sort(key=lambda a: (a.node_id, a.instance_id))
+        starts_now[iid] = (p, reason, action)
+        starts.append(action)
+    m._starts = starts_now
+    last = m._sorted
+    if last is not None and _identical(last[0], stops) and _identical(last[1], starts):
+        stops, starts = last[2], last[3]  # the same actions in the same order: sorted alike
+    else:
+        unsorted_stops, unsorted_starts = stops, starts
+        stops = sorted(stops, key=_by_node_and_id)
+        starts = sorted(starts, key=_by_node_and_id)
+        m._sorted = (unsorted_stops, unsorted_starts, stops, starts)
 
     by_node: dict[str, tuple[list[Action], list[Action]]] = {}
     for a in stops:
@@ -231,20 +330,69 @@ def make_plan(
     for a in starts:
         by_node.setdefault(a.node_id, ([], []))[1].append(a)
     patches: dict[str, tuple[dict[str, Any], ...]] = {}
+    old_patches = m._patches
+    patches_now: dict[str, tuple[int, list[Action], list[Action], tuple[dict[str, Any], ...]]] = {}
+    none: tuple[list[Action], list[Action]] = ([], [])
+    built = 0
     for node_id in sorted(set(nodes) | set(actual) | set(by_node)):
-        doc = actual.get(node_id)
-        node_stops, node_starts = by_node.get(node_id, ([], []))
-        ops: list[dict[str, Any]] = [
-            {"op": "test", "path": "/revision", "value": doc.revision if doc else 0}
-        ]
-        ops += [{"op": "remove", "path": _instance_pointer(a.instance_id)} for a in node_stops]
-        ops += [
-            {
-                "op": "add",
-                "path": _instance_pointer(a.instance_id),
-                "value": started_record(desired[a.instance_id]),
-            }
-            for a in node_starts
-        ]
-        patches[node_id] = tuple(ops)
+        actual_doc = actual.get(node_id)
+        revision = actual_doc.revision if actual_doc else 0
+        node_stops, node_starts = by_node.get(node_id, none)
+        was_patch = old_patches.get(node_id)
+        if (
+            was_patch is not None
+            and was_patch[0] == revision
+            and _identical(was_patch[1], node_stops)
+            and _identical(was_patch[2], node_starts)
+        ):
+            ops_tuple = was_patch[3]
+        else:
+            built += 1
+            ops: list[dict[str, Any]] = [{"op": "test", "path": "/revision", "value": revision}]
+            ops += [{"op": "remove", "path": _instance_pointer(a.instance_id)} for a in node_stops]
+            ops += [
+                {
+                    "op": "add",
+                    "path": _instance_pointer(a.instance_id),
+                    "value": started_record(desired[a.instance_id]),
+                }
+                for a in node_starts
+            ]
+            ops_tuple = tuple(ops)
+        patches_now[node_id] = (revision, node_stops, node_starts, ops_tuple)
+        patches[node_id] = ops_tuple
+    m._patches = patches_now
+    m.patches_built = built
     return Plan(fingerprint, tuple(stops + starts), result.failures, patches)
+
+
+def plan_bytes(plan: Plan, inputs: Mapping[str, Any], memo: PlanMemo) -> bytes:
+    """``pretty_json(doc)`` of the plan document ``doc = plan.to_json()`` with ``inputs`` as
+    its ``inputs``, put together from the fragments of the actions and node patches ``memo``
+    holds while they are the same objects (the planner reuses them for what did not change)."""
+    old_actions, old_nodes = memo._action_fragments, memo._node_fragments
+    actions: dict[int, tuple[Action, bytes]] = {}
+    action_frags = []
+    for a in plan.actions:
+        got = old_actions.get(id(a))
+        if got is None or got[0] is not a:
+            got = (a, fragment(a.to_json(), 2))
+        actions[id(a)] = got
+        action_frags.append(got[1])
+    nodes: dict[str, tuple[tuple[dict[str, Any], ...], bytes]] = {}
+    for node_id, ops in plan.patches.items():
+        known = old_nodes.get(node_id)
+        if known is None or known[0] is not ops:
+            known = (ops, fragment({"patch": list(ops)}, 2))
+        nodes[node_id] = known
+    memo._action_fragments, memo._node_fragments = actions, nodes
+    members = [
+        ("actions", pretty_array(action_frags, 1)),
+        ("changesPresent", fragment(plan.changes_present, 1)),
+        ("complete", fragment(plan.complete, 1)),
+        ("failures", fragment([failure_json(f) for f in plan.failures], 1)),
+        ("formatVersion", fragment(PLAN_FORMAT_VERSION, 1)),
+        ("inputs", fragment(dict(inputs), 1)),
+        ("nodes", pretty_object(((n, nodes[n][1]) for n in sorted(nodes)), 1)),
+    ]
+    return pretty_object(members, 0) + b"\n"
