@@ -12,6 +12,7 @@ from typing import Any
 
 from .balancer import NodeSlot, node_states
 from .inventory import Inventory
+from .jsonio import fragment, pretty_object
 from .loader import Diagnostic, StateView
 from .models import Node, Service, UnitConfig
 from .placement import BalanceResult, Placement
@@ -19,7 +20,13 @@ from .planner import failure_json
 from .sharing import REGISTRY
 from .sharing.shared_count import UNLIMITED
 
-__all__ = ["STATUS_FORMAT_VERSION", "NodeStatusCache", "build_status", "node_statuses"]
+__all__ = [
+    "STATUS_FORMAT_VERSION",
+    "NodeStatusCache",
+    "build_status",
+    "node_statuses",
+    "status_bytes",
+]
 
 STATUS_FORMAT_VERSION = 1
 
@@ -77,6 +84,9 @@ def _node_status(slot: NodeSlot) -> dict[str, Any]:
     }
 
 
+InstanceKey = tuple[Placement, str, tuple[int, int] | None]
+"""What an instance's status record is made of: its placement, state and uid/gid."""
+
 _NodeKey = tuple[UnitConfig | None, Node, tuple[Placement, ...], tuple[Service | None, ...]]
 
 
@@ -89,6 +99,9 @@ class NodeStatusCache:
     def __init__(self) -> None:
         self._entries: dict[str, tuple[_NodeKey, dict[str, Any]]] = {}
         self.recomputed = 0  # in the last call: nodes whose entry was computed again
+        # status_bytes: each node entry's and each instance record's pretty JSON
+        self._node_fragments: dict[str, tuple[dict[str, Any], bytes]] = {}
+        self._instance_fragments: dict[str, tuple[InstanceKey, bytes]] = {}
 
 
 def node_statuses(
@@ -139,6 +152,47 @@ def node_statuses(
     return {node_id: entries[node_id][1] for node_id in sorted(entries)}
 
 
+def _observed(view: StateView) -> dict[str, tuple[str, str]]:
+    """Per instance id, the node an agent reports it on and its state there."""
+    observed: dict[str, tuple[str, str]] = {}
+    for node_id, doc in view.actual.items():
+        for iid, inst in doc.instances.items():
+            observed[iid] = (node_id, inst.state)
+    return observed
+
+
+def _state(p: Placement, observed: Mapping[str, tuple[str, str]]) -> str:
+    seen = observed.get(p.instance_id)
+    return seen[1] if seen is not None and seen[0] == p.node_id else "pending"
+
+
+def _instance_record(p: Placement, state: str, ids: tuple[int, int] | None) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "itemId": p.item_id,
+        "subjectId": p.subject_id,
+        "index": p.index,
+        "version": p.version,
+        "priority": p.priority,
+        "nodeId": p.node_id,
+        "runtimeId": p.runtime_id,
+        "devices": {r: list(ids) for r, ids in p.devices},
+        "resources": list(p.resources),
+        "state": state,
+    }
+    if p.unhealthy_devices:
+        record["unhealthyDevices"] = list(p.unhealthy_devices)
+    if ids is not None:
+        record["uid"], record["gid"] = ids
+    return record
+
+
+def _invalid(diagnostics: Sequence[Diagnostic]) -> dict[str, list[dict[str, Any]]]:
+    invalid: dict[str, list[dict[str, Any]]] = {}
+    for d in diagnostics:
+        invalid.setdefault(d.path, []).append(d.to_json())
+    return {path: invalid[path] for path in sorted(invalid)}
+
+
 def build_status(
     view: StateView,
     result: BalanceResult,
@@ -155,38 +209,62 @@ def build_status(
         nodes = node_statuses(view, result, cache)
     else:
         nodes = {node_id: _node_status(slots[node_id]) for node_id in sorted(slots)}
-    observed: dict[str, tuple[str, str]] = {}
-    for node_id, doc in view.actual.items():
-        for iid, inst in doc.instances.items():
-            observed[iid] = (node_id, inst.state)
-    instances = {}
-    for p in result.placements:
-        seen = observed.get(p.instance_id)
-        record: dict[str, Any] = {
-            "itemId": p.item_id,
-            "subjectId": p.subject_id,
-            "index": p.index,
-            "version": p.version,
-            "priority": p.priority,
-            "nodeId": p.node_id,
-            "runtimeId": p.runtime_id,
-            "devices": {r: list(ids) for r, ids in p.devices},
-            "resources": list(p.resources),
-            "state": seen[1] if seen is not None and seen[0] == p.node_id else "pending",
-        }
-        if p.unhealthy_devices:
-            record["unhealthyDevices"] = list(p.unhealthy_devices)
-        if uids is not None and p.instance_id in uids:
-            record["uid"], record["gid"] = uids[p.instance_id]
-        instances[p.instance_id] = record
-    invalid: dict[str, list[dict[str, Any]]] = {}
-    for d in diagnostics:
-        invalid.setdefault(d.path, []).append(d.to_json())
+    observed = _observed(view)
+    ids = uids or {}
+    instances = {
+        p.instance_id: _instance_record(p, _state(p, observed), ids.get(p.instance_id))
+        for p in result.placements
+    }
     return {
         "formatVersion": STATUS_FORMAT_VERSION,
         "nodes": nodes,
         "instances": instances,
         "failures": [failure_json(f) for f in result.failures],
         "alerts": list(alerts),
-        "invalidInputs": {path: invalid[path] for path in sorted(invalid)},
+        "invalidInputs": _invalid(diagnostics),
     }
+
+
+def status_bytes(
+    view: StateView,
+    result: BalanceResult,
+    diagnostics: Sequence[Diagnostic],
+    *,
+    alerts: Sequence[Mapping[str, Any]] = (),
+    uids: Mapping[str, tuple[int, int]] | None = None,
+    cache: NodeStatusCache,
+) -> bytes:
+    """``pretty_json(build_status(view, result, None, diagnostics, ...))``, put together from
+    the fragments of the nodes and instances ``cache`` holds while their inputs are the same
+    (a node's entry object, an instance's placement object, state and ids)."""
+    nodes = node_statuses(view, result, cache)
+    old_nodes, old_instances = cache._node_fragments, cache._instance_fragments
+    node_frags: dict[str, tuple[dict[str, Any], bytes]] = {}
+    for node_id, entry in nodes.items():
+        got = old_nodes.get(node_id)
+        if got is None or got[0] is not entry:
+            got = (entry, fragment(entry, 2))
+        node_frags[node_id] = got
+    observed = _observed(view)
+    ids = uids or {}
+    instance_frags: dict[str, tuple[InstanceKey, bytes]] = {}
+    for p in result.placements:
+        iid = p.instance_id
+        key: InstanceKey = (p, _state(p, observed), ids.get(iid))
+        known = old_instances.get(iid)
+        if known is None or known[0][0] is not p or known[0][1:] != key[1:]:
+            known = (key, fragment(_instance_record(p, key[1], key[2]), 2))
+        instance_frags[iid] = known
+    cache._node_fragments, cache._instance_fragments = node_frags, instance_frags
+    members = [
+        ("alerts", fragment(list(alerts), 1)),
+        ("failures", fragment([failure_json(f) for f in result.failures], 1)),
+        ("formatVersion", fragment(STATUS_FORMAT_VERSION, 1)),
+        (
+            "instances",
+            pretty_object(((i, instance_frags[i][1]) for i in sorted(instance_frags)), 1),
+        ),
+        ("invalidInputs", fragment(_invalid(diagnostics), 1)),
+        ("nodes", pretty_object(((n, node_frags[n][1]) for n in sorted(node_frags)), 1)),
+    ]
+    return pretty_object(members, 0) + b"\n"

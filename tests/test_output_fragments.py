@@ -1,0 +1,110 @@
+"""``status.json`` and ``plan.json`` put together from cached fragments (issue 9's warm path)
+must be byte for byte what serializing the whole document gives: the fragment joiners against
+orjson on random JSON values, and a watcher's runs (one cache across edits of every kind of
+input) against ``pretty_json`` of the documents built from scratch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reconciler.jsonio import fragment, pretty_array, pretty_json, pretty_object
+from reconciler.planner import PlanMemo, plan_bytes
+from reconciler.reconcile import ReconcileCache, ReconcileOptions, reconcile
+from reconciler.status import build_status
+
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**53), 2**53)
+    | st.text(max_size=5)
+    | st.floats(allow_nan=False, allow_infinity=False),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=20,
+)
+
+
+def _assemble(value: Any, depth: int, data: st.DataObject) -> bytes:
+    """``value`` put together from fragments, each container either joined from its members
+    or taken whole as one fragment (as the callers mix cached and fresh parts)."""
+    if isinstance(value, dict) and data.draw(st.booleans()):
+        members = [(k, _assemble(value[k], depth + 1, data)) for k in sorted(value)]
+        return pretty_object(members, depth)
+    if isinstance(value, list) and data.draw(st.booleans()):
+        return pretty_array([_assemble(v, depth + 1, data) for v in value], depth)
+    return fragment(value, depth)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=JSON, data=st.data())
+def test_fragments_join_into_the_pretty_json_of_the_whole(value: Any, data: st.DataObject) -> None:
+    assert _assemble(value, 0, data) + b"\n" == pretty_json(value)
+
+
+def _edit(path: Path, change: Any) -> None:
+    doc = yaml.safe_load(path.read_text())
+    change(doc)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def test_a_watchers_status_and_plan_are_the_whole_documents(demo_copy: Path) -> None:
+    opts = ReconcileOptions(cache=ReconcileCache())
+    view = None
+    desired = sorted((demo_copy / "desired").glob("*.yaml"))
+    node = sorted((demo_copy / "nodes").glob("*.yaml"))[0]
+
+    def check() -> Any:
+        nonlocal view
+        report = reconcile(demo_copy, opts, view)
+        c = report.computed
+        view = c.view
+        uids = {iid: (a.uid, a.gid) for iid, a in c.checkpoint.allocations.items()}
+        raised = c.alerts.raised if c.alerts is not None else []
+        whole = build_status(c.view, c.result, None, c.diagnostics, alerts=raised, uids=uids)
+        assert (demo_copy / "out" / "status.json").read_bytes() == pretty_json(whole)
+        assert (demo_copy / "out" / "plan.json").read_bytes() == pretty_json(c.plan_document())
+        return c
+
+    check()
+    c = check()
+    p = c.result.placements[0]  # its agent reports it running: its state is no longer pending
+    running = {
+        "itemId": p.item_id,
+        "subjectId": p.subject_id,
+        "index": p.index,
+        "version": p.version,
+        "runtimeId": p.runtime_id,
+        "state": "active",
+        "devices": {r: list(ids) for r, ids in p.devices},
+    }
+    actual = {"apiVersion": "reconciler/v1", "kind": "ActualState", "nodeId": p.node_id}
+    actual.update(revision=1, instances={p.instance_id: running})
+    (demo_copy / "actual" / f"{p.node_id}.yaml").write_text(yaml.safe_dump(actual))
+    check()
+    _edit(desired[0], lambda d: d.update(instances=d.get("instances", 1) + 2))
+    check()
+    _edit(desired[1], lambda d: d.update(priority=d.get("priority", 0) + 5))
+    check()
+    _edit(node, lambda d: d.update(connected=False))
+    check()
+    (demo_copy / "desired" / "broken.yaml").write_text("kind: [\n")
+    check()
+    _edit(node, lambda d: d.update(connected=True))
+    desired[0].unlink()
+    check()
+
+
+def test_plan_bytes_reuse_only_the_same_objects(demo_copy: Path) -> None:
+    """A memo given another plan with equal-looking parts still serializes that plan."""
+    report = reconcile(demo_copy, ReconcileOptions())
+    plan = report.computed.plan
+    memo = PlanMemo()
+    inputs = {"fingerprint": plan.fingerprint, "mode": "stable"}
+    first = plan_bytes(plan, inputs, memo)
+    assert first == pretty_json(report.computed.plan_document())
+    emptier = type(plan)(plan.fingerprint, (), plan.failures, {n: () for n in plan.patches})
+    assert plan_bytes(emptier, inputs, memo) == pretty_json(dict(emptier.to_json(), inputs=inputs))
