@@ -14,9 +14,8 @@ import errno
 import os
 import stat
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import NamedTuple, cast
 
 __all__ = [
     "FileReadError",
@@ -61,8 +60,7 @@ def settled_key(key: StatKey, read_at_ns: int) -> StatKey | None:
     return key if newest < read_at_ns - RACY_WINDOW_NS else None
 
 
-@dataclass(frozen=True)
-class FoundFile:
+class FoundFile(NamedTuple):  # a tuple: made once per input file per run
     rel: str  # path relative to the walked root, with '/' separators
     dir_fd_path: str  # directory holding it, relative to the walked root ('' for the root)
     name: str

@@ -259,9 +259,9 @@ def _load_one(
     prev: FileRecord | None,
     opts: LoadOptions,
 ) -> FileRecord:
-    display = str(root / rel)
     if prev is not None and key is not None and prev.key == key and _deps_unchanged(prev.deps):
         return prev
+    display = str(root / rel)
 
     def keep() -> Doc | None:
         return _last_good(rel, prev, opts)
@@ -305,6 +305,8 @@ def _load_one(
         msg = f"nodeId: {obj.nodeId!r} must equal the file name {stem!r}"
         line, col = _position_of(raw, "nodeId", opts.max_bytes)
         return FileRecord(real_key, sha, (), keep(), (Diagnostic(display, line, col, msg),))
+    if prev is not None and prev.good is not None and prev.good == obj:
+        obj = prev.good  # the same object for the same content: later stages compare by identity
     return FileRecord(real_key, sha, deps, obj, tuple(diags), True, deps_sha)
 
 
@@ -368,12 +370,12 @@ def load_state(
                         1,
                         1,
                         f"service {obj.id} (subject {obj.subject}) is already defined in "
-                        f"{service_file[obj.key]}; this file is ignored",
+                        f"{root / service_file[obj.key]}; this file is ignored",
                     )
                 )
                 continue
             services[obj.key] = obj
-            service_file[obj.key] = str(root / rel)
+            service_file[obj.key] = rel
         elif isinstance(obj, Node):
             nodes[obj.id] = obj
         elif isinstance(obj, ActualState):
