@@ -260,6 +260,14 @@ def _num(value: float) -> str:
     return f"{value:g}"
 
 
+def _no_alert(unit: UnitConfig | None, node: Node) -> bool:
+    """``node`` has no alert rule or no usage reading (so no alert on any resource)."""
+    if unit is None or node.usage is None:
+        return True
+    cfg = unit.config_for(node.id, node.type)
+    return cfg is None or cfg.alertRules is None
+
+
 def _rule_for(unit: UnitConfig | None, node: Node, resource: Resource) -> AlertRule | None:
     if unit is None:
         return None
@@ -319,6 +327,8 @@ def observe(
     rebalance = False
     for node_id in sorted(set(by_id) | {str(k) for k in previous}):
         node = by_id.get(node_id)
+        if node is not None and node_id not in previous and _no_alert(unit, node):
+            continue  # no timeline before, none now: what the loop below finds, quickly
         stored: dict[str, Any] = {}
         hot: list[str] = []
         for resource in RESOURCES:
