@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .alerts import AlertUpdate, observe
-from .balancer import balance
+from .balancer import BalanceMemo, balance
 from .checkpoint import (
     Checkpoint,
     CheckpointCache,
@@ -48,8 +48,8 @@ from .lock import StateLock
 from .oci import BuildResult, BuiltConfig
 from .oci_writer import write_instance_outputs
 from .placement import BalanceResult, Failure, Mode
-from .planner import Plan, make_plan
-from .status import NodeStatusCache, build_status
+from .planner import Plan, PlanMemo, make_plan, plan_bytes
+from .status import NodeStatusCache, status_bytes
 from .values import validate_id
 
 __all__ = [
@@ -89,7 +89,13 @@ class ReconcileCache:
     :func:`reconciler.oci_glue.default_config_builder` itself.)"""
 
     checkpoint: CheckpointCache = field(default_factory=CheckpointCache)
+    balance: BalanceMemo = field(default_factory=BalanceMemo)
+    """The last balance: a run whose inputs differ only in some services re-places those."""
+    plan: PlanMemo = field(default_factory=PlanMemo)
+    """The last plan: nodes whose inputs are the same objects reuse their diff and patch."""
     status: NodeStatusCache = field(default_factory=NodeStatusCache)
+    encoded: dict[Path, tuple[object, bytes]] = field(default_factory=dict)
+    """Per node patch file, the patch (the planner's tuple, by identity) and its bytes."""
     outputs: dict[Path, tuple[bytes, StatKey]] = field(default_factory=dict)
     """out/ files (node patches, status, plan) with the content found in them and their settled
     stat keys: an unchanged output costs an lstat, not a read."""
@@ -100,6 +106,10 @@ class ReconcileOptions:
     mode: Mode | None = None
     allow_empty: bool = False
     max_passes: int = 5
+    recheck: bool = True
+    """After writing, stat the inputs again and run once more if one changed during the run (a
+    path-activated oneshot would otherwise wait for the next trigger). ``watch`` turns it off:
+    its file watcher sees an edit made during a run and runs again itself."""
     clock: Callable[[], float] | None = None  # seconds since the epoch; default time.time
     write_hook: WriteHook | None = None
     configs: ConfigBuilder | None = None
@@ -184,6 +194,7 @@ def compute_once(
         cp.previous(),
         mode,
         overload,
+        memo=opts.cache.balance if opts.cache is not None else None,
     )
     allocations, gids, id_errors = assign_ids(result, cp.allocations, cp.gids)
     new_cp = Checkpoint(cp.lineage, cp.generation, allocations, gids, alerts.timelines)
@@ -204,6 +215,7 @@ def compute_once(
         view.actual,
         set(view.nodes),
         fingerprint=fingerprint(view, new_cp.generation),
+        memo=opts.cache.plan if opts.cache is not None else None,
     )
     return Computed(
         view, diags, loaded, result, new_cp, plan, id_errors, built, alerts, mode, requested
@@ -240,10 +252,6 @@ def fingerprint(view: StateView, generation: int) -> str:
     not change), so a second reconcile of unchanged inputs writes the same plan bytes."""
     digest = hashlib.sha256(f"{view.input_hash}\0{generation}".encode()).hexdigest()
     return f"sha256:{digest}"
-
-
-def _json_bytes(value: Any) -> bytes:
-    return pretty_json(value)
 
 
 def _changed(path: Path, data: bytes, known: dict[Path, tuple[bytes, StatKey]] | None) -> bool:
@@ -290,29 +298,39 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
     batch: list[tuple[Path, bytes, int]] = []
 
     known = opts.cache.outputs if opts.cache is not None else None
+    encoded = opts.cache.encoded if opts.cache is not None else None
 
-    def put(path: Path, value: Any, mode: int = 0o600) -> None:
-        data = _json_bytes(value)
+    def put(path: Path, data: bytes, mode: int = 0o600) -> None:
         if _changed(path, data, known):
             batch.append((path, data, mode))
             written.append(str(path.relative_to(state_dir)))
 
+    nodes_dir = out / "nodes"
+    encoded_now: dict[Path, tuple[object, bytes]] = {}
     for node_id, ops in c.plan.patches.items():
         validate_id(node_id, "node id")
-        put(out / "nodes" / f"{node_id}.json", list(ops), 0o644)
+        path = nodes_dir / f"{node_id}.json"
+        got = encoded.get(path) if encoded is not None else None
+        data = got[1] if got is not None and got[0] is ops else pretty_json(list(ops))
+        encoded_now[path] = (ops, data)
+        put(path, data, 0o644)
+    if encoded is not None:
+        encoded.clear()
+        encoded.update(encoded_now)
     uids = {iid: (a.uid, a.gid) for iid, a in c.checkpoint.allocations.items()}
     raised = c.alerts.raised if c.alerts is not None else []
-    status = build_status(
+    status = status_bytes(
         c.view,
         c.result,
-        None,
         c.diagnostics,
         alerts=raised,
         uids=uids,
-        cache=opts.cache.status if opts.cache is not None else None,
+        cache=opts.cache.status if opts.cache is not None else NodeStatusCache(),
     )
     put(out / "status.json", status)
-    put(out / "plan.json", c.plan_document())
+    inputs = {"fingerprint": c.plan.fingerprint, "mode": c.requested}  # as plan_document()
+    memo = opts.cache.plan if opts.cache is not None else PlanMemo()
+    put(out / "plan.json", plan_bytes(c.plan, inputs, memo))
     atomic_write_many(batch, hook=opts.write_hook)
     with os.scandir(out / "nodes") as entries:  # as glob("*.json"), without a Path per file
         names = sorted(e.name for e in entries if e.name.endswith(".json") and not e.is_symlink())
@@ -366,6 +384,8 @@ def reconcile(
                 )
                 cp_written = True
             written += _write_outputs(state_dir, c, opts)
+            if not opts.recheck:
+                return ReconcileReport(n, c, tuple(written), cp_written, tuple(problems))
             after, _ = load_state(state_dir, c.view)
             if after.input_hash == c.view.input_hash:
                 return ReconcileReport(n, c, tuple(written), cp_written, tuple(problems))

@@ -109,6 +109,8 @@ def watch_loop(
     wopts = wopts or WatchOptions()
     if opts.cache is None:  # carried between runs: see ReconcileCache
         opts = dataclasses.replace(opts, cache=ReconcileCache())
+    # an edit made during a run is an event the watcher reports after it: no second stat pass
+    opts = dataclasses.replace(opts, recheck=False)
     stop = stop or threading.Event()
     stop_on_signals(stop, log)
 
