@@ -17,6 +17,7 @@ the stored bytes, not a re-serialisation of some in-memory structure (the kubele
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
 import json
@@ -29,7 +30,7 @@ from typing import Any, Literal
 
 from .fsio import FileReadError, WriteHook, atomic_write, read_bytes_at
 from .models import ActualState
-from .placement import BalanceResult, Cause, DeviceIds, PreviousAllocation
+from .placement import BalanceResult, Cause, DeviceIds, Placement, PreviousAllocation
 
 __all__ = [
     "FORMAT_VERSION",
@@ -39,6 +40,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointCache",
     "CheckpointError",
+    "CheckpointMemo",
     "LoadReport",
     "as_decoded",
     "assign_ids",
@@ -144,6 +146,9 @@ class Checkpoint:
     allocations: Mapping[str, Allocation] = field(default_factory=dict)
     gids: Mapping[str, int] = field(default_factory=dict)  # itemId -> gid
     alerts: Mapping[str, Any] = field(default_factory=dict)  # node -> alert timelines (SPEC §8)
+    memo: CheckpointMemo | None = field(default=None, kw_only=True, compare=False, repr=False)
+    """Not part of the value: the :class:`CheckpointMemo` of the :class:`CheckpointCache` that
+    returned this checkpoint, so that :meth:`previous` reuses what it built last run."""
 
     def data(self) -> dict[str, Any]:
         return {
@@ -153,43 +158,58 @@ class Checkpoint:
         }
 
     def previous(self) -> dict[str, PreviousAllocation]:
+        if self.memo is not None:
+            return self.memo.previous(self.allocations)
         return {iid: a.previous() for iid, a in self.allocations.items()}
 
     def same_data(self, other: Checkpoint) -> bool:
         """``canonical(self.data()) == canonical(other.data())``, without serialising every
-        allocation: equal allocations (typed fields) serialise equally, and an allocation that
-        differs as a value is compared by its canonical bytes."""
-        if canonical(dict(sorted(self.gids.items()))) != canonical(
+        allocation: the same object serialises alike, and any other pair is compared by its
+        canonical bytes (equal values can serialise differently: ``0`` and ``0.0``).
+        :func:`assign_ids` hands back the old object of every unchanged allocation, so after it
+        only the changed ones are serialised."""
+        if _plain_gids(self.gids) and _plain_gids(other.gids):
+            if dict(self.gids) != dict(other.gids):  # exact str keys, int values: as canonical
+                return False
+        elif canonical(dict(sorted(self.gids.items()))) != canonical(
             dict(sorted(other.gids.items()))
-        ) or canonical(dict(self.alerts)) != canonical(dict(other.alerts)):
+        ):
+            return False
+        if canonical(dict(self.alerts)) != canonical(dict(other.alerts)):
             return False
         mine, theirs = self.allocations, other.allocations
         if mine.keys() != theirs.keys():
             return False
         for iid, a in mine.items():
             b = theirs[iid]
-            if a is not b and a != b and canonical(a.to_json()) != canonical(b.to_json()):
+            if a is not b and canonical(a.to_json()) != canonical(b.to_json()):
                 return False
         return True
 
 
-def encode_checkpoint(cp: Checkpoint) -> bytes:
-    body = canonical(cp.data())
+def encode_checkpoint(cp: Checkpoint, memo: CheckpointMemo | None = None) -> bytes:
+    """The file's bytes. ``memo`` (a :class:`CheckpointMemo`) gives the same bytes, serialising
+    only the allocations it has not seen."""
+    chunks = memo.data_chunks(cp) if memo is not None else None
+    body = canonical(cp.data()) if chunks is None else b"".join(chunks)
     checksum = "sha256:" + hashlib.sha256(body).hexdigest()
     # canonical() of the envelope {checksum, data, formatVersion, generation, lineage} (sorted
     # keys), with the data's canonical bytes spliced in rather than serialised a second time
-    return (
-        b'{"checksum":'
-        + canonical(checksum)
-        + b',"data":'
-        + body
-        + b',"formatVersion":'
-        + canonical(FORMAT_VERSION)
-        + b',"generation":'
-        + canonical(cp.generation)
-        + b',"lineage":'
-        + canonical(cp.lineage)
-        + b"}\n"
+    # (one join: each + of the body would copy its megabytes)
+    return b"".join(
+        (
+            b'{"checksum":',
+            canonical(checksum),
+            b',"data":',
+            body,
+            b',"formatVersion":',
+            canonical(FORMAT_VERSION),
+            b',"generation":',
+            canonical(cp.generation),
+            b',"lineage":',
+            canonical(cp.lineage),
+            b"}\n",
+        )
     )
 
 
@@ -233,16 +253,157 @@ def decode_checkpoint(raw: bytes, expected_lineage: str | None) -> Checkpoint:
     return Checkpoint(lineage, generation, allocations, gids, alerts)
 
 
+class CheckpointMemo:
+    """What was derived from each allocation object in the last call, per instance id, so that a
+    long-running caller (``watch``, through :class:`CheckpointCache`) serialises, checks and
+    converts only the allocations that changed since its last run.
+
+    - :meth:`data_chunks`: the canonical bytes of ``cp.data()``, made of each allocation's
+      canonical fragment (``,"<id>":{...}``). Fragments are kept for allocations in decoded form
+      only (see :func:`_decoded_form`): their fields are exact ``str``, ``int`` and ``tuple``
+      values, immutable all the way down, so a fragment stays right while its object lives.
+      Being in that table also tells :func:`as_decoded` that the allocation is in decoded form.
+    - :meth:`sorted_ids`: the instance ids in sorted order, from the last call's order with the
+      ids added inserted and the ids removed left out.
+    - :meth:`previous`: :meth:`Checkpoint.previous`, reusing the ``PreviousAllocation`` built for
+      the same allocation object (its fields are that object's fields, so it is what building
+      it again gives).
+
+    An entry holds the allocation object itself: a strong reference, so its ``id`` cannot be
+    reused while the entry lives, and it serves only that very object (``is``), never an equal
+    one. Entries of ids absent from the last call are dropped, so a table holds the last call's
+    allocations only. A memo belongs to one caller (not thread-safe, like the cache). The
+    counters tell how much work was done (the tests and benchmarks read them)."""
+
+    def __init__(self) -> None:
+        self._fragments: dict[str, tuple[Allocation, bytes]] = {}
+        self._previous: dict[str, tuple[Allocation, PreviousAllocation]] = {}
+        self._order: tuple[str, ...] = ()  # sorted
+        self._ids: set[str] = set()  # the same ids
+        self._version = 0  # of _order and _ids, counted up when they change
+        self._fragments_version = 0  # the version _fragments was made for
+        self._gids: tuple[dict[str, int], bytes] | None = None
+        self.serialised = 0  # allocations serialised by data_chunks
+        self.checked = 0  # allocations as_decoded checked (not known from a fragment)
+        self.converted = 0  # PreviousAllocations built
+        self.placed = 0  # ids sorted or inserted by sorted_ids (not kept from the last order)
+
+    def sorted_ids(self, allocations: Mapping[str, object]) -> tuple[str, ...] | None:
+        """``tuple(sorted(allocations))``; None when an id is not exactly a ``str`` (the
+        caller then takes the plain path)."""
+        if not set(map(type, allocations)) <= _STR:
+            return None
+        known = self._ids
+        ids = allocations.keys()
+        if ids == known:
+            return self._order
+        added = ids - known
+        gone = len(known) - (len(ids) - len(added))
+        removed = known - ids if gone else set()
+        if 64 * (len(added) + gone) > len(ids):  # many changes: sorting beats editing
+            order = sorted(ids)
+            self._ids = set(order)
+            self.placed += len(order)
+        else:
+            order = list(self._order)
+            for k in removed:
+                del order[bisect.bisect_left(order, k)]
+            for k in added:
+                bisect.insort(order, k)
+            known -= removed
+            known |= added
+            self.placed += len(added)
+        self._order = tuple(order)
+        self._version += 1
+        return self._order
+
+    def data_chunks(self, cp: Checkpoint) -> list[bytes] | None:
+        """Chunks whose concatenation is ``canonical(cp.data())``, the allocations' fragments
+        taken from the last call where the allocation is the same object; None when an id is
+        not exactly a ``str``."""
+        allocations = cp.allocations
+        order = self.sorted_ids(allocations)
+        if order is None:
+            return None
+        known = self._fragments
+        if self._fragments_version != self._version:  # other ids than last time: drop gone ones
+            for iid in known.keys() - self._ids:
+                del known[iid]
+            self._fragments_version = self._version
+        chunks: list[bytes] = [b""]
+        for iid in order:
+            a = allocations[iid]
+            got = known.get(iid)
+            if got is None or got[0] is not a:
+                self.serialised += 1
+                part = b"," + canonical(iid) + b":" + canonical(a.to_json())
+                if _decoded_form(a):
+                    known[iid] = (a, part)
+                elif got is not None:  # mutable, could change under us: not kept
+                    del known[iid]
+                chunks.append(part)
+            else:
+                chunks.append(got[1])
+        # canonical(data): the keys sorted (alerts, gids, instances), the instances' ids sorted,
+        # no spaces; each fragment is exactly what the whole dump writes for that pair
+        if len(chunks) > 1:
+            chunks[1] = chunks[1][1:]  # no comma before the first
+        chunks[0] = (
+            b'{"alerts":'
+            + canonical(dict(cp.alerts))
+            + b',"gids":'
+            + self._gids_bytes(cp.gids)
+            + b',"instances":{'
+        )
+        chunks.append(b"}}")
+        return chunks
+
+    def _gids_bytes(self, gids: Mapping[str, int]) -> bytes:
+        """``canonical(dict(sorted(gids.items())))``, the last bytes again for equal plain
+        gids (exact ``str`` keys and ``int`` values serialise alike when equal)."""
+        if not _plain_gids(gids):
+            return canonical(dict(sorted(gids.items())))
+        last = self._gids
+        if last is not None and last[0] == gids:
+            return last[1]
+        snapshot = dict(gids)
+        data = canonical(dict(sorted(snapshot.items())))
+        self._gids = (snapshot, data)
+        return data
+
+    def previous(self, allocations: Mapping[str, Allocation]) -> dict[str, PreviousAllocation]:
+        """``{iid: a.previous() for iid, a in allocations.items()}``."""
+        known = self._previous
+        out: dict[str, PreviousAllocation] = {}
+        for iid, a in allocations.items():
+            got = known.get(iid)
+            if got is None or got[0] is not a:
+                self.converted += 1
+                got = known[iid] = (a, a.previous())
+            out[iid] = got[1]
+        if len(known) > len(out):  # ids removed since the last call: drop their entries
+            for iid in [k for k in known if k not in out]:
+                del known[iid]
+        return out
+
+
 class CheckpointCache:
     """The last checkpoint file this process decoded or wrote, by its exact bytes (and the
     lineage it was checked against): decoding the same bytes again gives the same checkpoint,
     so a long-running caller (``watch``) parses and verifies an unchanged checkpoint file once,
-    and does not parse the file it has just written."""
+    and does not parse the file it has just written.
+
+    It also carries a :class:`CheckpointMemo` from run to run: :func:`save_checkpoint` encodes
+    through it, :func:`as_decoded` (the file just written) checks through it, and the
+    checkpoints :meth:`decode` returns carry it so that their :meth:`Checkpoint.previous` uses
+    it. Bytes that are not exactly the ones written or decoded last are decoded and verified in
+    full (checksum, lineage); the memo only saves work on the objects it has seen."""
 
     def __init__(self) -> None:
         self._key: tuple[bytes, str | None] | None = None
         self._checkpoint: Checkpoint | None = None
         self._written: tuple[bytes, Checkpoint] | None = None  # decoded when first needed
+        self.memo = CheckpointMemo()
 
     def decode(self, raw: bytes, expected_lineage: str | None) -> Checkpoint:
         """:func:`decode_checkpoint`, or the checkpoint these bytes gave last time."""
@@ -256,11 +417,12 @@ class CheckpointCache:
             and _plain(written[1])
         ):
             try:  # what decoding our own encoding gives, without parsing it
-                cp = as_decoded(written[1])
+                cp = as_decoded(written[1], self.memo)
             except (KeyError, TypeError, ValueError, AttributeError):
                 cp = decode_checkpoint(raw, expected_lineage)  # raises what decoding raises
         else:
             cp = decode_checkpoint(raw, expected_lineage)
+        cp = replace(cp, memo=self.memo)
         self._key, self._checkpoint = (raw, expected_lineage), cp
         return cp
 
@@ -276,12 +438,21 @@ def _plain(cp: Checkpoint) -> bool:
         and bool(cp.lineage)
         and type(cp.generation) is int
         and cp.generation >= 0
-        and all(_exact_str(k) for k in cp.allocations)
+        and all(type(k) is str for k in cp.allocations)
     )
 
 
 def _exact_str(value: object) -> bool:
     return type(value) is str
+
+
+_STR = {str}
+
+
+def _plain_gids(gids: Mapping[str, int]) -> bool:
+    """Exact ``str`` keys and exact ``int`` values (not ``bool``): what decoding gives, and
+    equal as values exactly when equal as canonical JSON."""
+    return all(type(k) is str and type(v) is int for k, v in gids.items())
 
 
 def _decoded_form(a: Allocation) -> bool:
@@ -314,17 +485,39 @@ def _decoded_form(a: Allocation) -> bool:
     return True
 
 
-def as_decoded(cp: Checkpoint) -> Checkpoint:
+def as_decoded(cp: Checkpoint, memo: CheckpointMemo | None = None) -> Checkpoint:
     """``decode_checkpoint(encode_checkpoint(cp), cp.lineage)``, without serialising and
-    parsing the allocations that are already in decoded form."""
-    data_gids = json.loads(canonical(dict(sorted(cp.gids.items()))))
+    parsing the allocations that are already in decoded form. ``memo``: the one ``cp`` was
+    encoded with; an allocation it kept a fragment of is known to be in decoded form, and the
+    ids are in the order it sorted them (the same result, without checking each allocation)."""
+    if _plain_gids(cp.gids):  # what the round trip gives: the same str and int objects
+        gids = dict(sorted(cp.gids.items()))
+    else:
+        data_gids = json.loads(canonical(dict(sorted(cp.gids.items()))))
+        gids = {str(k): int(v) for k, v in data_gids.items()}
     alerts = json.loads(canonical(dict(cp.alerts)))
-    allocations = {
-        iid: a if _decoded_form(a) else Allocation.from_json(json.loads(canonical(a.to_json())))
-        for iid, a in sorted(cp.allocations.items())
-    }
-    gids = {str(k): int(v) for k, v in data_gids.items()}
+    order = memo.sorted_ids(cp.allocations) if memo is not None else None
+    if order is None or memo is None:
+        allocations = {
+            iid: a if _decoded_form(a) else _round_trip(a)
+            for iid, a in sorted(cp.allocations.items())
+        }
+    else:
+        allocations = {}
+        known = memo._fragments  # kept by data_chunks for allocations in decoded form only
+        for iid in order:
+            a = cp.allocations[iid]
+            got = known.get(iid)
+            if got is None or got[0] is not a:
+                memo.checked += 1
+                if not _decoded_form(a):
+                    a = _round_trip(a)
+            allocations[iid] = a
     return Checkpoint(cp.lineage, cp.generation, allocations, gids, dict(alerts))
+
+
+def _round_trip(a: Allocation) -> Allocation:
+    return Allocation.from_json(json.loads(canonical(a.to_json())))
 
 
 def _decode(raw: bytes, expected: str | None, cache: CheckpointCache | None) -> Checkpoint:
@@ -369,25 +562,36 @@ def assign_ids(
             used_gids.add(gid)
     used_uids: dict[str, set[int]] = {}
     uid_of: dict[str, int] = {}
-    for p in result.placements:  # keep previous uids first, in instance order
-        prev = old.get(p.instance_id)
-        taken = used_uids.setdefault(p.node_id, set())
-        if prev is not None and prev.uid in UID_RANGE and prev.uid not in taken:
-            uid_of[p.instance_id] = prev.uid
-            taken.add(prev.uid)
+    placements = result.placements
+    olds = [old.get(p.instance_id) for p in placements]
+    for p, prev in zip(placements, olds, strict=True):  # keep previous uids first, in order
+        taken = used_uids.get(p.node_id)
+        if taken is None:
+            taken = used_uids[p.node_id] = set()
+        if prev is not None:
+            uid = prev.uid
+            if uid in UID_RANGE and uid not in taken:
+                uid_of[p.instance_id] = uid
+                taken.add(uid)
     allocations: dict[str, Allocation] = {}
-    for p in result.placements:
-        taken = used_uids.setdefault(p.node_id, set())
-        uid = uid_of.get(p.instance_id)
-        if uid is None:
-            uid = _smallest_free(taken, UID_RANGE)
-            if uid is None:
+    for p, prev in zip(placements, olds, strict=True):
+        kept = uid_of.get(p.instance_id)
+        if kept is None:
+            taken = used_uids[p.node_id]
+            kept = _smallest_free(taken, UID_RANGE)
+            if kept is None:
                 errors.append(f"{p.label}: no free uid on node {p.node_id}")
                 continue
-            taken.add(uid)
-        if p.item_id not in gids:
+            taken.add(kept)
+        uid = kept
+        gid = gids.get(p.item_id)
+        if gid is None:
             continue
         r = p.requested
+        reserved = (r.cpu, r.ram, r.storage, r.state)
+        if prev is not None and _unchanged(prev, p, reserved, uid, gid):
+            allocations[p.instance_id] = prev  # the same object: later caches hit by identity
+            continue
         allocations[p.instance_id] = Allocation(
             p.item_id,
             p.subject_id,
@@ -395,14 +599,45 @@ def assign_ids(
             p.version,
             p.node_id,
             p.runtime_id,
-            (r.cpu, r.ram, r.storage, r.state),
+            reserved,
             p.resources,
             p.devices,
             uid,
-            gids[p.item_id],
+            gid,
             p.cause,
         )
     return allocations, gids, errors
+
+
+def _unchanged(
+    prev: Allocation, p: Placement, reserved: tuple[int, int, int, int], uid: int, gid: int
+) -> bool:
+    """Whether the allocation :func:`assign_ids` would build for ``p`` equals ``prev`` and
+    serialises to the same bytes: every field equal, and the numbers of the same type (``1``,
+    ``1.0`` and ``True`` are equal but written differently; equal strings and tuples are written
+    alike)."""
+    held = prev.reserved
+    return (
+        prev.uid == uid
+        and prev.node_id == p.node_id
+        and prev.runtime_id == p.runtime_id
+        and prev.devices == p.devices
+        and prev.version == p.version
+        and prev.gid == gid
+        and held == reserved
+        and prev.resources == p.resources
+        and prev.cause == p.cause
+        and prev.index == p.index
+        and prev.item_id == p.item_id
+        and prev.subject_id == p.subject_id
+        and type(prev.uid) is type(uid)
+        and type(prev.gid) is type(gid)
+        and type(prev.index) is type(p.index)
+        and type(held[0]) is type(reserved[0])
+        and type(held[1]) is type(reserved[1])
+        and type(held[2]) is type(reserved[2])
+        and type(held[3]) is type(reserved[3])
+    )
 
 
 # ----------------------------------------------------------------------------- recovery
@@ -514,7 +749,7 @@ def save_checkpoint(
         with contextlib.suppress(CheckpointError):  # never keep a bad file as the previous one
             _decode(raw, cp.lineage, cache)
             atomic_write(directory / PREVIOUS, raw, hook=hook)
-    encoded = encode_checkpoint(cp)
+    encoded = encode_checkpoint(cp, cache.memo if cache is not None else None)
     atomic_write(current, encoded, hook=hook)
     if cache is not None:
         cache.wrote(encoded, cp)
