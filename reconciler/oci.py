@@ -20,6 +20,7 @@ import posixpath
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Literal, Protocol
 
 from .jsonio import pretty_json
@@ -52,6 +53,7 @@ __all__ = [
     "intersect_access",
     "is_glob",
     "parse_device_string",
+    "same_placement_inputs",
 ]
 
 OCI_VERSION = "1.0.2"
@@ -742,6 +744,20 @@ def _same(a: object, b: object) -> bool:
     return a is b or a == b
 
 
+def same_placement_inputs(a: Placement, b: Placement) -> bool:
+    """Whether two placements are the same input to :func:`build_config`, which reads only
+    these fields of a placement (its version, priority, runtime id, requested amounts, named
+    resources and cause are not in the config; tests check the fields it reads)."""
+    return a is b or (
+        a.instance_id == b.instance_id
+        and a.node_id == b.node_id
+        and a.index == b.index
+        and a.item_id == b.item_id
+        and a.subject_id == b.subject_id
+        and a.devices == b.devices
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class _Memoized:
     job: ConfigJob
@@ -749,38 +765,76 @@ class _Memoized:
     asked: tuple[_Asked, ...]  # every host lookup the build made, in order, with its answer
     outcome: BuiltConfig | str  # str: the one-line OciError message
 
-    def holds_for(self, job: ConfigJob, policy: DevicePolicy, lookups: _RunLookups) -> bool:
+    def holds_for(
+        self,
+        job: ConfigJob,
+        policy: DevicePolicy,
+        lookups: _RunLookups,
+        checked: dict[int, bool] | None = None,
+    ) -> bool:
         """The build would give the same outcome now: every input equal and every host lookup
-        it made answered the same way in this call (the build is a pure function of these)."""
+        it made answered the same way in this call (the build is a pure function of these).
+
+        The job given back by :meth:`BuildMemo.job` is recognized by identity. ``checked``:
+        per ``id`` of an ``asked`` tuple, whether its answers hold in this call, so that builds
+        sharing one tuple (:class:`BuildMemo` interns them) are checked once per call; the
+        caller keeps every tuple it holds ids of alive for as long as ``checked``."""
         old = self.job
-        return (
-            old.placement == job.placement
+        if old is not job and not (
+            same_placement_inputs(old.placement, job.placement)
             and old.rootfs == job.rootfs
             and old.uid == job.uid
             and old.gid == job.gid
             and old.hosts_path == job.hosts_path
             and _same(old.service, job.service)
             and _same(old.node, job.node)
-            and _same(self.policy, policy)
-            and all(lookups.answer(a) == a[2] for a in self.asked)
-        )
+        ):
+            return False
+        if not _same(self.policy, policy):
+            return False
+        asked = self.asked
+        if not asked:
+            return True
+        if checked is None:
+            return all(lookups.answer(a) == a[2] for a in asked)
+        holds = checked.get(id(asked))
+        if holds is None:
+            holds = checked[id(asked)] = all(lookups.answer(a) == a[2] for a in asked)
+        return holds
 
 
 class BuildMemo:
     """What the last :func:`build_all` call given this memo built, per instance id, with the
     exact inputs and host answers each build used. The next call reuses a build only when its
-    job (service, placement, node, rootfs, uid, gid, hosts path) and policy are equal and every
+    job (service, placement (the fields the build reads: :func:`same_placement_inputs`), node,
+    rootfs, uid, gid, hosts path) and policy are equal and every
     group and device lookup it made gives the same answer in that call; anything else is built
-    again. A memo is tied to one pair of lookups (given other lookups, it starts empty)."""
+    again. A memo is tied to one pair of lookups (given other lookups, it starts empty).
+
+    Cost of a reused build: a caller that passes back the job :meth:`job` returns (when its
+    inputs are the same objects) costs an identity check, and the host answers a build used
+    are checked once per call for all the builds that asked the same questions (equal ``asked``
+    tuples are interned: one object per distinct sequence of questions and answers)."""
 
     def __init__(self) -> None:
         self._entries: dict[str, _Memoized] = {}
         self._lookups: tuple[GroupLookup, DeviceLookup] | None = None
+        self._interned: dict[tuple[_Asked, ...], tuple[_Asked, ...]] = {}
         self.reused = 0  # in the last call: builds taken from the memo
         self.built = 0  # in the last call: builds run
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def job(self, instance_id: str) -> ConfigJob | None:
+        """The job this instance's config was built from in the last call, if any. A caller
+        whose inputs for the instance are the very objects (and values) of that job can pass
+        it back instead of a new, equal job: :func:`build_all` recognizes it by identity."""
+        entry = self._entries.get(instance_id)
+        return None if entry is None else entry.job
+
+
+_instance_id_of = attrgetter("placement.instance_id")
 
 
 def build_all(
@@ -798,19 +852,26 @@ def build_all(
     answers are unchanged are reused (see :class:`BuildMemo`)."""
     lookups = _RunLookups(groups, devices)
     previous: dict[str, _Memoized] = {}
+    interned: dict[tuple[_Asked, ...], tuple[_Asked, ...]] = {}
     if memo is not None:
         same_lookups = memo._lookups is not None and (
             memo._lookups[0] is groups and memo._lookups[1] is devices
         )
-        previous = memo._entries if same_lookups else {}
+        if same_lookups:
+            previous, interned = memo._entries, memo._interned
+    # per id() of an asked tuple of `previous` (alive until the end of the call): it holds now
+    checked: dict[int, bool] = {}
     entries: dict[str, _Memoized] = {}
     built: dict[str, BuiltConfig] = {}
     errors: dict[str, str] = {}
     reused = 0
-    for job in sorted(jobs, key=lambda j: j.placement.instance_id):
+    for job in sorted(jobs, key=_instance_id_of):
         iid = job.placement.instance_id
         entry = previous.get(iid)
-        if entry is not None and entry.holds_for(job, policy, lookups):
+        if entry is not None and (
+            (entry.job is job and entry.policy is policy and not entry.asked)
+            or entry.holds_for(job, policy, lookups, checked)
+        ):
             reused += 1
         else:
             lookups.asked = []
@@ -830,15 +891,21 @@ def build_all(
                 )
             except OciError as e:
                 outcome = str(e)
-            entry = _Memoized(job, policy, tuple(lookups.asked), outcome)
+            asked = tuple(lookups.asked)
+            if asked:
+                asked = interned.setdefault(asked, asked)
+            entry = _Memoized(job, policy, asked, outcome)
         entries[iid] = entry
         if isinstance(entry.outcome, str):
             errors[iid] = entry.outcome
         else:
             built[iid] = entry.outcome
     if memo is not None:
+        if len(interned) > 2 * len(entries) + 64:  # drop the tuples no build uses any more
+            interned = {e.asked: e.asked for e in entries.values() if e.asked}
         memo._entries = entries
         memo._lookups = (groups, devices)
+        memo._interned = interned
         memo.reused = reused
         memo.built = len(entries) - reused
     return BuildResult(built, errors)

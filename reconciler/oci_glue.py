@@ -18,6 +18,7 @@ from .oci import (
     DevicePolicy,
     GroupLookup,
     build_all,
+    same_placement_inputs,
 )
 from .oci_writer import instances_dir
 from .placement import BalanceResult
@@ -43,42 +44,69 @@ def default_config_builder(
     ``/dev`` and the default policy (host devices under ``/dev``).
 
     The builder keeps a :class:`BuildMemo`: a long-running caller (``watch``) that runs it again
-    rebuilds only the configs whose inputs or host answers changed since its last run."""
+    rebuilds only the configs whose inputs or host answers changed since its last run, and an
+    instance whose service and node are the same objects as in the last run (the loader keeps
+    the objects of unchanged files), with the same placement fields and uid/gid, costs a few
+    comparisons: its previous job is passed back to :func:`build_all` as is."""
     group_lookup: GroupLookup = groups if groups is not None else SystemGroups()
     device_lookup: DeviceLookup = devices if devices is not None else HostDevices()
     device_policy = policy if policy is not None else DevicePolicy()
     memo = BuildMemo()
+    last_base: str | None = None  # the instances directory of the previous run
 
     def build(
         state_dir: Path, view: StateView, result: BalanceResult, cp: Checkpoint
     ) -> BuildResult:
+        nonlocal last_base
         services = {s.key: s for s in view.services.values()}
+        nodes = view.nodes
+        allocations = cp.allocations
         resolved = state_dir.resolve()  # once per run, not per instance
         base = str(instances_dir(resolved))
+        # a job of the previous run is passed back as is when its inputs are the same objects
+        # (service, node) and values (the placement's fields the build reads, uid, gid): its
+        # rootfs and hosts path depend only on the service and the instances directory
+        reuse = base == last_base
+        last_base = None  # until this run's jobs are built
         rootfs: dict[str, str] = {}  # per run: image rootfs -> resolved path
         jobs = []
         for p in result.placements:
-            alloc = cp.allocations.get(p.instance_id)
+            iid = p.instance_id
+            alloc = allocations.get(iid)
             if alloc is None:
                 continue
             service = services[(p.item_id, p.subject_id)]
+            node = nodes[p.node_id]
+            old = memo.job(iid) if reuse else None
+            if (
+                old is not None
+                and old.service is service
+                and old.node is node
+                and old.uid == alloc.uid
+                and old.gid == alloc.gid
+                and same_placement_inputs(old.placement, p)
+            ):
+                jobs.append(old)
+                continue
             image_rootfs = service.image.rootfs
             if image_rootfs not in rootfs:
                 rootfs[image_rootfs] = resolve_rootfs(resolved, image_rootfs)
-            validate_id(p.instance_id, "instance id")
+            validate_id(iid, "instance id")
             jobs.append(
                 ConfigJob(
                     service=service,
                     placement=p,
-                    node=view.nodes[p.node_id],
+                    node=node,
                     rootfs=rootfs[image_rootfs],
                     uid=alloc.uid,
                     gid=alloc.gid,
-                    hosts_path=f"{base}/{p.instance_id}/hosts",  # as oci_writer.hosts_path
+                    hosts_path=f"{base}/{iid}/hosts",  # as oci_writer.hosts_path
                 )
             )
-        return build_all(
+        built = build_all(
             jobs, groups=group_lookup, devices=device_lookup, policy=device_policy, memo=memo
         )
+        last_base = base
+        return built
 
     return build

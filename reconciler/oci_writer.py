@@ -14,12 +14,20 @@ import json
 import os
 import shutil
 import stat
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from .fsio import FileReadError, atomic_write, atomic_write_many, read_bytes_at
+from .fsio import (
+    FileReadError,
+    StatKey,
+    atomic_write,
+    atomic_write_many,
+    read_bytes_at,
+    stat_key,
+)
 from .jsonio import pretty_json
 from .oci import BuiltConfig, config_json, content_digest
 from .values import validate_id
@@ -27,6 +35,7 @@ from .values import validate_id
 __all__ = [
     "CONFIG_MODE",
     "OutputPathError",
+    "WriteMemo",
     "WriteReport",
     "hosts_path",
     "instance_dir",
@@ -135,46 +144,180 @@ def _fingerprints(directory: str) -> dict[str, list[int]] | None:
     return out
 
 
+_PACKED = struct.Struct("<QQqQQQqQ")  # _fingerprints, hosts then config.json, in 64 bytes
+
+
+def _pack(files: dict[str, list[int]] | None) -> bytes | None:
+    """:func:`_fingerprints` in the compact form a :class:`WriteMemo` keeps (None: nothing a
+    memo can trust, such as a manifest entry edited by hand)."""
+    if files is None:
+        return None
+    try:
+        return _PACKED.pack(*files["hosts"], *files["config.json"])
+    except (struct.error, KeyError, TypeError):
+        return None
+
+
+def _unpack(packed: bytes | None) -> dict[str, list[int]] | None:
+    if packed is None:
+        return None
+    values = _PACKED.unpack(packed)
+    return {"hosts": list(values[:4]), "config.json": list(values[4:])}
+
+
 def _untouched(directory: str, recorded: object) -> bool:
     """The files are exactly those this writer recorded (a replaced, edited or planted file has
     another inode, size, mtime or mode)."""
     return recorded is not None and _fingerprints(directory) == recorded
 
 
+def _manifest_key(root: Path) -> StatKey | None:
+    try:
+        return stat_key(os.lstat(root / MANIFEST))
+    except OSError:
+        return None
+
+
+@dataclass(slots=True)
+class _Written:
+    """An instance's files as the writer left them: the config they hold, their fingerprints
+    (the manifest's ``files``, packed; None: not regular files) and, once needed, the
+    instance's manifest entry as it appears in the manifest's bytes."""
+
+    built: BuiltConfig
+    files: bytes | None
+    fragment: bytes | None = None
+
+
+def _fragment(iid: str, w: _Written) -> bytes:
+    """An entry of the manifest as ``pretty_json`` writes it: a newline, the key and the value
+    indented one level. The manifest's bytes are ``{``, its entries' fragments joined by ``,``,
+    a newline, ``}`` and a newline (tests compare the two)."""
+    if w.fragment is None:
+        entry = {"digest": content_digest(w.built), "files": _unpack(w.files)}
+        body = pretty_json(entry)[:-1].replace(b"\n", b"\n  ")
+        w.fragment = b"\n  " + pretty_json(iid)[:-1] + b": " + body
+    return w.fragment
+
+
+def _manifest_bytes(entries: Mapping[str, _Written]) -> bytes:
+    """The bytes of ``pretty_json(manifest)``, from cached per-instance fragments."""
+    if not entries:
+        return pretty_json({})
+    return b"{" + b",".join(_fragment(i, entries[i]) for i in sorted(entries)) + b"\n}\n"
+
+
+class WriteMemo:
+    """What the last :func:`write_instance_outputs` call given this memo left under one
+    ``out/instances``: per instance, the :class:`BuiltConfig` its files hold and their
+    fingerprints (the manifest's content, kept in memory).
+
+    The next call uses it only if the manifest file is still the one that call left (any writer
+    rewrites the manifest when it changes a file or removes an instance, so another process's
+    run is noticed and the call falls back to the manifest on disk); a call that fails leaves
+    the memo empty. With the memo, an instance given the same :class:`BuiltConfig` object (or
+    one with the same content) is known unchanged: with ``verify=True`` after an lstat of its
+    two files, as without a memo; with ``verify=False`` without any system call.
+
+    It holds about 0.5 kB per instance: the packed fingerprints and, from the first call that
+    rewrites the manifest with it, each instance's entry as it appears in the manifest's bytes
+    (so that a call that changes a few instances joins the others' entries instead of
+    serializing them again)."""
+
+    def __init__(self) -> None:
+        self._root: str | None = None  # the out/instances directory it describes
+        self._manifest: StatKey | None = None  # the manifest file as the last call left it
+        self._entries: dict[str, _Written] = {}
+        self.trusted = 0  # in the last call: instances known unchanged without a system call
+        self.verified = 0  # in the last call: instances known unchanged by their files' lstat
+        self.compared = 0  # in the last call: instances whose files were compared or written
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _take(self, root: str, manifest: StatKey | None) -> dict[str, _Written] | None:
+        """The entries if they describe ``root`` as it is; the memo is left empty."""
+        entries, valid = self._entries, self._root == root and self._manifest == manifest
+        self._root, self._manifest, self._entries = None, None, {}
+        return entries if valid else None
+
+
 def write_instance_outputs(
-    state_dir: Path, built: Mapping[str, BuiltConfig], *, sync: bool = True
+    state_dir: Path,
+    built: Mapping[str, BuiltConfig],
+    *,
+    sync: bool = True,
+    memo: WriteMemo | None = None,
+    verify: bool = True,
 ) -> WriteReport:
-    """Write ``config.json`` and ``hosts`` for every built instance; remove stale instances."""
-    ids = sorted(built)
-    for iid in ids:
-        validate_id(iid, "instance id")
+    """Write ``config.json`` and ``hosts`` for every built instance; remove stale instances.
+
+    ``memo`` (carried by a long-running caller, see :class:`WriteMemo`) replaces reading the
+    manifest. ``verify=True`` (the default) checks the files of every instance whose content
+    did not change (an lstat each: a file replaced, edited or removed behind the controller's
+    back is rewritten) and lists ``out/instances`` for stale directories. ``verify=False``, with
+    a memo that describes the directory, trusts it instead: an unchanged instance costs no
+    system call and the stale instances are those the memo knows that are no longer built (a
+    change made by hand under ``out/instances`` waits for the next call with ``verify=True``).
+    Without a usable memo, ``verify`` has no effect. The files written are the same whatever
+    the memo and ``verify``."""
     out = Path(os.path.abspath(state_dir)) / "out"
     root = out / "instances"
+    root_str = str(root)
+    ids = sorted(built)
+    validated = memo._entries if memo is not None and memo._root == root_str else {}
+    for iid in ids:
+        if iid not in validated:
+            validate_id(iid, "instance id")
     _ensure_dir(out, replace=False)
     _ensure_dir(root, replace=False)
 
     written: list[str] = []
     unchanged: list[str] = []
     batch: list[tuple[Path, bytes, int]] = []
-    manifest = _read_manifest(root)
-    new_manifest: dict[str, Any] = {}
-    root_str = str(root)
+    # what was written before: the memo's entries (prev) if it describes the directory as it
+    # is, else the manifest on disk
+    prev = memo._take(root_str, _manifest_key(root)) if memo is not None else None
+    manifest = _read_manifest(root) if prev is None else {}
+    new_manifest: dict[str, Any] = {}  # when prev is None
+    # when memo is not None; made here at its full size, before this call's short-lived objects
+    # (a table allocated among them, and kept, can keep the C heap from shrinking after them)
+    entries = cast(dict[str, _Written], dict.fromkeys(ids) if memo is not None else {})
+    compared: list[str] = []  # instances whose files were compared (and written if different)
+    kept = 0  # instances known unchanged without reading their files
     for iid in ids:
-        digest = content_digest(built[iid])
-        known = manifest.get(iid)
-        if (
-            isinstance(known, dict)
-            and known.get("digest") == digest
-            and _untouched(f"{root_str}/{iid}", known.get("files"))
-        ):
-            # written by this writer with this content and not touched since: no read needed
-            new_manifest[iid] = known
-            unchanged += [f"instances/{iid}/{name}" for name in _FILES]
-            continue
+        config = built[iid]
+        if prev is not None:
+            w = prev.get(iid)
+            if (
+                w is not None
+                and (w.built is config or content_digest(w.built) == content_digest(config))
+                and w.files is not None
+                and (not verify or _pack(_fingerprints(f"{root_str}/{iid}")) == w.files)
+            ):
+                entries[iid] = w if w.built is config else _Written(config, w.files, w.fragment)
+                unchanged += (f"instances/{iid}/hosts", f"instances/{iid}/config.json")
+                kept += 1
+                continue
+        else:
+            digest = content_digest(config)
+            known = manifest.get(iid)
+            if (
+                isinstance(known, dict)
+                and known.get("digest") == digest
+                and _untouched(f"{root_str}/{iid}", known.get("files"))
+            ):
+                # written by this writer with this content and not touched since: no read needed
+                new_manifest[iid] = known
+                if memo is not None:
+                    entries[iid] = _Written(config, _pack(known["files"]))
+                unchanged += (f"instances/{iid}/hosts", f"instances/{iid}/config.json")
+                kept += 1
+                continue
         # hosts first: a config never points at a hosts file that is not there yet
-        files = (("hosts", built[iid].hosts.encode()), ("config.json", config_json(built[iid])))
+        files = (("hosts", config.hosts.encode()), ("config.json", config_json(config)))
         directory = root / iid
-        new_manifest[iid] = {"digest": digest, "files": None}
+        compared.append(iid)
         _ensure_dir(directory, replace=True)
         for name, data in files:
             rel = f"instances/{iid}/{name}"
@@ -193,24 +336,61 @@ def write_instance_outputs(
     # files come before their configs in the batch, so a config never names a missing hosts file;
     # the manifest comes last
     atomic_write_many(batch)
-    for iid, entry in new_manifest.items():
-        if entry["files"] is None:
-            entry["files"] = _fingerprints(f"{root_str}/{iid}")
-    if new_manifest != manifest:
-        atomic_write_many([(root / MANIFEST, pretty_json(new_manifest), 0o600)])
+    changed = False  # whether the manifest's content changes (when prev is not None)
+    for iid in compared:
+        fingerprints = _fingerprints(f"{root_str}/{iid}")
+        fragment: bytes | None = None
+        if prev is None:
+            new_manifest[iid] = {"digest": content_digest(built[iid]), "files": fingerprints}
+        else:
+            old = prev.get(iid)
+            if (
+                old is not None
+                and old.files == _pack(fingerprints)
+                and content_digest(old.built) == content_digest(built[iid])
+            ):
+                fragment = old.fragment  # the same manifest entry
+            else:
+                changed = True
+        if memo is not None:
+            entries[iid] = _Written(built[iid], _pack(fingerprints), fragment)
+    manifest_bytes: bytes | None = None
+    if prev is None:
+        if new_manifest != manifest:
+            manifest_bytes = pretty_json(new_manifest)
+    elif changed or len(entries) != len(prev):
+        manifest_bytes = _manifest_bytes(entries)
+    if manifest_bytes is not None:
+        atomic_write_many([(root / MANIFEST, manifest_bytes, 0o600)])
 
     removed: list[str] = []
-    keep = set(ids)
-    with os.scandir(root) as it:
-        stale = sorted(
-            e.name
-            for e in it
-            if e.name not in keep and _is_id(e.name) and e.is_dir(follow_symlinks=False)
-        )
+    keep = built.keys()
+    if prev is not None and not verify:
+        stale = sorted(prev.keys() - keep)  # the instances the memo knows are on disk
+        stale = [name for name in stale if _is_real_dir(f"{root_str}/{name}")]
+    else:
+        with os.scandir(root) as it:
+            stale = sorted(
+                e.name
+                for e in it
+                if e.name not in keep and _is_id(e.name) and e.is_dir(follow_symlinks=False)
+            )
     for name in stale:
         shutil.rmtree(root / name)
         removed.append(name)
+    if memo is not None:
+        memo._root, memo._manifest, memo._entries = root_str, _manifest_key(root), entries
+        verified = kept if verify or prev is None else 0
+        memo.trusted, memo.verified = kept - verified, verified
+        memo.compared = len(compared)
     return WriteReport(tuple(written), tuple(unchanged), tuple(removed))
+
+
+def _is_real_dir(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _is_id(name: str) -> bool:

@@ -1,0 +1,623 @@
+"""The warm path of the OCI step (issue 9): what a long-running ``watch`` saves between runs
+must never change what is built or written.
+
+- ``build_all`` with a ``BuildMemo``: a sequence of builds, one input changed at a time, gives
+  what a build from scratch gives; a job passed back by identity and host answers checked once
+  per call for all the builds that asked the same questions are the warm path;
+- ``default_config_builder`` passes the previous job back only when its inputs are the same;
+- ``write_instance_outputs`` with a ``WriteMemo``: ``verify=False`` costs no system call for an
+  unchanged instance and writes exactly the changed ones; ``verify=True`` rewrites a file
+  tampered with on disk; stale instances are removed in both modes; another writer's run and a
+  failed call are noticed; the manifest has the bytes the plain writer gives it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+import reconciler.fsio
+import reconciler.oci as oci
+import reconciler.oci_glue as oci_glue
+import reconciler.oci_writer as oci_writer
+from reconciler.checkpoint import Checkpoint
+from reconciler.jsonio import pretty_json
+from reconciler.models import Node, Service
+from reconciler.oci import (
+    BuildMemo,
+    BuildResult,
+    BuiltConfig,
+    ConfigJob,
+    DevicePolicy,
+    build_all,
+    build_config,
+    config_json,
+    content_digest,
+    same_placement_inputs,
+)
+from reconciler.oci_glue import default_config_builder
+from reconciler.oci_writer import WriteMemo, WriteReport, write_instance_outputs
+from reconciler.placement import Placement
+from reconciler.reconcile import ReconcileOptions, reconcile
+from reconciler.values import instance_id
+
+from .test_oci import GPU0, FakeDevices, FakeGroups, cdev, make_node, make_placement, make_service
+
+# ---------------------------------------------------------------- build_all and BuildMemo
+
+POOL: dict[str, Any] = {
+    "resource": "example.com/gpu",
+    "policy": "exclusive",
+    "devices": [{"id": "g0", "devices": ["/dev/null:/dev/g0"], "envs": ["G=0"]}],
+}
+
+
+@dataclass
+class Inputs:
+    """Everything a build reads; a step of a test replaces one of them."""
+
+    gpu: Service = field(default_factory=lambda: make_service(resources=[{"name": "gpu0"}]))
+    plain: Service = field(
+        default_factory=lambda: make_service(id="com.example.plain", image={"cmd": ["true"]})
+    )
+    node: Node = field(default_factory=lambda: make_node(resources=[GPU0], pools=[POOL]))
+    uids: dict[str, tuple[int, int]] = field(default_factory=dict)  # instance -> (uid, gid)
+    pool: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = field(default_factory=dict)
+    version: str = "1.2.0"  # a placement field the build does not read
+    policy: DevicePolicy = field(default_factory=DevicePolicy)
+
+
+def _placements(inp: Inputs) -> list[Placement]:
+    """New Placement objects each time, as the balancer makes them every run."""
+    out = []
+    for svc in (inp.gpu, inp.plain):
+        for i in range(3):
+            p = make_placement(svc, inp.node, i)
+            out.append(replace(p, version=inp.version, devices=inp.pool.get(p.instance_id, ())))
+    return out
+
+
+def _jobs(inp: Inputs, memo: BuildMemo | None) -> list[ConfigJob]:
+    """The jobs of a run, made as ``default_config_builder`` makes them: the memo's previous job
+    when every input is the same object or value, else a new job."""
+    jobs = []
+    for p in _placements(inp):
+        svc = inp.gpu if p.item_id == inp.gpu.id else inp.plain
+        uid, gid = inp.uids.get(p.instance_id, (5000, 5000))
+        old = memo.job(p.instance_id) if memo is not None else None
+        if (
+            old is not None
+            and old.service is svc
+            and old.node is inp.node
+            and (old.uid, old.gid) == (uid, gid)
+            and same_placement_inputs(old.placement, p)
+        ):
+            jobs.append(old)
+        else:
+            hosts = f"/state/out/instances/{p.instance_id}/hosts"
+            jobs.append(ConfigJob(svc, p, inp.node, "/srv/rootfs", uid, gid, hosts))
+    return jobs
+
+
+def _outcome(result: BuildResult) -> dict[str, tuple[bytes, str] | str]:
+    out: dict[str, tuple[bytes, str] | str] = dict(result.errors)
+    out.update({i: (config_json(b), b.hosts) for i, b in result.built.items()})
+    return out
+
+
+def _step(memo: BuildMemo, inp: Inputs, groups: FakeGroups, devices: FakeDevices) -> BuildResult:
+    """A memoized run; its outcome must be the one of a build from scratch."""
+    memoized = build_all(
+        _jobs(inp, memo), groups=groups, devices=devices, policy=inp.policy, memo=memo
+    )
+    plain = build_all(_jobs(inp, None), groups=groups, devices=devices, policy=inp.policy)
+    assert _outcome(memoized) == _outcome(plain)
+    assert list(memoized.built) == list(plain.built)  # the same order too
+    return memoized
+
+
+def _devices() -> FakeDevices:
+    return FakeDevices(
+        {"/dev/null": [cdev("/dev/null", 1, 3)], "/dev/zero": [cdev("/dev/zero", 1, 5)]}
+    )
+
+
+def test_one_input_changed_at_a_time_gives_what_a_fresh_build_gives() -> None:
+    inp, groups, devices, memo = Inputs(), FakeGroups(), _devices(), BuildMemo()
+    gpu_ids = {p.instance_id for p in _placements(inp) if p.item_id == inp.gpu.id}
+    plain_ids = {p.instance_id for p in _placements(inp)} - gpu_ids
+    a0, a1, a2 = sorted(gpu_ids)
+    b0 = sorted(plain_ids)[0]
+
+    def run(rebuilt: int) -> BuildResult:
+        result = _step(memo, inp, groups, devices)
+        assert (memo.built, memo.reused) == (rebuilt, 6 - rebuilt)
+        return result
+
+    run(6)
+    run(0)  # nothing changed
+    inp.plain = make_service(id="com.example.plain", image={"cmd": ["true"], "env": ["M=b"]})
+    run(3)  # the service of three instances
+    inp.pool = {a0: (("example.com/gpu", ("g0",)),)}
+    assert "DEVICES_EXAMPLE_COM_GPU=g0" in config_json(run(1).built[a0]).decode()  # a placement
+    inp.version = "1.3.0"
+    run(0)  # a placement field the build does not read
+    inp.node = make_node(resources=[{**GPU0, "envs": ["GPU_NAME=x"]}], pools=[POOL])
+    run(6)  # the node of every instance
+    inp.uids = {b0: (5001, 5000)}
+    run(1)
+    inp.uids = {b0: (5001, 5000), a1: (5000, 5002)}
+    assert run(1).built[a1].config["process"]["user"]["gid"] == 5002
+    groups.gids = {"video": 45, "render": 107}
+    assert run(3).built[a2].config["process"]["user"]["additionalGids"] == [45, 107]
+    devices.table = {**devices.table, "/dev/null": [cdev("/dev/null", 1, 9)]}
+    run(3)  # a device node of the host: the instances that asked for it
+    groups.gids = {"render": 107}
+    assert set(run(3).errors) == gpu_ids  # a group gone
+    groups.gids = {"video": 45, "render": 107}
+    run(3)
+    inp.policy = DevicePolicy()  # another, equal object
+    run(0)
+    inp.policy = DevicePolicy(host_roots=("/srv",))
+    assert set(run(6).errors) == gpu_ids  # every build ran again; the plain ones still build
+    inp.policy = DevicePolicy()
+    run(6)
+    devices.table = {"/dev/zero": devices.table["/dev/zero"]}
+    assert set(run(3).errors) == gpu_ids  # a device lookup that fails now
+
+
+def test_a_job_passed_back_and_shared_host_answers_are_checked_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    svc = make_service(resources=[{"name": "gpu0"}], instances=40)
+    node = make_node(resources=[GPU0])
+    groups, devices, memo = FakeGroups(), _devices(), BuildMemo()
+
+    def jobs() -> list[ConfigJob]:
+        out = []
+        for i in range(40):
+            p = make_placement(svc, node, i)
+            old = memo.job(p.instance_id)
+            if old is not None and same_placement_inputs(old.placement, p):
+                out.append(old)
+            else:
+                out.append(ConfigJob(svc, p, node, "/srv/rootfs", 5000, 5000, "/h/hosts"))
+        return out
+
+    first = build_all(jobs(), groups=groups, devices=devices, memo=memo)
+    # one asked tuple (two groups, two devices) for the 40 builds that asked the same questions
+    assert len({id(e.asked) for e in memo._entries.values()}) == 1
+    answered: list[object] = []
+    real_answer = oci._RunLookups.answer
+
+    def answer(self: Any, asked: Any) -> object:
+        answered.append(asked)
+        return real_answer(self, asked)
+
+    monkeypatch.setattr(oci._RunLookups, "answer", answer)
+    second = build_all(jobs(), groups=groups, devices=devices, memo=memo)
+    assert (memo.built, memo.reused) == (0, 40)
+    assert len(answered) == 4  # not 4 per instance
+    assert all(second.built[i] is first.built[i] for i in first.built)
+    # a changed answer is seen by every build that asked it
+    groups.gids = {"video": 46, "render": 107}
+    third = build_all(jobs(), groups=groups, devices=devices, memo=memo)
+    assert memo.built == 40
+    assert {tuple(b.config["process"]["user"]["additionalGids"]) for b in third.built.values()} == {
+        (46, 107)
+    }
+
+
+def test_interned_answers_do_not_pile_up() -> None:
+    svc = make_service(resources=[{"name": "gpu0"}])
+    node = make_node(resources=[GPU0])
+    groups, devices, memo = FakeGroups(), _devices(), BuildMemo()
+    job = ConfigJob(svc, make_placement(svc, node), node, "/srv/rootfs", 5000, 5000, "/h/hosts")
+    for gid in range(300):
+        groups.gids = {"video": 1000 + gid, "render": 107}
+        build_all([job], groups=groups, devices=devices, memo=memo)
+        assert memo.built == 1
+    assert len(memo._interned) <= 2 + 64
+
+
+class _Recording:
+    """A placement that records the fields read from it."""
+
+    def __init__(self, real: Placement, read: set[str]) -> None:
+        self._real, self._read = real, read
+
+    def __getattr__(self, name: str) -> object:
+        self._read.add(name)
+        return getattr(self._real, name)
+
+
+def test_the_build_reads_only_the_placement_fields_that_are_compared() -> None:
+    svc = make_service(resources=[{"name": "gpu0"}])
+    node = make_node(resources=[GPU0], pools=[POOL])
+    p = make_placement(svc, node, 1, [("example.com/gpu", ["g0"])])
+    read: set[str] = set()
+    build_config(
+        svc,
+        cast(Placement, _Recording(p, read)),
+        node,
+        rootfs="/srv/rootfs",
+        uid=1,
+        gid=1,
+        hosts_path="/h/hosts",
+        groups=FakeGroups(),
+        devices=_devices(),
+    )
+    compared = {"instance_id", "node_id", "index", "item_id", "subject_id", "devices"}
+    label = {"item_id", "subject_id", "index"}  # Placement.label is made of these
+    assert read - {"label"} <= compared and ("label" not in read or label <= compared)
+    # each compared field matters, the others do not
+    other: dict[str, Any] = {"instance_id": "x", "node_id": "n", "index": 7, "item_id": "i"}
+    other["subject_id"] = "s"
+    for name in compared:
+        value = other.get(name, ())
+        assert not same_placement_inputs(p, replace(p, **cast(dict[str, Any], {name: value}))), name
+    marker = object()
+    for f in dataclasses.fields(Placement):
+        if f.name not in compared:
+            changed = replace(p, **cast(dict[str, Any], {f.name: marker}))
+            assert changed != p and same_placement_inputs(p, changed), f.name
+
+
+# ---------------------------------------------------------------- default_config_builder
+
+
+@pytest.fixture
+def spied_jobs(monkeypatch: pytest.MonkeyPatch) -> list[list[ConfigJob]]:
+    """The jobs the builder of ``default_config_builder`` gives ``build_all``, per call."""
+    calls: list[list[ConfigJob]] = []
+    real = oci.build_all
+
+    def spy(jobs: list[ConfigJob], **kw: Any) -> BuildResult:
+        calls.append(list(jobs))
+        return real(jobs, **kw)
+
+    monkeypatch.setattr(oci_glue, "build_all", spy)
+    return calls
+
+
+def _by_id(jobs: list[ConfigJob]) -> dict[str, ConfigJob]:
+    return {j.placement.instance_id: j for j in jobs}
+
+
+def _instance_files(state: Path) -> dict[str, bytes]:
+    root = state / "out" / "instances"
+    return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.glob("*/*"))}
+
+
+def test_builder_passes_back_unchanged_jobs_only(
+    demo_copy: Path, spied_jobs: list[list[ConfigJob]]
+) -> None:
+    builder = default_config_builder()
+    opts = ReconcileOptions(configs=builder)
+    first = reconcile(demo_copy, opts)
+    second = reconcile(demo_copy, opts, first.computed.view)
+    one, two = _by_id(spied_jobs[0]), _by_id(spied_jobs[1])
+    assert one and all(two[i] is one[i] for i in one)  # the warm path: nothing is rebuilt
+
+    vision = demo_copy / "desired" / "apps" / "vision.yaml"
+    vision.write_text(vision.read_text().replace("image:\n", "image:\n  env: [MODE=night]\n"))
+    third = reconcile(demo_copy, opts, second.computed.view)
+    three = _by_id(spied_jobs[2])
+    vids = {p.instance_id for p in third.computed.result.placements if "vision" in p.item_id}
+    assert vids and {i for i in three if three[i] is not two[i]} == vids
+    # what the warm runs left is what a fresh builder writes: it finds nothing to write
+    files = _instance_files(demo_copy)
+    fresh = ReconcileOptions(configs=default_config_builder())
+    assert not [w for w in reconcile(demo_copy, fresh).written if "instances" in w]
+    assert _instance_files(demo_copy) == files
+
+    # a changed uid or gid (the checkpoint), node or state directory: new jobs for exactly the
+    # instances concerned, and what a fresh builder builds
+    c = third.computed
+    view, result, last = c.view, c.result, three
+    first_id, second_id = sorted(c.checkpoint.allocations)[:2]
+    allocations = dict(c.checkpoint.allocations)
+
+    def check(state: Path, expected: set[str]) -> BuildResult:
+        nonlocal last
+        cp = Checkpoint(c.checkpoint.lineage, c.checkpoint.generation, allocations)
+        built = builder(state, view, result, cp)
+        jobs = _by_id(spied_jobs[-1])
+        assert {i for i in jobs if jobs[i] is not last[i]} == expected
+        assert _outcome(built) == _outcome(default_config_builder()(state, view, result, cp))
+        last = jobs
+        return built
+
+    allocations[first_id] = replace(allocations[first_id], uid=allocations[first_id].uid + 1)
+    built = check(demo_copy, {first_id})
+    assert built.built[first_id].config["process"]["user"]["uid"] == allocations[first_id].uid
+    allocations[second_id] = replace(allocations[second_id], gid=allocations[second_id].gid + 1)
+    check(demo_copy, {second_id})
+    check(demo_copy, set())
+    node_id = result.by_id[first_id].node_id
+    node = view.nodes[node_id]
+    nodes = {**view.nodes, node_id: node.model_copy(update={"maxDMIPS": node.maxDMIPS * 2})}
+    view = replace(view, nodes=nodes)
+    check(demo_copy, {p.instance_id for p in result.placements if p.node_id == node_id})
+    other = demo_copy.parent / "other"
+    shutil.copytree(demo_copy, other)
+    moved = check(other, set(last))
+    for b in moved.built.values():
+        hosts = [m for m in b.config["mounts"] if m["destination"] == "/etc/hosts"]
+        assert hosts[0]["source"].startswith(f"{other.resolve()}/")
+
+
+# ---------------------------------------------------------------- write_instance_outputs
+
+
+def _built(n: int, tag: str = "") -> dict[str, BuiltConfig]:
+    out = {}
+    for i in range(n):
+        iid = instance_id("com.example.w", "default", i)
+        out[iid] = BuiltConfig({"ociVersion": "1.0.2", "hostname": f"h{i}{tag}"}, f"hosts {i}\n")
+    return out
+
+
+def _root(state: Path) -> Path:
+    return state / "out" / "instances"
+
+
+def _files(state: Path) -> dict[str, bytes]:
+    """The instances' files, by path relative to out/instances (not the manifest)."""
+    return {
+        str(p.relative_to(_root(state))): p.read_bytes()
+        for p in sorted(_root(state).glob("*/*"))
+        if p.is_file()
+    }
+
+
+def _expected(built: dict[str, BuiltConfig]) -> dict[str, bytes]:
+    out = {}
+    for iid, b in built.items():
+        out[f"{iid}/hosts"] = b.hosts.encode()
+        out[f"{iid}/config.json"] = config_json(b)
+    return dict(sorted(out.items()))
+
+
+@pytest.fixture
+def syscalls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The paths under an out/instances/<id>/ that lstat, stat and open were called on."""
+    seen: list[str] = []
+
+    def wrap(real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(path: Any, *args: Any, **kw: Any) -> Any:
+            if "/out/instances/" in str(path) and not str(path).endswith(oci_writer.MANIFEST):
+                seen.append(str(path))
+            return real(path, *args, **kw)
+
+        return call
+
+    for name in ("lstat", "stat", "open"):
+        monkeypatch.setattr(os, name, wrap(getattr(os, name)))
+    yield seen
+
+
+def _write(
+    state: Path, built: dict[str, BuiltConfig], memo: WriteMemo | None, verify: bool = True
+) -> WriteReport:
+    return write_instance_outputs(state, built, sync=False, memo=memo, verify=verify)
+
+
+def test_unverified_run_writes_exactly_the_changed_instance(
+    tmp_path: Path, syscalls: list[str]
+) -> None:
+    built, memo = _built(4), WriteMemo()
+    _write(tmp_path, built, memo)
+    assert (memo.trusted, memo.verified, memo.compared) == (0, 0, 4)
+    syscalls.clear()
+    report = _write(tmp_path, built, memo, verify=False)
+    assert report.written == () and len(report.unchanged) == 8
+    assert (memo.trusted, memo.verified, memo.compared) == (4, 0, 0)
+    assert syscalls == []  # the warm path: no system call for an unchanged instance
+
+    ids = sorted(built)
+    changed = dict(built)
+    changed[ids[2]] = BuiltConfig({"ociVersion": "1.0.2", "hostname": "new"}, built[ids[2]].hosts)
+    changed[ids[0]] = BuiltConfig(dict(built[ids[0]].config), built[ids[0]].hosts)  # same bytes
+    report = _write(tmp_path, changed, memo, verify=False)
+    assert report.written == (f"instances/{ids[2]}/config.json",)
+    assert report.unchanged == tuple(
+        f"instances/{i}/{name}"
+        for i in ids
+        for name in ("hosts", "config.json")
+        if (i, name) != (ids[2], "config.json")
+    )
+    assert (memo.trusted, memo.compared) == (3, 1)
+    assert not [p for p in syscalls if ids[0] in p or ids[1] in p or ids[3] in p]
+    assert _files(tmp_path) == _expected(changed)
+
+
+def test_verified_run_rewrites_what_was_tampered_with(tmp_path: Path, syscalls: list[str]) -> None:
+    built, memo = _built(3), WriteMemo()
+    ids = sorted(built)
+    _write(tmp_path, built, memo)
+    syscalls.clear()
+    _write(tmp_path, built, memo, verify=True)
+    assert (memo.trusted, memo.verified, memo.compared) == (0, 3, 0)
+    assert sorted(syscalls) == sorted(
+        f"{_root(tmp_path)}/{i}/{name}" for i in ids for name in ("hosts", "config.json")
+    )  # an lstat of each file, no read
+
+    config = _root(tmp_path) / ids[0] / "config.json"
+    hosts = _root(tmp_path) / ids[1] / "hosts"
+    config.write_bytes(config.read_bytes() + b" ")  # edited in place
+    hosts.chmod(0o600)  # a mode that drifted
+    (_root(tmp_path) / ids[2] / "config.json").unlink()
+    # not looked at without verify: the caller's periodic verified run is what repairs them
+    assert _write(tmp_path, built, memo, verify=False).written == ()
+    report = _write(tmp_path, built, memo, verify=True)
+    assert sorted(report.written) == sorted(
+        [
+            f"instances/{ids[0]}/config.json",
+            f"instances/{ids[1]}/hosts",
+            f"instances/{ids[2]}/config.json",
+        ]
+    )
+    assert _files(tmp_path) == _expected(built)
+    assert oct(hosts.stat().st_mode & 0o777) == oct(oci_writer.CONFIG_MODE)
+    assert _write(tmp_path, built, memo, verify=True).written == ()
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_stale_instances_are_removed_in_both_modes(tmp_path: Path, verify: bool) -> None:
+    built, memo = _built(3), WriteMemo()
+    ids = sorted(built)
+    _write(tmp_path, built, memo)
+    planted = instance_id("com.example.planted", "default", 0)
+    (_root(tmp_path) / planted).mkdir()  # not the controller's doing
+    fewer = {i: built[i] for i in ids[1:]}
+    report = _write(tmp_path, fewer, memo, verify=verify)
+    assert report.removed == (tuple(sorted((ids[0], planted))) if verify else (ids[0],))
+    assert not (_root(tmp_path) / ids[0]).exists()
+    assert _files(tmp_path) == _expected(fewer)
+    # without verify, a directory the controller never wrote waits for a verified run
+    report = _write(tmp_path, fewer, memo, verify=True)
+    assert report.removed == (() if verify else (planted,))
+    # an instance removed by hand is not an error, and is written again when built again
+    shutil.rmtree(_root(tmp_path) / ids[1])
+    assert _write(tmp_path, {ids[2]: built[ids[2]]}, memo, verify=verify).removed == ()
+    _write(tmp_path, built, memo, verify=verify)
+    assert _files(tmp_path) == _expected(built)
+
+
+def test_another_writer_is_noticed(tmp_path: Path) -> None:
+    """Another process's run (through the manifest it rewrites) makes the memo unusable."""
+    built, memo = _built(3), WriteMemo()
+    ids = sorted(built)
+    _write(tmp_path, built, memo)
+    other = dict(built)
+    other[ids[0]] = BuiltConfig({"ociVersion": "1.0.2", "hostname": "theirs"}, built[ids[0]].hosts)
+    del other[ids[1]]
+    _write(tmp_path, other, None)  # e.g. a `reconcile` run from the command line
+    report = _write(tmp_path, built, memo, verify=False)
+    assert sorted(report.written) == [
+        f"instances/{ids[0]}/config.json",
+        f"instances/{ids[1]}/config.json",
+        f"instances/{ids[1]}/hosts",
+    ]
+    assert _files(tmp_path) == _expected(built)
+    # and the manifest they leave serves the next plain run: nothing to read or write
+    assert _write(tmp_path, built, None).written == ()
+
+
+def test_a_failed_call_leaves_the_memo_empty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built, memo = _built(2), WriteMemo()
+    ids = sorted(built)
+    write_instance_outputs(tmp_path, built, memo=memo)
+    changed = dict(built)
+    changed[ids[0]] = BuiltConfig({"ociVersion": "1.0.2", "hostname": "b"}, built[ids[0]].hosts)
+    real = reconciler.fsio.atomic_write_many
+
+    def fails_after_the_renames(items: Any, **kw: Any) -> None:
+        real(items, **kw)
+        if not any(p.name == oci_writer.MANIFEST for p, _, _ in items):
+            raise OSError("disk full")  # the instance files are in, the manifest is the old one
+
+    monkeypatch.setattr(oci_writer, "atomic_write_many", fails_after_the_renames)
+    with pytest.raises(OSError, match="disk full"):
+        write_instance_outputs(tmp_path, changed, memo=memo, verify=False)
+    monkeypatch.setattr(oci_writer, "atomic_write_many", real)
+    assert len(memo) == 0
+    # the memo's old entry (the first config, the very same object) must not be trusted
+    report = write_instance_outputs(tmp_path, built, memo=memo, verify=False)
+    assert report.written == (f"instances/{ids[0]}/config.json",)
+    assert _files(tmp_path) == _expected(built)
+
+
+def test_a_memo_of_another_directory_is_not_used(tmp_path: Path) -> None:
+    built, memo = _built(2), WriteMemo()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _write(tmp_path / "a", built, memo)
+    report = _write(tmp_path / "b", built, memo, verify=False)
+    assert len(report.written) == 4 and memo.compared == 2
+    assert _files(tmp_path / "b") == _expected(built)
+    # neither directory has a manifest (nothing was ever built): still not the same directory
+    (tmp_path / "c").mkdir()
+    (tmp_path / "d").mkdir()
+    _write(tmp_path / "c", {}, memo)
+    stale = _root(tmp_path / "d") / sorted(built)[0]
+    stale.mkdir(parents=True)
+    assert _write(tmp_path / "d", {}, memo, verify=False).removed == (stale.name,)
+
+
+def _manifest(state: Path) -> bytes:
+    return (_root(state) / oci_writer.MANIFEST).read_bytes()
+
+
+def test_memo_runs_write_the_plain_writers_files_and_manifest(tmp_path: Path) -> None:
+    memo = WriteMemo()
+    (tmp_path / "memo").mkdir()
+    (tmp_path / "plain").mkdir()
+    versions = [_built(3), _built(4), _built(4, "x"), {}, _built(2)]
+    versions[2] = {**versions[1], **dict(list(versions[2].items())[1:2])}  # one config changed
+    for n, built in enumerate(versions):
+        for verify in (True, False):
+            _write(tmp_path / "memo", built, memo, verify=verify)
+            _write(tmp_path / "plain", built, None)
+            assert _files(tmp_path / "memo") == _files(tmp_path / "plain") == _expected(built)
+            # the same manifest content; its bytes are pretty_json's
+            data = _manifest(tmp_path / "memo")
+            assert data == pretty_json(json.loads(data)), n
+            manifest = json.loads(data)
+            assert sorted(manifest) == sorted(built)
+            for iid, entry in manifest.items():
+                assert entry["digest"] == content_digest(built[iid])
+                assert entry["files"] == oci_writer._fingerprints(
+                    f"{_root(tmp_path / 'memo')}/{iid}"
+                )
+            # and a plain run finds nothing to do
+            assert _write(tmp_path / "memo", built, None).written == ()
+
+
+def test_manifest_bytes_from_fragments_are_pretty_json() -> None:
+    """The manifest a memo assembles from its entries' cached fragments has the bytes
+    pretty_json gives the whole manifest."""
+    built = _built(4)
+    odd = {"hosts": [2**40, 3, -5, 0o100644], "config.json": [7, 2**20, 2**62, 0o100600]}
+    entries = {
+        iid: oci_writer._Written(b, oci_writer._pack(odd if n % 2 else None))
+        for n, (iid, b) in enumerate(built.items())
+    }
+    plain = {
+        iid: {"digest": content_digest(w.built), "files": oci_writer._unpack(w.files)}
+        for iid, w in entries.items()
+    }
+    assert oci_writer._manifest_bytes(entries) == pretty_json(plain)
+    assert all(w.fragment is not None for w in entries.values())  # kept for the next time
+    del entries[sorted(entries)[1]], plain[sorted(plain)[1]]
+    assert oci_writer._manifest_bytes(entries) == pretty_json(plain)
+    assert oci_writer._manifest_bytes({}) == pretty_json({}) == b"{}\n"
+
+
+def test_a_manifest_edited_by_hand_is_not_trusted(tmp_path: Path) -> None:
+    built, memo = _built(2), WriteMemo()
+    _write(tmp_path, built, None)
+    path = _root(tmp_path) / oci_writer.MANIFEST
+    manifest = json.loads(path.read_bytes())
+    iid = sorted(built)[0]
+    files = manifest[iid]["files"]
+    # sizes and modes as equal floats, not the writer's ints
+    manifest[iid]["files"] = {
+        k: [ino, float(size), mtime, float(mode)] for k, (ino, size, mtime, mode) in files.items()
+    }
+    path.write_bytes(pretty_json(manifest))
+    assert _write(tmp_path, built, memo).written == ()
+    assert _write(tmp_path, built, memo, verify=False).written == ()
+    assert (memo.trusted, memo.compared) == (1, 1)  # looked at again, found unchanged
+    assert json.loads(path.read_bytes())[iid]["files"] == files
