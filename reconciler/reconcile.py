@@ -46,7 +46,7 @@ from .lastgood import LastGoodStore
 from .loader import Diagnostic, LoadOptions, StateView, load_state, mass_deletion_guard
 from .lock import StateLock
 from .oci import BuildResult, BuiltConfig
-from .oci_writer import write_instance_outputs
+from .oci_writer import WriteMemo, write_instance_outputs
 from .placement import BalanceResult, Failure, Mode
 from .planner import Plan, PlanMemo, make_plan, plan_bytes
 from .status import NodeStatusCache, status_bytes
@@ -94,9 +94,11 @@ class ReconcileCache:
     plan: PlanMemo = field(default_factory=PlanMemo)
     """The last plan: nodes whose inputs are the same objects reuse their diff and patch."""
     status: NodeStatusCache = field(default_factory=NodeStatusCache)
+    configs: WriteMemo = field(default_factory=WriteMemo)
+    """out/instances as the last run left it (the manifest, in memory)."""
     encoded: dict[Path, tuple[object, bytes]] = field(default_factory=dict)
     """Per node patch file, the patch (the planner's tuple, by identity) and its bytes."""
-    outputs: dict[Path, tuple[bytes, StatKey]] = field(default_factory=dict)
+    outputs: dict[Path, tuple[bytes, StatKey | None]] = field(default_factory=dict)
     """out/ files (node patches, status, plan) with the content found in them and their settled
     stat keys: an unchanged output costs an lstat, not a read."""
 
@@ -106,6 +108,11 @@ class ReconcileOptions:
     mode: Mode | None = None
     allow_empty: bool = False
     max_passes: int = 5
+    verify: bool = True
+    """Check that every output whose content did not change is still what this process wrote
+    (an lstat per file). With a ``cache``, ``False`` trusts the cache for those: ``watch``
+    verifies on its first run and on each periodic resync, and trusts in between (a file
+    edited behind the controller's back in out/ is repaired by the next resync)."""
     recheck: bool = True
     """After writing, stat the inputs again and run once more if one changed during the run (a
     path-activated oneshot would otherwise wait for the next trigger). ``watch`` turns it off:
@@ -254,13 +261,21 @@ def fingerprint(view: StateView, generation: int) -> str:
     return f"sha256:{digest}"
 
 
-def _changed(path: Path, data: bytes, known: dict[Path, tuple[bytes, StatKey]] | None) -> bool:
+def _changed(
+    path: Path,
+    data: bytes,
+    known: dict[Path, tuple[bytes, StatKey | None]] | None,
+    verify: bool = True,
+) -> bool:
     """Whether ``path`` does not hold ``data``. ``known``: per path, content this process
-    found there with the file's settled stat key (see :func:`fsio.settled_key`); while the key is
-    unchanged the file is not read again."""
+    found or wrote there with the file's settled stat key (see :func:`fsio.settled_key`; None:
+    not settled); while the key is unchanged the file is not read again, and without ``verify``
+    the content is trusted without a look at the file."""
     if known is not None:
         got = known.get(path)
         if got is not None and got[0] == data:
+            if not verify:
+                return False
             try:
                 st = os.lstat(path)
             except OSError:
@@ -291,7 +306,12 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
     ensure_dir(out / "nodes")
     written: list[str] = []
     if c.built is not None:
-        report = write_instance_outputs(state_dir, c.built)
+        report = write_instance_outputs(
+            state_dir,
+            c.built,
+            memo=opts.cache.configs if opts.cache is not None else None,
+            verify=opts.verify,
+        )
         written += [f"out/{f}" for f in report.written]
         written += [f"out/instances/{i}" for i in report.removed]
 
@@ -301,7 +321,7 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
     encoded = opts.cache.encoded if opts.cache is not None else None
 
     def put(path: Path, data: bytes, mode: int = 0o600) -> None:
-        if _changed(path, data, known):
+        if _changed(path, data, known, opts.verify):
             batch.append((path, data, mode))
             written.append(str(path.relative_to(state_dir)))
 
@@ -332,6 +352,9 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
     memo = opts.cache.plan if opts.cache is not None else PlanMemo()
     put(out / "plan.json", plan_bytes(c.plan, inputs, memo))
     atomic_write_many(batch, hook=opts.write_hook)
+    if known is not None:
+        for path, data, _mode in batch:  # what this process just wrote there
+            known[path] = (data, None)
     with os.scandir(out / "nodes") as entries:  # as glob("*.json"), without a Path per file
         names = sorted(e.name for e in entries if e.name.endswith(".json") and not e.is_symlink())
     for name in names:

@@ -9,6 +9,10 @@ watches were being set up. The watcher watches the state directory itself (never
 an editor's atomic save replaces the file, and a watch on the old inode goes silent) and
 ignores ``out/``, ``checkpoint/``, the lock and temp files, so the controller's own writes do
 not wake it.
+
+What the inputs are is level-triggered; what out/ holds is trusted between resyncs: a run woken
+by an event does not look at the outputs whose content did not change (``verify=False``), the
+first run and every resync check them all (a file edited in out/ by hand is repaired then).
 """
 
 from __future__ import annotations
@@ -116,9 +120,12 @@ def watch_loop(
 
     last_view: list[StateView] = []  # the view of the last run: parse cache, last good versions
 
-    def run(reason: str) -> None:
+    def run(reason: str, verify: bool = True) -> None:
+        """One run; ``verify=False`` (an event's run) trusts the cache that out/ holds what
+        the last run wrote; the first run and every resync check it."""
         t0 = time.monotonic()
-        report = run_logged(state_dir, opts, last_view, reason, on_run)
+        run_opts = opts if verify else dataclasses.replace(opts, verify=False)
+        report = run_logged(state_dir, run_opts, last_view, reason, on_run)
         if report is None:
             return
         for d in report.computed.diagnostics:
@@ -180,7 +187,7 @@ def watch_loop(
             if changes:
                 names = sorted({Path(p).name for _, p in changes})
                 more = f" and {len(names) - 5} more" if len(names) > 5 else ""
-                run(f"changed: {', '.join(names[:5])}{more}")
+                run(f"changed: {', '.join(names[:5])}{more}", verify=False)
                 last = time.monotonic()
             elif time.monotonic() - last >= wopts.resync:
                 run("periodic resync")
