@@ -28,7 +28,7 @@ from .fsio import (
     read_bytes_at,
     stat_key,
 )
-from .jsonio import pretty_json
+from .jsonio import fragment, pretty_json, pretty_object
 from .oci import BuiltConfig, config_json, content_digest
 from .values import validate_id
 
@@ -189,22 +189,17 @@ class _Written:
     fragment: bytes | None = None
 
 
-def _fragment(iid: str, w: _Written) -> bytes:
-    """An entry of the manifest as ``pretty_json`` writes it: a newline, the key and the value
-    indented one level. The manifest's bytes are ``{``, its entries' fragments joined by ``,``,
-    a newline, ``}`` and a newline (tests compare the two)."""
+def _fragment(w: _Written) -> bytes:
+    """An entry's value as :func:`pretty_json` writes it inside the manifest (depth 1)."""
     if w.fragment is None:
         entry = {"digest": content_digest(w.built), "files": _unpack(w.files)}
-        body = pretty_json(entry)[:-1].replace(b"\n", b"\n  ")
-        w.fragment = b"\n  " + pretty_json(iid)[:-1] + b": " + body
+        w.fragment = fragment(entry, 1)
     return w.fragment
 
 
 def _manifest_bytes(entries: Mapping[str, _Written]) -> bytes:
     """The bytes of ``pretty_json(manifest)``, from cached per-instance fragments."""
-    if not entries:
-        return pretty_json({})
-    return b"{" + b",".join(_fragment(i, entries[i]) for i in sorted(entries)) + b"\n}\n"
+    return pretty_object(((i, _fragment(entries[i])) for i in sorted(entries)), 0) + b"\n"
 
 
 class WriteMemo:
