@@ -5,16 +5,26 @@ A big document that changes little between runs (``status.json``, ``plan.json``)
 together from fragments: :func:`fragment` is a value's pretty JSON as it appears nested at a
 depth, and :func:`pretty_object` / :func:`pretty_array` join fragments into exactly the bytes
 ``pretty_json`` gives for the whole value, so a caller can keep each member's fragment while the
-member is unchanged."""
+member is unchanged; :func:`member` / :func:`item` make the joined pieces themselves, for a
+caller that keeps those and joins them with :func:`join_object` / :func:`join_array`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
 
-__all__ = ["fragment", "pretty_array", "pretty_json", "pretty_object"]
+__all__ = [
+    "fragment",
+    "item",
+    "join_array",
+    "join_object",
+    "member",
+    "pretty_array",
+    "pretty_json",
+    "pretty_object",
+]
 
 _PRETTY = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
 _NESTED = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS
@@ -32,20 +42,37 @@ def fragment(value: Any, depth: int) -> bytes:
     return data.replace(b"\n", b"\n" + b"  " * depth) if depth else data
 
 
+def member(key: str, value: bytes, depth: int) -> bytes:
+    """One member of an object at ``depth`` as :func:`join_object` joins it: ``value`` is the
+    :func:`fragment` of its value at ``depth + 1``. Cache this piece to join it again later."""
+    return b"\n" + b"  " * (depth + 1) + orjson.dumps(key) + b": " + value
+
+
+def item(value: bytes, depth: int) -> bytes:
+    """One item of an array at ``depth`` (``value``: its :func:`fragment` at ``depth + 1``)."""
+    return b"\n" + b"  " * (depth + 1) + value
+
+
+def join_object(members: Sequence[bytes], depth: int) -> bytes:
+    """An object at ``depth`` from its :func:`member` pieces, sorted by key."""
+    if not members:
+        return b"{}"
+    return b"{" + b",".join(members) + b"\n" + b"  " * depth + b"}"
+
+
+def join_array(items: Sequence[bytes], depth: int) -> bytes:
+    """An array at ``depth`` from its :func:`item` pieces."""
+    if not items:
+        return b"[]"
+    return b"[" + b",".join(items) + b"\n" + b"  " * depth + b"]"
+
+
 def pretty_object(members: Iterable[tuple[str, bytes]], depth: int) -> bytes:
     """An object at ``depth`` from its members, (key, :func:`fragment` of the value at
     ``depth + 1``) sorted by key, as :func:`pretty_json` writes it (no final newline)."""
-    pad = b"\n" + b"  " * (depth + 1)
-    parts = [pad + orjson.dumps(key) + b": " + frag for key, frag in members]
-    if not parts:
-        return b"{}"
-    return b"{" + b",".join(parts) + b"\n" + b"  " * depth + b"}"
+    return join_object([member(key, frag, depth) for key, frag in members], depth)
 
 
 def pretty_array(items: Iterable[bytes], depth: int) -> bytes:
     """An array at ``depth`` from its items' :func:`fragment` at ``depth + 1``."""
-    pad = b"\n" + b"  " * (depth + 1)
-    parts = [pad + frag for frag in items]
-    if not parts:
-        return b"[]"
-    return b"[" + b",".join(parts) + b"\n" + b"  " * depth + b"]"
+    return join_array([item(frag, depth) for frag in items], depth)

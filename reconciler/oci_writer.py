@@ -28,7 +28,7 @@ from .fsio import (
     read_bytes_at,
     stat_key,
 )
-from .jsonio import fragment, pretty_json, pretty_object
+from .jsonio import fragment, join_object, member, pretty_json
 from .oci import BuiltConfig, config_json, content_digest
 from .values import validate_id
 
@@ -189,17 +189,17 @@ class _Written:
     fragment: bytes | None = None
 
 
-def _fragment(w: _Written) -> bytes:
-    """An entry's value as :func:`pretty_json` writes it inside the manifest (depth 1)."""
+def _member(iid: str, w: _Written) -> bytes:
+    """An entry of the manifest as :func:`pretty_json` writes it (a :func:`jsonio.member`)."""
     if w.fragment is None:
         entry = {"digest": content_digest(w.built), "files": _unpack(w.files)}
-        w.fragment = fragment(entry, 1)
+        w.fragment = member(iid, fragment(entry, 1), 0)
     return w.fragment
 
 
 def _manifest_bytes(entries: Mapping[str, _Written]) -> bytes:
-    """The bytes of ``pretty_json(manifest)``, from cached per-instance fragments."""
-    return pretty_object(((i, _fragment(entries[i])) for i in sorted(entries)), 0) + b"\n"
+    """The bytes of ``pretty_json(manifest)``, from cached per-instance pieces."""
+    return join_object([_member(i, entries[i]) for i in sorted(entries)], 0) + b"\n"
 
 
 class WriteMemo:

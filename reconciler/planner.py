@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .jsonio import fragment, pretty_array, pretty_object
+from .jsonio import fragment, item, join_array, join_object, member, pretty_object
 from .models import API_VERSION, ActualInstance, ActualState
 from .placement import BalanceResult, Failure, Placement
 
@@ -376,23 +376,23 @@ def plan_bytes(plan: Plan, inputs: Mapping[str, Any], memo: PlanMemo) -> bytes:
     for a in plan.actions:
         got = old_actions.get(id(a))
         if got is None or got[0] is not a:
-            got = (a, fragment(a.to_json(), 2))
+            got = (a, item(fragment(a.to_json(), 2), 1))
         actions[id(a)] = got
         action_frags.append(got[1])
     nodes: dict[str, tuple[tuple[dict[str, Any], ...], bytes]] = {}
     for node_id, ops in plan.patches.items():
         known = old_nodes.get(node_id)
         if known is None or known[0] is not ops:
-            known = (ops, fragment({"patch": list(ops)}, 2))
+            known = (ops, member(node_id, fragment({"patch": list(ops)}, 2), 1))
         nodes[node_id] = known
     memo._action_fragments, memo._node_fragments = actions, nodes
     members = [
-        ("actions", pretty_array(action_frags, 1)),
+        ("actions", join_array(action_frags, 1)),
         ("changesPresent", fragment(plan.changes_present, 1)),
         ("complete", fragment(plan.complete, 1)),
         ("failures", fragment([failure_json(f) for f in plan.failures], 1)),
         ("formatVersion", fragment(PLAN_FORMAT_VERSION, 1)),
         ("inputs", fragment(dict(inputs), 1)),
-        ("nodes", pretty_object(((n, nodes[n][1]) for n in sorted(nodes)), 1)),
+        ("nodes", join_object([nodes[n][1] for n in sorted(nodes)], 1)),
     ]
     return pretty_object(members, 0) + b"\n"

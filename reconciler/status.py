@@ -12,7 +12,7 @@ from typing import Any
 
 from .balancer import NodeSlot, node_states
 from .inventory import Inventory
-from .jsonio import fragment, pretty_object
+from .jsonio import fragment, join_object, member, pretty_object
 from .loader import Diagnostic, StateView
 from .models import Node, Service, UnitConfig
 from .placement import BalanceResult, Placement
@@ -235,15 +235,15 @@ def status_bytes(
     cache: NodeStatusCache,
 ) -> bytes:
     """``pretty_json(build_status(view, result, None, diagnostics, ...))``, put together from
-    the fragments of the nodes and instances ``cache`` holds while their inputs are the same
-    (a node's entry object, an instance's placement object, state and ids)."""
+    the pieces (:func:`jsonio.member`) of the nodes and instances ``cache`` holds while their
+    inputs are the same (a node's entry object, an instance's placement object, state, ids)."""
     nodes = node_statuses(view, result, cache)
     old_nodes, old_instances = cache._node_fragments, cache._instance_fragments
     node_frags: dict[str, tuple[dict[str, Any], bytes]] = {}
     for node_id, entry in nodes.items():
         got = old_nodes.get(node_id)
         if got is None or got[0] is not entry:
-            got = (entry, fragment(entry, 2))
+            got = (entry, member(node_id, fragment(entry, 2), 1))
         node_frags[node_id] = got
     observed = _observed(view)
     ids = uids or {}
@@ -253,18 +253,15 @@ def status_bytes(
         key: InstanceKey = (p, _state(p, observed), ids.get(iid))
         known = old_instances.get(iid)
         if known is None or known[0][0] is not p or known[0][1:] != key[1:]:
-            known = (key, fragment(_instance_record(p, key[1], key[2]), 2))
+            known = (key, member(iid, fragment(_instance_record(p, key[1], key[2]), 2), 1))
         instance_frags[iid] = known
     cache._node_fragments, cache._instance_fragments = node_frags, instance_frags
     members = [
         ("alerts", fragment(list(alerts), 1)),
         ("failures", fragment([failure_json(f) for f in result.failures], 1)),
         ("formatVersion", fragment(STATUS_FORMAT_VERSION, 1)),
-        (
-            "instances",
-            pretty_object(((i, instance_frags[i][1]) for i in sorted(instance_frags)), 1),
-        ),
+        ("instances", join_object([instance_frags[i][1] for i in sorted(instance_frags)], 1)),
         ("invalidInputs", fragment(_invalid(diagnostics), 1)),
-        ("nodes", pretty_object(((n, node_frags[n][1]) for n in sorted(node_frags)), 1)),
+        ("nodes", join_object([node_frags[n][1] for n in sorted(node_frags)], 1)),
     ]
     return pretty_object(members, 0) + b"\n"
