@@ -96,8 +96,8 @@ class ReconcileCache:
     status: NodeStatusCache = field(default_factory=NodeStatusCache)
     configs: WriteMemo = field(default_factory=WriteMemo)
     """out/instances as the last run left it (the manifest, in memory)."""
-    encoded: dict[Path, tuple[object, bytes]] = field(default_factory=dict)
-    """Per node patch file, the patch (the planner's tuple, by identity) and its bytes."""
+    encoded: dict[str, tuple[Path, object, bytes]] = field(default_factory=dict)
+    """Per node, its patch file, the patch (the planner's tuple, by identity) and its bytes."""
     outputs: dict[Path, tuple[bytes, StatKey | None]] = field(default_factory=dict)
     """out/ files (node patches, status, plan) with the content found in them and their settled
     stat keys: an unchanged output costs an lstat, not a read."""
@@ -326,13 +326,16 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
             written.append(str(path.relative_to(state_dir)))
 
     nodes_dir = out / "nodes"
-    encoded_now: dict[Path, tuple[object, bytes]] = {}
+    encoded_now: dict[str, tuple[Path, object, bytes]] = {}
     for node_id, ops in c.plan.patches.items():
-        validate_id(node_id, "node id")
-        path = nodes_dir / f"{node_id}.json"
-        got = encoded.get(path) if encoded is not None else None
-        data = got[1] if got is not None and got[0] is ops else pretty_json(list(ops))
-        encoded_now[path] = (ops, data)
+        got = encoded.get(node_id) if encoded is not None else None
+        if got is not None and got[0].parent == nodes_dir:
+            path = got[0]
+        else:
+            validate_id(node_id, "node id")
+            path = nodes_dir / f"{node_id}.json"
+        data = got[2] if got is not None and got[1] is ops else pretty_json(list(ops))
+        encoded_now[node_id] = (path, ops, data)
         put(path, data, 0o644)
     if encoded is not None:
         encoded.clear()
@@ -358,7 +361,7 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
     with os.scandir(out / "nodes") as entries:  # as glob("*.json"), without a Path per file
         names = sorted(e.name for e in entries if e.name.endswith(".json") and not e.is_symlink())
     for name in names:
-        if Path(name).stem not in c.plan.patches:
+        if name[: -len(".json")] not in c.plan.patches:
             stale = out / "nodes" / name
             stale.unlink()
             written.append(str(stale.relative_to(state_dir)))
