@@ -34,7 +34,9 @@ from __future__ import annotations
 import argparse
 import cProfile
 import dataclasses
+import gc
 import io
+import json
 import os
 import platform
 import pstats
@@ -251,6 +253,13 @@ def _steady_actual(result: BalanceResult) -> dict[str, ActualState]:
     return {k: ActualState.model_validate(v) for k, v in docs.items()}
 
 
+def _write_actual(root: Path, actual: dict[str, ActualState]) -> None:
+    """What the node agents write: ``actual/<node>.yaml`` (JSON is YAML), one per node."""
+    for node_id, doc in actual.items():
+        data = json.dumps(doc.model_dump(mode="json", exclude_none=True), sort_keys=True)
+        (root / "actual" / f"{node_id}.yaml").write_text(data + "\n")
+
+
 def _dir_size(directory: Path) -> tuple[int, int]:
     files = size = 0
     for dirpath, _dirs, names in os.walk(directory):
@@ -336,9 +345,15 @@ def _bench(args: argparse.Namespace, base: Path, root: Path) -> None:
     out_files, out_bytes = _dir_size(root / "out")
     cp_files, cp_bytes = _dir_size(root / "checkpoint")
 
+    # the runs below are what watch runs: the same cache, no second stat pass (its watcher
+    # reports an edit made during a run), and a collection after each run, while idle
+    opts = dataclasses.replace(opts, recheck=False)
+    gc.collect()
+
     # second, unchanged
     _progress("second reconcile, unchanged inputs")
     second, second_stages = _run(root, opts, "second", view)
+    gc.collect()
     second_view = second.computed.view
     second_written = len(second.written)
     del second
@@ -348,10 +363,29 @@ def _bench(args: argparse.Namespace, base: Path, root: Path) -> None:
     _progress(f"edit desired/{victim}.yaml (instances + 1), reconcile")
     bump_instances(root, victim, +1)
     edited, edited_stages = _run(root, opts, "after edit", second_view)
+    gc.collect()
     plan_rewritten = "out/plan.json" in edited.written
     edited_written = len(edited.written)
     prev_view: StateView = edited.computed.view
+
+    # the steady state: every agent reports its instances running where they are placed, so
+    # the plan is empty; then the same edit, three times
+    _progress("agents report every instance running; reconcile; then 3 edits")
+    _write_actual(root, _steady_actual(edited.computed.result))
     del edited
+    settled, _ = _run(root, opts, "steady", prev_view)
+    gc.collect()
+    steady_view = settled.computed.view
+    del settled
+    steady_runs: list[tuple[Stages, bool, int]] = []
+    for k in range(3):
+        bump_instances(root, victim, +1 if k % 2 else -1)
+        report, stages = _run(root, opts, f"steady edit {k + 1}", steady_view)
+        gc.collect()
+        steady_runs.append((stages, "out/plan.json" in report.written, len(report.plan.actions)))
+        steady_view = report.computed.view
+        del report
+    prev_view = steady_view
 
     # the loader's cache alone
     _progress("load_state with a previous view")
@@ -376,7 +410,8 @@ def _bench(args: argparse.Namespace, base: Path, root: Path) -> None:
     # planning alone
     _progress("make_plan alone")
     node_ids = set(full_view.nodes)
-    t_plan, plan = _best(lambda: make_plan(result, full_view.actual, node_ids), 3)
+    cold_actual = view.actual  # as the cold run saw it (the steady phase wrote the others)
+    t_plan, plan = _best(lambda: make_plan(result, cold_actual, node_ids), 3)
     steady = _steady_actual(result)
     t_steady, steady_plan = _best(lambda: make_plan(result, steady, node_ids), 3)
     rss_end = peak_rss_mib()
@@ -408,6 +443,14 @@ def _bench(args: argparse.Namespace, base: Path, root: Path) -> None:
         f"{edited_written} files written",
     )
     table.add("", None, "  " + _breakdown(edited_stages))
+    for k, (stages, rewritten, n_actions) in enumerate(steady_runs):
+        table.add(
+            f"steady state: edit {k + 1}, reconcile",
+            stages.total,
+            f"every instance running as placed; plan.json rewritten: {rewritten} "
+            f"({n_actions} actions)",
+        )
+        table.add("", None, "  " + _breakdown(stages))
     table.add(
         "load_state(prev view), 1 file edited",
         t_load_edit,
