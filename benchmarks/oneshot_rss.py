@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import resource
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,7 +20,7 @@ from pathlib import Path
 from reconciler.oci_glue import default_config_builder
 from reconciler.reconcile import ReconcileOptions, reconcile
 
-from .reconcile import REPO, machine_description
+from .reconcile import _generate, machine_description
 
 
 def main() -> None:
@@ -30,27 +28,12 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--instances", type=int, default=20000)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--node-format", choices=("yaml", "json"), default="yaml")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="oneshot-rss-"))
     try:
         root = base / "state"
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "benchmarks.statedir",
-                str(root),
-                "--nodes",
-                str(args.nodes),
-                "--instances",
-                str(args.instances),
-                "--seed",
-                str(args.seed),
-            ],
-            check=True,
-            cwd=REPO,
-            stdout=subprocess.DEVNULL,
-        )
+        _generate(root, args)
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         t0 = time.perf_counter()
         report = reconcile(root, ReconcileOptions(configs=default_config_builder()))

@@ -59,7 +59,7 @@ from reconciler.loader import StateView, load_state
 from reconciler.models import ActualState
 from reconciler.oci_glue import default_config_builder
 from reconciler.placement import BalanceResult
-from reconciler.planner import make_plan
+from reconciler.planner import make_plan, started_record
 from reconciler.reconcile import ReconcileCache, ReconcileOptions, ReconcileReport, reconcile
 
 from .statedir import bump_instances, iter_input_files
@@ -241,15 +241,7 @@ def _steady_actual(result: BalanceResult) -> dict[str, ActualState]:
                 "instances": {},
             },
         )
-        doc["instances"][p.instance_id] = {
-            "itemId": p.item_id,
-            "subjectId": p.subject_id,
-            "index": p.index,
-            "version": p.version,
-            "runtimeId": p.runtime_id,
-            "state": "active",
-            "devices": {k: list(v) for k, v in p.device_map().items()},
-        }
+        doc["instances"][p.instance_id] = dict(started_record(p), state="active")
     return {k: ActualState.model_validate(v) for k, v in docs.items()}
 
 

@@ -49,7 +49,16 @@ from reconciler.placement import Placement
 from reconciler.reconcile import ReconcileOptions, reconcile
 from reconciler.values import instance_id
 
-from .test_oci import GPU0, FakeDevices, FakeGroups, cdev, make_node, make_placement, make_service
+from .test_oci import (
+    GPU0,
+    FakeDevices,
+    FakeGroups,
+    _built,
+    cdev,
+    make_node,
+    make_placement,
+    make_service,
+)
 
 # ---------------------------------------------------------------- build_all and BuildMemo
 
@@ -356,14 +365,6 @@ def test_builder_passes_back_unchanged_jobs_only(
 
 
 # ---------------------------------------------------------------- write_instance_outputs
-
-
-def _built(n: int, tag: str = "") -> dict[str, BuiltConfig]:
-    out = {}
-    for i in range(n):
-        iid = instance_id("com.example.w", "default", i)
-        out[iid] = BuiltConfig({"ociVersion": "1.0.2", "hostname": f"h{i}{tag}"}, f"hosts {i}\n")
-    return out
 
 
 def _root(state: Path) -> Path:

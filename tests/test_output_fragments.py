@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reconciler.jsonio import fragment, pretty_array, pretty_json, pretty_object
-from reconciler.planner import PlanMemo, plan_bytes
+from reconciler.planner import PlanMemo, plan_bytes, started_record
 from reconciler.reconcile import ReconcileCache, ReconcileOptions, reconcile
 from reconciler.status import build_status
 
@@ -72,15 +72,7 @@ def test_a_watchers_status_and_plan_are_the_whole_documents(demo_copy: Path) -> 
     check()
     c = check()
     p = c.result.placements[0]  # its agent reports it running: its state is no longer pending
-    running = {
-        "itemId": p.item_id,
-        "subjectId": p.subject_id,
-        "index": p.index,
-        "version": p.version,
-        "runtimeId": p.runtime_id,
-        "state": "active",
-        "devices": {r: list(ids) for r, ids in p.devices},
-    }
+    running = dict(started_record(p), state="active")
     actual = {"apiVersion": "reconciler/v1", "kind": "ActualState", "nodeId": p.node_id}
     actual.update(revision=1, instances={p.instance_id: running})
     (demo_copy / "actual" / f"{p.node_id}.yaml").write_text(yaml.safe_dump(actual))
