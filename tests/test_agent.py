@@ -681,6 +681,8 @@ def test_watch_applies_a_new_plan_and_resyncs(
     make_bundle(state, A0)
     write_patch(state, 0, add={A0: RECORDS[A0]})  # creates out/nodes: picked up
     _wait_for(lambda: cid(A0) in runc.containers)
+    # the agent publishes its actual document after starting the container: wait for that run
+    _wait_for(lambda: (state / "actual" / f"{NODE}.yaml").exists())
     assert read_actual(state).revision == 1
     runc.containers[cid(A0)].status = "stopped"
     write_patch(state, 1)  # a new plan (a file replaced in the watched directory)
