@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .jsonio import fragment, item, join_array, join_object, member, pretty_object
+from .jsonio import Joined, document, fragment, item, member
 from .models import API_VERSION, ActualInstance, ActualState
 from .placement import BalanceResult, Failure, Placement
 
@@ -176,6 +176,8 @@ class PlanMemo:
         # plan_bytes: each action's and each node's pretty JSON, by the object it came from
         self._action_fragments: dict[int, tuple[Action, bytes]] = {}
         self._node_fragments: dict[str, tuple[tuple[dict[str, Any], ...], bytes]] = {}
+        self._actions_joined = Joined()
+        self._nodes_joined = Joined()
 
 
 def _match(
@@ -387,12 +389,12 @@ def plan_bytes(plan: Plan, inputs: Mapping[str, Any], memo: PlanMemo) -> bytes:
         nodes[node_id] = known
     memo._action_fragments, memo._node_fragments = actions, nodes
     members = [
-        ("actions", join_array(action_frags, 1)),
+        ("actions", memo._actions_joined.array(action_frags, 1)),
         ("changesPresent", fragment(plan.changes_present, 1)),
         ("complete", fragment(plan.complete, 1)),
         ("failures", fragment([failure_json(f) for f in plan.failures], 1)),
         ("formatVersion", fragment(PLAN_FORMAT_VERSION, 1)),
         ("inputs", fragment(dict(inputs), 1)),
-        ("nodes", join_object([nodes[n][1] for n in sorted(nodes)], 1)),
+        ("nodes", memo._nodes_joined.object([nodes[n][1] for n in sorted(nodes)], 1)),
     ]
-    return pretty_object(members, 0) + b"\n"
+    return document(members)

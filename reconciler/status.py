@@ -12,7 +12,7 @@ from typing import Any
 
 from .balancer import NodeSlot, node_states
 from .inventory import Inventory
-from .jsonio import fragment, join_object, member, pretty_object
+from .jsonio import Joined, document, fragment, member
 from .loader import Diagnostic, StateView
 from .models import Node, Service, UnitConfig
 from .placement import BalanceResult, Placement
@@ -102,6 +102,9 @@ class NodeStatusCache:
         # status_bytes: each node entry's and each instance record's pretty JSON
         self._node_fragments: dict[str, tuple[dict[str, Any], bytes]] = {}
         self._instance_fragments: dict[str, tuple[InstanceKey, bytes]] = {}
+        self._instance_order: list[str] = []  # the fragments' ids, sorted
+        self._instances_joined = Joined()
+        self._nodes_joined = Joined()
 
 
 def node_statuses(
@@ -255,13 +258,16 @@ def status_bytes(
         if known is None or known[0][0] is not p or known[0][1:] != key[1:]:
             known = (key, member(iid, fragment(_instance_record(p, key[1], key[2]), 2), 1))
         instance_frags[iid] = known
+    if instance_frags.keys() != old_instances.keys():
+        cache._instance_order = sorted(instance_frags)
     cache._node_fragments, cache._instance_fragments = node_frags, instance_frags
+    instances = [instance_frags[i][1] for i in cache._instance_order]
     members = [
         ("alerts", fragment(list(alerts), 1)),
         ("failures", fragment([failure_json(f) for f in result.failures], 1)),
         ("formatVersion", fragment(STATUS_FORMAT_VERSION, 1)),
-        ("instances", join_object([instance_frags[i][1] for i in sorted(instance_frags)], 1)),
+        ("instances", cache._instances_joined.object(instances, 1)),
         ("invalidInputs", fragment(_invalid(diagnostics), 1)),
-        ("nodes", join_object([node_frags[n][1] for n in sorted(node_frags)], 1)),
+        ("nodes", cache._nodes_joined.object([node_frags[n][1] for n in sorted(node_frags)], 1)),
     ]
-    return pretty_object(members, 0) + b"\n"
+    return document(members)

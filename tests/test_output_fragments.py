@@ -12,7 +12,17 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.jsonio import fragment, pretty_array, pretty_json, pretty_object
+from reconciler.jsonio import (
+    Joined,
+    document,
+    fragment,
+    item,
+    join_array,
+    join_object,
+    pretty_array,
+    pretty_json,
+    pretty_object,
+)
 from reconciler.planner import PlanMemo, plan_bytes, started_record
 from reconciler.reconcile import ReconcileCache, ReconcileOptions, reconcile
 from reconciler.status import build_status
@@ -43,6 +53,29 @@ def _assemble(value: Any, depth: int, data: st.DataObject) -> bytes:
 @given(value=JSON, data=st.data())
 def test_fragments_join_into_the_pretty_json_of_the_whole(value: Any, data: st.DataObject) -> None:
     assert _assemble(value, 0, data) + b"\n" == pretty_json(value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=st.dictionaries(st.text(max_size=4), JSON, max_size=5), data=st.data())
+def test_a_document_is_the_pretty_json_of_the_whole(value: Any, data: st.DataObject) -> None:
+    members = [(k, _assemble(value[k], 1, data)) for k in sorted(value)]
+    assert document(members) == pretty_json(value)
+
+
+@settings(max_examples=100, deadline=None)
+@given(values=st.lists(st.lists(JSON, max_size=4), min_size=1, max_size=5), data=st.data())
+def test_joined_gives_what_joining_gives(values: list[list[Any]], data: st.DataObject) -> None:
+    """A ``Joined`` fed pieces that are sometimes the very same objects, sometimes equal new
+    ones, sometimes others, always gives the join of the pieces it is given."""
+    joined = Joined()
+    pieces: list[bytes] = []
+    for value in values:
+        if pieces and data.draw(st.booleans()):
+            pieces = list(pieces)  # the same piece objects, in a new list
+        else:
+            pieces = [item(fragment(v, 2), 1) for v in value]
+        assert joined.array(pieces, 1) == join_array(pieces, 1)
+        assert joined.object(pieces, 1) == join_object(pieces, 1)
 
 
 def _edit(path: Path, change: Any) -> None:
