@@ -70,10 +70,9 @@ def test_joined_gives_what_joining_gives(values: list[list[Any]], data: st.DataO
     joined = Joined()
     pieces: list[bytes] = []
     for value in values:
-        if pieces and data.draw(st.booleans()):
-            pieces = list(pieces)  # the same piece objects, in a new list
-        else:
-            pieces = [item(fragment(v, 2), 1) for v in value]
+        reuse = data.draw(st.booleans())  # the same piece objects, in a new list
+        fresh = [item(fragment(v, 2), 1) for v in value]
+        pieces = list(pieces) if pieces and reuse else fresh
         assert joined.array(pieces, 1) == join_array(pieces, 1)
         assert joined.object(pieces, 1) == join_object(pieces, 1)
 
