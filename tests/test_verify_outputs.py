@@ -5,8 +5,14 @@ repairs an output edited behind its back, and a changed output is written either
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from reconciler import watch
 from reconciler.oci_glue import default_config_builder
 from reconciler.reconcile import ReconcileCache, ReconcileOptions, reconcile
 
@@ -34,3 +40,41 @@ def test_trusted_between_resyncs_repaired_on_a_verifying_run(demo_copy: Path) ->
     report = reconcile(demo_copy, opts, report.computed.view)
     assert patch.read_bytes() == good_patch
     assert config.read_bytes() == good_config
+
+
+def test_watch_verifies_on_start_and_resync_and_trusts_on_events(
+    demo_copy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[tuple[str, bool]] = []
+    real = watch.run_logged
+
+    def recording(state: Path, opts: ReconcileOptions, *rest: Any) -> Any:
+        seen.append((rest[1], opts.verify))
+        return real(state, opts, *rest)
+
+    monkeypatch.setattr(watch, "run_logged", recording)
+    stop = threading.Event()
+    wopts = watch.WatchOptions(debounce=0.05, resync=1.0)
+    runner = threading.Thread(
+        target=watch.watch_loop, args=(demo_copy, ReconcileOptions(), wopts, stop)
+    )
+    runner.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        svc = demo_copy / "desired" / "apps" / "logger.yaml"
+        svc.write_text(svc.read_text().replace("instances: 3", "instances: 2"))
+        while time.monotonic() < deadline and not (
+            any(r.startswith("changed") for r, _ in seen)
+            and any(r == "periodic resync" for r, _ in seen)
+        ):
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        runner.join(20)
+    assert seen[0] == ("start", True)
+    assert all(not v for r, v in seen if r.startswith("changed")), seen
+    assert any(r.startswith("changed") for r, _ in seen), seen
+    assert all(v for r, v in seen if r == "periodic resync") and ("periodic resync", True) in seen
