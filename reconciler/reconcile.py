@@ -139,13 +139,15 @@ class Computed:
     mode: Mode = "stable"  # the mode the placement ran in
     requested: Mode = "stable"  # the mode asked for (a rebalance is triggered, not asked for)
 
-    def plan_document(self) -> dict[str, Any]:
-        """``out/plan.json``: the plan, with the mode asked for in ``inputs.mode`` (so that
+    def plan_inputs(self) -> dict[str, Any]:
+        """``out/plan.json``'s ``inputs``: the fingerprint, and the mode asked for (so that
         ``apply`` reproduces it, and an alert-triggered rebalance's plan is rewritten by the next
         run only if the placements change)."""
-        doc = self.plan.to_json()
-        doc["inputs"]["mode"] = self.requested
-        return doc
+        return {"fingerprint": self.plan.fingerprint, "mode": self.requested}
+
+    def plan_document(self) -> dict[str, Any]:
+        """``out/plan.json``: the plan, with :meth:`plan_inputs` as its ``inputs``."""
+        return dict(self.plan.to_json(), inputs=self.plan_inputs())
 
 
 @dataclass(frozen=True)
@@ -351,9 +353,8 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
         cache=opts.cache.status if opts.cache is not None else NodeStatusCache(),
     )
     put(out / "status.json", status)
-    inputs = {"fingerprint": c.plan.fingerprint, "mode": c.requested}  # as plan_document()
     memo = opts.cache.plan if opts.cache is not None else PlanMemo()
-    put(out / "plan.json", plan_bytes(c.plan, inputs, memo))
+    put(out / "plan.json", plan_bytes(c.plan, c.plan_inputs(), memo))
     atomic_write_many(batch, hook=opts.write_hook)
     if known is not None:
         for path, data, _mode in batch:  # what this process just wrote there
