@@ -1267,7 +1267,7 @@ class BalanceMemo:
         where, slots = run.where, run.slots
         gone = set()
         replaced = 0
-        for key in changed:
+        for key in sorted(changed):  # the same order every time (device pools keep holders)
             got = self._expanded.get(key)
             if got is None:
                 continue
