@@ -3,15 +3,15 @@ read and diff, with orjson (CPython's encoder falls back to pure Python whenever
 
 A big document that changes little between runs (``status.json``, ``plan.json``) is put
 together from fragments: :func:`fragment` is a value's pretty JSON as it appears nested at a
-depth, and :func:`pretty_object` / :func:`pretty_array` join fragments into exactly the bytes
-``pretty_json`` gives for the whole value, so a caller can keep each member's fragment while the
-member is unchanged; :func:`member` / :func:`item` make the joined pieces themselves, for a
-caller that keeps those and joins them with :func:`join_object` / :func:`join_array`."""
+depth; :func:`member` / :func:`item` make an object's or array's pieces from them, and
+:func:`join_object` / :func:`join_array` / :func:`document` join pieces into exactly the bytes
+``pretty_json`` gives for the whole value, so a caller can keep each piece while its member is
+unchanged (:class:`Joined` keeps a whole join)."""
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -24,9 +24,7 @@ __all__ = [
     "join_array",
     "join_object",
     "member",
-    "pretty_array",
     "pretty_json",
-    "pretty_object",
 ]
 
 _PRETTY = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
@@ -111,14 +109,3 @@ class Joined:
         data = join_array(pieces, depth) if array else join_object(pieces, depth)
         self._pieces, self._bytes, self._array, self._depth = pieces, data, array, depth
         return data
-
-
-def pretty_object(members: Iterable[tuple[str, bytes]], depth: int) -> bytes:
-    """An object at ``depth`` from its members, (key, :func:`fragment` of the value at
-    ``depth + 1``) sorted by key, as :func:`pretty_json` writes it (no final newline)."""
-    return join_object([member(key, frag, depth) for key, frag in members], depth)
-
-
-def pretty_array(items: Iterable[bytes], depth: int) -> bytes:
-    """An array at ``depth`` from its items' :func:`fragment` at ``depth + 1``."""
-    return join_array([item(frag, depth) for frag in items], depth)

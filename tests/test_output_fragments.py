@@ -19,9 +19,8 @@ from reconciler.jsonio import (
     item,
     join_array,
     join_object,
-    pretty_array,
+    member,
     pretty_json,
-    pretty_object,
 )
 from reconciler.planner import PlanMemo, plan_bytes, started_record
 from reconciler.reconcile import ReconcileCache, ReconcileOptions, reconcile
@@ -42,10 +41,10 @@ def _assemble(value: Any, depth: int, data: st.DataObject) -> bytes:
     """``value`` put together from fragments, each container either joined from its members
     or taken whole as one fragment (as the callers mix cached and fresh parts)."""
     if isinstance(value, dict) and data.draw(st.booleans()):
-        members = [(k, _assemble(value[k], depth + 1, data)) for k in sorted(value)]
-        return pretty_object(members, depth)
+        pieces = [member(k, _assemble(value[k], depth + 1, data), depth) for k in sorted(value)]
+        return join_object(pieces, depth)
     if isinstance(value, list) and data.draw(st.booleans()):
-        return pretty_array([_assemble(v, depth + 1, data) for v in value], depth)
+        return join_array([item(_assemble(v, depth + 1, data), depth) for v in value], depth)
     return fragment(value, depth)
 
 
