@@ -302,7 +302,7 @@ def _changed(
 def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list[str]:
     """Write out/ in dependency order, each group as one batch (SPEC §2, §10, §11, §12):
     instance configs first (a patch never names a config that is not there), then the node
-    patches and status, the plan last."""
+    patches with the plan, then the status report."""
     out = state_dir / "out"
     ensure_dir(out)
     ensure_dir(out / "nodes")
@@ -327,6 +327,13 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
             batch.append((path, data, mode))
             written.append(str(path.relative_to(state_dir)))
 
+    def flush() -> None:
+        atomic_write_many(batch, hook=opts.write_hook)
+        if known is not None:
+            for path, data, _mode in batch:  # what this process just wrote there
+                known[path] = (data, None)
+        batch.clear()
+
     nodes_dir = out / "nodes"
     encoded_now: dict[str, tuple[Path, object, bytes]] = {}
     for node_id, ops in c.plan.patches.items():
@@ -342,6 +349,20 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
     if encoded is not None:
         encoded.clear()
         encoded.update(encoded_now)
+    memo = opts.cache.plan if opts.cache is not None else PlanMemo()
+    put(out / "plan.json", plan_bytes(c.plan, c.plan_inputs(), memo))
+    flush()
+    with os.scandir(out / "nodes") as entries:  # as glob("*.json"), without a Path per file
+        names = sorted(e.name for e in entries if e.name.endswith(".json") and not e.is_symlink())
+    for name in names:
+        if name[: -len(".json")] not in c.plan.patches:
+            stale = out / "nodes" / name
+            stale.unlink()
+            written.append(str(stale.relative_to(state_dir)))
+    # the status report after the plan: the plan is what agents wait for, the report is for
+    # people (a crash in between leaves the previous report beside the new plan)
+    if opts.on_stage is not None:
+        opts.on_stage("reporting status")
     uids = {iid: (a.uid, a.gid) for iid, a in c.checkpoint.allocations.items()}
     raised = c.alerts.raised if c.alerts is not None else []
     status = status_bytes(
@@ -353,19 +374,7 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
         cache=opts.cache.status if opts.cache is not None else NodeStatusCache(),
     )
     put(out / "status.json", status)
-    memo = opts.cache.plan if opts.cache is not None else PlanMemo()
-    put(out / "plan.json", plan_bytes(c.plan, c.plan_inputs(), memo))
-    atomic_write_many(batch, hook=opts.write_hook)
-    if known is not None:
-        for path, data, _mode in batch:  # what this process just wrote there
-            known[path] = (data, None)
-    with os.scandir(out / "nodes") as entries:  # as glob("*.json"), without a Path per file
-        names = sorted(e.name for e in entries if e.name.endswith(".json") and not e.is_symlink())
-    for name in names:
-        if name[: -len(".json")] not in c.plan.patches:
-            stale = out / "nodes" / name
-            stale.unlink()
-            written.append(str(stale.relative_to(state_dir)))
+    flush()
     return written
 
 

@@ -509,9 +509,9 @@ class TestCrashPointsOfAWholeReconcile:
 
     def test_the_hook_sees_every_write_step(self, scenario: tuple[Path, Path, int]) -> None:
         _, _, n = scenario
-        # last-good inputs, allocations.prev.json, allocations.json, out/: one batch or one
-        # atomic write each, five steps apiece
-        assert n == 20
+        # last-good inputs, allocations.prev.json, allocations.json, out/'s node patches with
+        # the plan, then status.json: one batch or one atomic write each, five steps apiece
+        assert n == 25
 
     def test_hook_interrupts_each_step(
         self, scenario: tuple[Path, Path, int], tmp_path: Path

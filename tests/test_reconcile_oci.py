@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from reconciler.oci_glue import default_config_builder
 from reconciler.reconcile import CONFIG_FAILURE, ReconcileOptions, reconcile
@@ -95,3 +98,31 @@ def test_an_unknown_group_fails_that_instance_only(demo_copy: Path) -> None:
     for placement in report.computed.result.placements:  # every other instance has its config
         config = demo_copy / "out" / "instances" / placement.instance_id / "config.json"
         assert_valid(json.loads(config.read_text()))
+
+
+def test_outputs_are_published_in_dependency_order(
+    demo_copy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Configs before the node patches that name them; the patches with plan.json in one
+    batch; status.json last, in a batch of its own, so the plan does not wait for the report."""
+    from reconciler import reconcile as reconcile_module
+    from reconciler.fsio import atomic_write_many as real_many
+    from reconciler.oci_writer import write_instance_outputs as real_outputs
+
+    batches: list[list[str]] = []
+
+    def many(items: Any, **kwargs: Any) -> None:
+        batches.append([str(path.relative_to(demo_copy)) for path, _, _ in items])
+        real_many(items, **kwargs)
+
+    def outputs(*args: Any, **kwargs: Any) -> Any:
+        batches.append(["configs"])
+        return real_outputs(*args, **kwargs)
+
+    monkeypatch.setattr(reconcile_module, "atomic_write_many", many)
+    monkeypatch.setattr(reconcile_module, "write_instance_outputs", outputs)
+    reconcile(demo_copy, opts())
+    out = [b for b in batches if b == ["configs"] or any(p.startswith("out/") for p in b)]
+    assert out[0] == ["configs"]
+    assert "out/plan.json" in out[1] and any(p.startswith("out/nodes/") for p in out[1])
+    assert out[2:] == [["out/status.json"]]
