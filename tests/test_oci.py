@@ -1096,7 +1096,7 @@ def _built(n: int, tag: str = "") -> dict[str, BuiltConfig]:
     out = {}
     for i in range(n):
         iid = instance_id("com.example.w", "default", i)
-        out[iid] = BuiltConfig({"ociVersion": "1.0.2", "hostname": f"h{i}{tag}"}, f"hosts {i}\n")
+        out[iid] = BuiltConfig.of({"ociVersion": "1.0.2", "hostname": f"h{i}{tag}"}, f"hosts {i}\n")
     return out
 
 
@@ -1137,7 +1137,9 @@ def test_writer_rewrites_only_changed_files_and_removes_stale(tmp_path: Path) ->
 
     ids = sorted(built)
     changed = dict(built)
-    changed[ids[1]] = BuiltConfig({"ociVersion": "1.0.2", "hostname": "new"}, built[ids[1]].hosts)
+    changed[ids[1]] = BuiltConfig.of(
+        {"ociVersion": "1.0.2", "hostname": "new"}, built[ids[1]].hosts
+    )
     del changed[ids[2]]
     report = write_instance_outputs(tmp_path, changed, sync=False)
     assert report.written == (f"instances/{ids[1]}/config.json",)
@@ -1210,7 +1212,7 @@ def test_writer_never_follows_symlinks(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bad", ["../escape", "/etc", "a/b", ".hidden", ""])
 def test_writer_validates_instance_ids_first(tmp_path: Path, bad: str) -> None:
-    built = _built(1) | {bad: BuiltConfig({}, "")}
+    built = _built(1) | {bad: BuiltConfig.of({}, "")}
     with pytest.raises(ValueError, match="invalid instance id"):
         write_instance_outputs(tmp_path, built, sync=False)
     assert not (tmp_path / "out").exists()

@@ -426,8 +426,10 @@ def test_unverified_run_writes_exactly_the_changed_instance(
 
     ids = sorted(built)
     changed = dict(built)
-    changed[ids[2]] = BuiltConfig({"ociVersion": "1.0.2", "hostname": "new"}, built[ids[2]].hosts)
-    changed[ids[0]] = BuiltConfig(dict(built[ids[0]].config), built[ids[0]].hosts)  # same bytes
+    changed[ids[2]] = BuiltConfig.of(
+        {"ociVersion": "1.0.2", "hostname": "new"}, built[ids[2]].hosts
+    )
+    changed[ids[0]] = BuiltConfig.of(built[ids[0]].config, built[ids[0]].hosts)  # same bytes
     report = _write(tmp_path, changed, memo, verify=False)
     assert report.written == (f"instances/{ids[2]}/config.json",)
     assert report.unchanged == tuple(
@@ -500,7 +502,9 @@ def test_another_writer_is_noticed(tmp_path: Path) -> None:
     ids = sorted(built)
     _write(tmp_path, built, memo)
     other = dict(built)
-    other[ids[0]] = BuiltConfig({"ociVersion": "1.0.2", "hostname": "theirs"}, built[ids[0]].hosts)
+    other[ids[0]] = BuiltConfig.of(
+        {"ociVersion": "1.0.2", "hostname": "theirs"}, built[ids[0]].hosts
+    )
     del other[ids[1]]
     _write(tmp_path, other, None)  # e.g. a `reconcile` run from the command line
     report = _write(tmp_path, built, memo, verify=False)
@@ -521,7 +525,7 @@ def test_a_failed_call_leaves_the_memo_empty(
     ids = sorted(built)
     write_instance_outputs(tmp_path, built, memo=memo)
     changed = dict(built)
-    changed[ids[0]] = BuiltConfig({"ociVersion": "1.0.2", "hostname": "b"}, built[ids[0]].hosts)
+    changed[ids[0]] = BuiltConfig.of({"ociVersion": "1.0.2", "hostname": "b"}, built[ids[0]].hosts)
     real = reconciler.fsio.atomic_write_many
 
     def fails_after_the_renames(items: Any, **kw: Any) -> None:
