@@ -19,7 +19,7 @@ import os
 import stat
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -105,6 +105,11 @@ class StateView:
     actual: Mapping[str, ActualState] = field(default_factory=dict)
     files: Mapping[str, FileRecord] = field(default_factory=dict)
     input_hash: str = ""
+    hash_lines: tuple[bytes, ...] = field(default=(), repr=False, compare=False)
+    """What :attr:`input_hash` covers, one line per file in ``files`` order (kept so the next
+    load re-encodes only the files that changed)."""
+    duplicates: int = field(default=0, repr=False, compare=False)
+    """Service files ignored because an earlier file defines the same service."""
 
     def services_sorted(self) -> list[Service]:
         return [self.services[k] for k in sorted(self.services)]
@@ -339,25 +344,44 @@ def load_state(
     prev_files = previous.files if previous is not None and previous.root == root else {}
     files: dict[str, FileRecord] = {}
 
+    # in sorted order of the relative paths ("actual/" < "desired/" < "nodes/" < "unit.yaml";
+    # each directory's files sorted), so ``files`` is sorted as it is built
+    for dir_kind, recursive in (("actual", False), ("desired", True), ("nodes", False)):
+        for found in iter_files(root / dir_kind, ".yaml", recursive=recursive):
+            rel = f"{dir_kind}/{found.rel}"
+            files[rel] = _load_one(root, rel, dir_kind, found.key, prev_files.get(rel), opts)
     unit_path = root / "unit.yaml"
     if unit_path.exists() or unit_path.is_symlink():
         ukey = _regular_key(unit_path)
         files["unit.yaml"] = _load_one(
             root, "unit.yaml", "unit", ukey, prev_files.get("unit.yaml"), opts
         )
-    for dir_kind, recursive in (("desired", True), ("nodes", False), ("actual", False)):
-        for found in iter_files(root / dir_kind, ".yaml", recursive=recursive):
-            rel = f"{dir_kind}/{found.rel}"
-            files[rel] = _load_one(root, rel, dir_kind, found.key, prev_files.get(rel), opts)
+    same = previous is not None and previous.root == root and previous.files.keys() == files.keys()
+    patched = _patched(previous, files) if same and previous is not None else None
+    if patched is not None:
+        diagnostics = [d for rec in files.values() if rec.diagnostics for d in rec.diagnostics]
+        return patched, diagnostics
+    return _assembled(root, files)
 
+
+def _hash_line(rel: str, rec: FileRecord) -> bytes:
+    # contents only (SPEC §10): never a path or a stat key, which differ between copies and
+    # over time for the same bytes
+    return f"{rel}\0{rec.sha256}\0{rec.deps_sha256}\0".encode()
+
+
+def _assembled(root: Path, files: dict[str, FileRecord]) -> tuple[StateView, list[Diagnostic]]:
+    """The view of ``files`` (sorted by path), built from nothing, and every file's
+    diagnostics in path order; a service defined twice is taken from the first file and the
+    second is reported."""
     diagnostics: list[Diagnostic] = []
+    duplicates = 0
     unit: UnitConfig | None = None
     services: dict[tuple[str, str], Service] = {}
     service_file: dict[tuple[str, str], str] = {}
     nodes: dict[str, Node] = {}
     actual: dict[str, ActualState] = {}
-    for rel in sorted(files):
-        rec = files[rel]
+    for rel, rec in files.items():
         diagnostics.extend(rec.diagnostics)
         obj = rec.good
         if isinstance(obj, UnitConfig):
@@ -373,6 +397,7 @@ def load_state(
                         f"{root / service_file[obj.key]}; this file is ignored",
                     )
                 )
+                duplicates += 1
                 continue
             services[obj.key] = obj
             service_file[obj.key] = rel
@@ -380,13 +405,58 @@ def load_state(
             nodes[obj.id] = obj
         elif isinstance(obj, ActualState):
             actual[obj.nodeId] = obj
-    digest = hashlib.sha256()
-    for rel in sorted(files):
-        # contents only (SPEC §10): never a path or a stat key, which differ between copies
-        # and over time for the same bytes
-        digest.update(f"{rel}\0{files[rel].sha256}\0{files[rel].deps_sha256}\0".encode())
-    view = StateView(root, unit, services, nodes, actual, files, digest.hexdigest())
+    lines = tuple(_hash_line(rel, rec) for rel, rec in files.items())
+    digest = hashlib.sha256(b"".join(lines)).hexdigest()
+    view = StateView(root, unit, services, nodes, actual, files, digest, lines, duplicates)
     return view, diagnostics
+
+
+def _patched(previous: StateView, files: dict[str, FileRecord]) -> StateView | None:
+    """The view of ``files`` made from ``previous`` (same root, same paths) by replacing the
+    objects of the files whose record changed, when each changed file defined the same object
+    (same kind and key) before and after; else None (build it from nothing). The result equals
+    :func:`_assembled`'s, dictionary order included: every key keeps its place."""
+    old_files = previous.files
+    changed = [
+        (n, rel, rec) for n, (rel, rec) in enumerate(files.items()) if rec is not old_files[rel]
+    ]
+    if not changed:
+        return replace(previous, files=files)
+    lines = list(previous.hash_lines)
+    if len(lines) != len(files) or previous.duplicates:
+        return None  # a service defined twice: the full assembly reports it
+    unit = previous.unit
+    services: dict[tuple[str, str], Service] = {}
+    nodes: dict[str, Node] = {}
+    actual: dict[str, ActualState] = {}
+    for n, rel, rec in changed:
+        old, new = old_files[rel].good, rec.good
+        lines[n] = _hash_line(rel, rec)
+        if new is old:
+            continue
+        if isinstance(new, Service) and isinstance(old, Service) and new.key == old.key:
+            services[new.key] = new
+        elif isinstance(new, Node) and isinstance(old, Node) and new.id == old.id:
+            nodes[new.id] = new
+        elif isinstance(new, ActualState) and isinstance(old, ActualState):
+            if new.nodeId != old.nodeId:
+                return None
+            actual[new.nodeId] = new
+        elif isinstance(new, UnitConfig) and isinstance(old, UnitConfig):
+            unit = new
+        else:
+            return None
+    digest = hashlib.sha256(b"".join(lines)).hexdigest()
+    return StateView(
+        previous.root,
+        unit,
+        {**previous.services, **services} if services else previous.services,
+        {**previous.nodes, **nodes} if nodes else previous.nodes,
+        {**previous.actual, **actual} if actual else previous.actual,
+        files,
+        digest,
+        tuple(lines),
+    )
 
 
 def mass_deletion_guard(view: StateView, *, allow_empty: bool) -> Diagnostic | None:

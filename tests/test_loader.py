@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reconciler.loader import load_state, mass_deletion_guard
 from reconciler.models import Service
@@ -236,3 +238,83 @@ instances:
         view, _ = load_state(tmp_path)
         assert isinstance(view.services[("a", "default")], Service)
         assert mass_deletion_guard(view, allow_empty=False) is None
+
+
+ACTUAL = """apiVersion: reconciler/v1
+kind: ActualState
+nodeId: {id}
+revision: {rev}
+"""
+
+UNIT = """apiVersion: reconciler/v1
+kind: UnitConfig
+placement: {mode}
+"""
+
+_EDITS = st.lists(
+    st.tuples(
+        st.sampled_from(["service", "duplicate", "node", "actual", "unit", "broken", "delete"]),
+        st.integers(0, 3),
+        st.integers(0, 2),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+class TestPatchedView:
+    """A load with the previous view patches that view's dictionaries for the files that
+    changed; the result must be what assembling every file from nothing gives (same objects,
+    same dictionary order, same input hash, same diagnostics in the same order)."""
+
+    @given(edits=_EDITS)
+    @settings(max_examples=60, deadline=None)
+    def test_patched_view_equals_the_assembled_one(self, edits: list[tuple[str, int, int]]) -> None:
+        import tempfile
+
+        import reconciler.loader as loader
+
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            for i in range(3):
+                write(root, f"desired/s{i}.yaml", SERVICE.format(id=f"s{i}", version="1.0.0"))
+                write(root, f"nodes/n{i}.yaml", NODE.format(id=f"n{i}"))
+                write(root, f"actual/n{i}.yaml", ACTUAL.format(id=f"n{i}", rev=0))
+            view, _ = load_state(root)
+            for what, i, v in edits:
+                if what == "service":
+                    p = write(
+                        root, f"desired/s{i}.yaml", SERVICE.format(id=f"s{i}", version=f"1.{v}.0")
+                    )
+                elif what == "duplicate":  # a second file defining s{v}
+                    p = write(
+                        root, f"desired/z{i}.yaml", SERVICE.format(id=f"s{v}", version="9.0.0")
+                    )
+                elif what == "node":
+                    p = write(
+                        root,
+                        f"nodes/n{i}.yaml",
+                        NODE.format(id=f"n{i}").replace("1000", f"{1000 + v}"),
+                    )
+                elif what == "actual":
+                    p = write(root, f"actual/n{i}.yaml", ACTUAL.format(id=f"n{i}", rev=v))
+                elif what == "unit":
+                    p = write(root, "unit.yaml", UNIT.format(mode=["stable", "fresh", "stable"][v]))
+                elif what == "broken":
+                    p = write(root, f"desired/s{i}.yaml", "kind: [oops\n")
+                else:
+                    p = root / f"desired/s{i}.yaml"
+                    p.unlink(missing_ok=True)
+                if p.exists():
+                    bump_mtime(p)
+                view, diags = load_state(root, view)
+                whole, whole_diags = loader._assembled(root, dict(view.files))
+                assert view.unit is whole.unit
+                for name in ("services", "nodes", "actual"):
+                    got, want = getattr(view, name), getattr(whole, name)
+                    assert list(got) == list(want)  # order included
+                    assert all(got[k] is want[k] for k in want)
+                assert view.input_hash == whole.input_hash
+                assert view.hash_lines == whole.hash_lines
+                assert view.duplicates == whole.duplicates
+                assert diags == whole_diags
