@@ -110,9 +110,11 @@ class ReconcileOptions:
     max_passes: int = 5
     verify: bool = True
     """Check that every output whose content did not change is still what this process wrote
-    (an lstat per file). With a ``cache``, ``False`` trusts the cache for those: ``watch``
-    verifies on its first run and on each periodic resync, and trusts in between (a file
-    edited behind the controller's back in out/ is repaired by the next resync)."""
+    (an lstat per file), and remove the temp files a killed writer left in out/ and
+    checkpoint/ (a listing of out/nodes). With a ``cache``, ``False`` trusts the cache for
+    those: ``watch`` verifies on its first run and on each periodic resync, and trusts in
+    between (a file edited behind the controller's back in out/ is repaired, and a killed
+    writer's temp file removed, by the next resync)."""
     recheck: bool = True
     """After writing, stat the inputs again and run once more if one changed during the run (a
     path-activated oneshot would otherwise wait for the next trigger). ``watch`` turns it off:
@@ -391,8 +393,13 @@ def reconcile(
     if not state_dir.exists():
         state_dir.mkdir(mode=0o700, parents=True)
     with StateLock(state_dir, opts.lock_timeout), collector_paused():
-        for directory in (state_dir / "checkpoint", state_dir / "out", state_dir / "out" / "nodes"):
-            remove_stale_temp_files(directory)
+        if opts.verify or opts.cache is None:  # a watcher's event runs: see ``verify``
+            for directory in (
+                state_dir / "checkpoint",
+                state_dir / "out",
+                state_dir / "out" / "nodes",
+            ):
+                remove_stale_temp_files(directory)
         written: list[str] = []
         cp_written = False
         problems: list[str] = []

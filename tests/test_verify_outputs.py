@@ -42,6 +42,27 @@ def test_trusted_between_resyncs_repaired_on_a_verifying_run(demo_copy: Path) ->
     assert config.read_bytes() == good_config
 
 
+def test_a_killed_writers_temp_files_are_removed_by_a_verifying_run(demo_copy: Path) -> None:
+    opts = ReconcileOptions(cache=ReconcileCache())
+    report = reconcile(demo_copy, opts)
+    temps = [
+        demo_copy / "out" / "nodes" / ".edge-1.json.tmp-99999",
+        demo_copy / "out" / ".plan.json.tmp-99999",
+        demo_copy / "checkpoint" / ".allocations.json.tmp-99999",
+    ]
+    for t in temps:
+        t.write_text("torn")
+    trusting = dataclasses.replace(opts, verify=False)
+    report = reconcile(demo_copy, trusting, report.computed.view)
+    assert all(t.exists() for t in temps)  # an event run does not list out/nodes
+    reconcile(demo_copy, opts, report.computed.view)
+    assert not any(t.exists() for t in temps)
+    # a oneshot (no cache) always removes them
+    temps[0].write_text("torn")
+    reconcile(demo_copy, ReconcileOptions(verify=False))
+    assert not temps[0].exists()
+
+
 def test_watch_verifies_on_start_and_resync_and_trusts_on_events(
     demo_copy: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
