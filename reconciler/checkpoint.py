@@ -731,6 +731,44 @@ def load_checkpoint(
     return LoadReport(Checkpoint(lineage, 0, rebuilt), origin, tuple(problems))
 
 
+def _keep_as_previous(current: Path, previous: Path, raw: bytes, hook: WriteHook | None) -> None:
+    """Make the current file (holding ``raw``, read under the lock) the previous generation:
+    a hard link to its inode renamed over ``previous`` and the directory synced, so the 5.5 MB
+    of a 20,000-instance checkpoint are not written and synced a second time. The current file
+    is then replaced by a rename, which leaves this inode to ``previous``. A crash leaves
+    ``previous`` old or new (a stray temp link is removed with the other temp files); where the
+    filesystem has no hard links the bytes are copied as before."""
+    step = hook or (lambda _name: None)
+    tmp = previous.parent / f".{previous.name}.tmp-{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    with contextlib.suppress(OSError):
+        a, b = os.stat(current, follow_symlinks=False), os.stat(previous, follow_symlinks=False)
+        if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
+            # already linked (a save that stopped after this step): rename() between two
+            # links of one file does nothing and would leave the temp link behind
+            return
+    step("link")
+    try:
+        os.link(current, tmp, follow_symlinks=False)
+    except OSError:
+        atomic_write(previous, raw, hook=hook)
+        return
+    try:
+        step("rename")
+        os.replace(tmp, previous)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    step("fsync-dir")
+    fd = os.open(previous.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def save_checkpoint(
     directory: Path,
     cp: Checkpoint,
@@ -748,7 +786,7 @@ def save_checkpoint(
     if raw:
         with contextlib.suppress(CheckpointError):  # never keep a bad file as the previous one
             _decode(raw, cp.lineage, cache)
-            atomic_write(directory / PREVIOUS, raw, hook=hook)
+            _keep_as_previous(current, directory / PREVIOUS, raw, hook)
     encoded = encode_checkpoint(cp, cache.memo if cache is not None else None)
     atomic_write(current, encoded, hook=hook)
     if cache is not None:

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -365,6 +366,7 @@ class Boom(Exception):
 
 
 STEPS = ["open", "write", "fsync", "rename", "fsync-dir"]
+LINK_STEPS = ["link", "rename", "fsync-dir"]
 
 
 class TestCrashPoints:
@@ -375,11 +377,12 @@ class TestCrashPoints:
         save_checkpoint(cpdir, old)
         return cpdir, old, new
 
-    # Saving over an existing generation is two atomic writes, each reported to the hook as
-    # open, write, fsync, rename, fsync-dir just before the step: calls 1-5 keep the current
-    # file as allocations.prev.json, calls 6-10 replace allocations.json. The new checkpoint is
-    # in place once the rename of call 9 happened, so from call 10 on.
-    @pytest.mark.parametrize("crash_at", range(1, 12))
+    # Saving over an existing generation keeps the current file as allocations.prev.json by a
+    # hard link renamed into place (calls 1-3: link, rename, fsync-dir), then replaces
+    # allocations.json by an atomic write (calls 4-8: open, write, fsync, rename, fsync-dir),
+    # each reported to the hook just before the step. The new checkpoint is in place once the
+    # rename of call 7 happened, so from call 8 on.
+    @pytest.mark.parametrize("crash_at", range(1, 10))
     def test_interrupted_write_leaves_exactly_old_or_new(
         self, tmp_path: Path, crash_at: int
     ) -> None:
@@ -392,15 +395,15 @@ class TestCrashPoints:
             if len(seen) == crash_at:
                 raise Boom(name)
 
-        if crash_at <= 10:
+        if crash_at <= 8:
             with pytest.raises(Boom):
                 save_checkpoint(cpdir, new, hook=hook)
         else:
             save_checkpoint(cpdir, new, hook=hook)
-        assert seen == (STEPS * 2)[: min(crash_at, 10)]
-        expected = new if crash_at >= 10 else old
+        assert seen == (LINK_STEPS + STEPS)[: min(crash_at, 8)]
+        expected = new if crash_at >= 8 else old
         assert (cpdir / CURRENT).read_bytes() == encode_checkpoint(expected)
-        if crash_at < 10:
+        if crash_at < 8:
             assert (cpdir / CURRENT).read_bytes() == old_bytes
         report = load_checkpoint(cpdir, {}, quarantine=False)
         assert report.source == "current" and not report.problems
@@ -409,8 +412,31 @@ class TestCrashPoints:
         if (cpdir / PREVIOUS).exists():  # kept before the current one is replaced
             assert (cpdir / PREVIOUS).read_bytes() == old_bytes
 
-    # os.fsync calls of that save: 1 prev file, 2 its directory, 3 current file, 4 its directory
-    @pytest.mark.parametrize("failing", [1, 2, 3, 4])
+    def test_previous_generation_is_the_old_file_itself_or_a_copy_without_hard_links(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        cpdir, _old, new = self._setup(tmp_path)
+        old_stat = (cpdir / CURRENT).stat()
+        old_bytes = (cpdir / CURRENT).read_bytes()
+        save_checkpoint(cpdir, new)
+        assert (cpdir / PREVIOUS).read_bytes() == old_bytes
+        assert (cpdir / PREVIOUS).stat().st_ino == old_stat.st_ino  # linked, not rewritten
+        assert (cpdir / CURRENT).stat().st_ino != old_stat.st_ino
+
+        def no_links(*_args: object, **_kwargs: object) -> None:
+            raise OSError(1, "Operation not permitted")
+
+        monkeypatch.setattr(os, "link", no_links)
+        newer = replace(new, generation=3)
+        current_bytes = (cpdir / CURRENT).read_bytes()
+        save_checkpoint(cpdir, newer)
+        assert (cpdir / PREVIOUS).read_bytes() == current_bytes
+        assert load_checkpoint(cpdir, {}, quarantine=False).checkpoint == newer
+        assert not [p for p in cpdir.iterdir() if p.name.startswith(".")]
+
+    # os.fsync calls of that save: 1 the directory after the prev link, 2 the current file,
+    # 3 its directory
+    @pytest.mark.parametrize("failing", [1, 2, 3])
     def test_a_failing_fsync_ends_the_write_old_file_until_the_rename(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: int
     ) -> None:
@@ -430,7 +456,7 @@ class TestCrashPoints:
             save_checkpoint(cpdir, new)
         monkeypatch.undo()
         assert calls == failing  # never retried: the first failure ends the write
-        expected = new if failing == 4 else old
+        expected = new if failing == 3 else old
         assert load_checkpoint(cpdir, {}, quarantine=False).checkpoint == expected
         assert decode_checkpoint((cpdir / CURRENT).read_bytes(), "L") == expected
         assert not [p for p in cpdir.iterdir() if p.name.startswith(".")]
@@ -509,9 +535,10 @@ class TestCrashPointsOfAWholeReconcile:
 
     def test_the_hook_sees_every_write_step(self, scenario: tuple[Path, Path, int]) -> None:
         _, _, n = scenario
-        # last-good inputs, allocations.prev.json, allocations.json, out/'s node patches with
-        # the plan, then status.json: one batch or one atomic write each, five steps apiece
-        assert n == 25
+        # last-good inputs, allocations.json, out/'s node patches with the plan, then
+        # status.json: one batch or one atomic write each, five steps apiece; and
+        # allocations.prev.json: a hard link renamed into place, three steps
+        assert n == 23
 
     def test_hook_interrupts_each_step(
         self, scenario: tuple[Path, Path, int], tmp_path: Path
