@@ -25,8 +25,9 @@ import os
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from operator import is_
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from .fsio import FileReadError, WriteHook, atomic_write, read_bytes_at
 from .models import ActualState
@@ -41,6 +42,7 @@ __all__ = [
     "CheckpointCache",
     "CheckpointError",
     "CheckpointMemo",
+    "IdsMemo",
     "LoadReport",
     "as_decoded",
     "assign_ids",
@@ -534,8 +536,23 @@ def _smallest_free(used: set[int], space: range) -> int | None:
     return None
 
 
+class IdsMemo:
+    """What :func:`assign_ids` made last call, per node: the node's placements (by identity)
+    and the allocation it gave each. A node whose placements are the very same objects, in the
+    same order, whose old allocations are the ones given last call, with the same gids, gets
+    the same allocations: its uids depend on nothing else (they are unique per node). A
+    long-running caller (``watch``) keeps one across runs; it belongs to one caller."""
+
+    def __init__(self) -> None:
+        self._gids: dict[str, int] | None = None
+        self._nodes: dict[str, tuple[list[Placement], list[Allocation]]] = {}
+
+
 def assign_ids(
-    result: BalanceResult, old: Mapping[str, Allocation], old_gids: Mapping[str, int]
+    result: BalanceResult,
+    old: Mapping[str, Allocation],
+    old_gids: Mapping[str, int],
+    memo: IdsMemo | None = None,
 ) -> tuple[dict[str, Allocation], dict[str, int], list[str]]:
     """Uids and gids for every placement (SPEC §9), deterministically.
 
@@ -543,11 +560,13 @@ def assign_ids(
     and is kept across versions; it is unique among the instances *of a node* (SPEC §9 asks for
     5000-9999 per identity, which cannot be unit-wide at 20,000 instances): an instance keeps
     its uid while no other instance on its node holds it, else it takes the smallest free one.
-    Returns the allocations, the gids, and errors for instances that found no free id.
+    Returns the allocations (in placement order), the gids, and errors for instances that found
+    no free id (gids first, then uids in placement order). ``memo``: see :class:`IdsMemo`.
     """
     errors: list[str] = []
     gids: dict[str, int] = {}
-    items = sorted({p.item_id for p in result.placements})
+    placements = result.placements
+    items = sorted({p.item_id for p in placements})
     for item in items:
         if item in old_gids and old_gids[item] in GID_RANGE:
             gids[item] = old_gids[item]
@@ -560,53 +579,95 @@ def assign_ids(
                 continue
             gids[item] = gid
             used_gids.add(gid)
-    used_uids: dict[str, set[int]] = {}
-    uid_of: dict[str, int] = {}
-    placements = result.placements
-    olds = [old.get(p.instance_id) for p in placements]
-    for p, prev in zip(placements, olds, strict=True):  # keep previous uids first, in order
-        taken = used_uids.get(p.node_id)
-        if taken is None:
-            taken = used_uids[p.node_id] = set()
-        if prev is not None:
-            uid = prev.uid
-            if uid in UID_RANGE and uid not in taken:
-                uid_of[p.instance_id] = uid
-                taken.add(uid)
+    by_node: dict[str, list[Placement]] = {}
+    on_node = by_node.get
+    for p in placements:
+        ps = on_node(p.node_id)
+        if ps is None:
+            by_node[p.node_id] = [p]
+        else:
+            ps.append(p)
+    last = memo._nodes if memo is not None and memo._gids == gids else {}
+    nodes_now: dict[str, tuple[list[Placement], list[Allocation]]] = {}
+    given: dict[str, Allocation | str | None] = {}
+    for node_id, ps in by_node.items():
+        was = last.get(node_id)
+        if (
+            was is not None
+            and len(was[0]) == len(ps)
+            and all(map(is_, was[0], ps))
+            and all(map(is_, map(old.get, [p.instance_id for p in ps]), was[1]))
+        ):
+            nodes_now[node_id] = was
+            given.update(zip([p.instance_id for p in ps], was[1], strict=True))
+            continue
+        made = _node_ids(ps, old, gids)
+        if all(type(a) is Allocation for a in made):
+            nodes_now[node_id] = (ps, cast(list[Allocation], made))
+        given.update(zip([p.instance_id for p in ps], made, strict=True))
+    if memo is not None:
+        memo._gids, memo._nodes = gids, nodes_now
     allocations: dict[str, Allocation] = {}
-    for p, prev in zip(placements, olds, strict=True):
-        kept = uid_of.get(p.instance_id)
+    for p in placements:
+        got = given[p.instance_id]
+        if type(got) is Allocation:
+            allocations[p.instance_id] = got
+        elif isinstance(got, str):
+            errors.append(got)
+    return allocations, gids, errors
+
+
+def _node_ids(
+    ps: list[Placement], old: Mapping[str, Allocation], gids: Mapping[str, int]
+) -> list[Allocation | str | None]:
+    """Per placement of one node (in placement order): its allocation, the error when no uid
+    is free, or None when its item has no gid. Kept uids first, in order, then the smallest
+    free uid for each of the others."""
+    olds = [old.get(p.instance_id) for p in ps]
+    taken: set[int] = set()
+    kept_uid: list[int | None] = []
+    for prev in olds:
+        uid = prev.uid if prev is not None else None
+        if uid is not None and uid in UID_RANGE and uid not in taken:
+            taken.add(uid)
+            kept_uid.append(uid)
+        else:
+            kept_uid.append(None)
+    out: list[Allocation | str | None] = []
+    for p, prev, kept in zip(ps, olds, kept_uid, strict=True):
         if kept is None:
-            taken = used_uids[p.node_id]
             kept = _smallest_free(taken, UID_RANGE)
             if kept is None:
-                errors.append(f"{p.label}: no free uid on node {p.node_id}")
+                out.append(f"{p.label}: no free uid on node {p.node_id}")
                 continue
             taken.add(kept)
         uid = kept
         gid = gids.get(p.item_id)
         if gid is None:
+            out.append(None)
             continue
         r = p.requested
         reserved = (r.cpu, r.ram, r.storage, r.state)
         if prev is not None and _unchanged(prev, p, reserved, uid, gid):
-            allocations[p.instance_id] = prev  # the same object: later caches hit by identity
+            out.append(prev)  # the same object: later caches hit by identity
             continue
-        allocations[p.instance_id] = Allocation(
-            p.item_id,
-            p.subject_id,
-            p.index,
-            p.version,
-            p.node_id,
-            p.runtime_id,
-            reserved,
-            p.resources,
-            p.devices,
-            uid,
-            gid,
-            p.cause,
+        out.append(
+            Allocation(
+                p.item_id,
+                p.subject_id,
+                p.index,
+                p.version,
+                p.node_id,
+                p.runtime_id,
+                reserved,
+                p.resources,
+                p.devices,
+                uid,
+                gid,
+                p.cause,
+            )
         )
-    return allocations, gids, errors
+    return out
 
 
 def _unchanged(

@@ -24,6 +24,7 @@ from .balancer import BalanceMemo, balance
 from .checkpoint import (
     Checkpoint,
     CheckpointCache,
+    IdsMemo,
     LoadReport,
     assign_ids,
     load_checkpoint,
@@ -91,6 +92,8 @@ class ReconcileCache:
     checkpoint: CheckpointCache = field(default_factory=CheckpointCache)
     balance: BalanceMemo = field(default_factory=BalanceMemo)
     """The last balance: a run whose inputs differ only in some services re-places those."""
+    ids: IdsMemo = field(default_factory=IdsMemo)
+    """The last uids per node: a node whose placements did not change keeps its allocations."""
     plan: PlanMemo = field(default_factory=PlanMemo)
     """The last plan: nodes whose inputs are the same objects reuse their diff and patch."""
     status: NodeStatusCache = field(default_factory=NodeStatusCache)
@@ -207,7 +210,8 @@ def compute_once(
         overload,
         memo=opts.cache.balance if opts.cache is not None else None,
     )
-    allocations, gids, id_errors = assign_ids(result, cp.allocations, cp.gids)
+    ids = opts.cache.ids if opts.cache is not None else None
+    allocations, gids, id_errors = assign_ids(result, cp.allocations, cp.gids, ids)
     new_cp = Checkpoint(cp.lineage, cp.generation, allocations, gids, alerts.timelines)
     built: dict[str, BuiltConfig] | None = None
     if opts.configs is not None:

@@ -36,6 +36,7 @@ from reconciler.checkpoint import (
     Checkpoint,
     CheckpointCache,
     CheckpointMemo,
+    IdsMemo,
     as_decoded,
     assign_ids,
     canonical,
@@ -514,6 +515,59 @@ def test_assign_ids_keeps_the_old_objects_of_unchanged_placements() -> None:
     second, _, _ = assign_ids(BalanceResult((*ps[:7], moved, *ps[8:]), ()), first, gids)
     assert [iid for iid in second if second[iid] is not first[iid]] == ["i7"]
     assert second["i7"].node_id == "n9"
+
+
+@SETTINGS
+@given(data=st.data(), small_ranges=st.booleans())
+def test_assign_ids_with_a_memo_gives_what_it_gives_without(
+    data: st.DataObject, small_ranges: bool
+) -> None:
+    """Along a sequence of calls, each given the allocations the last one made (as a watcher
+    does), sometimes changed behind the memo's back: the memo's answer is the plain one, object
+    for object. With ``small_ranges`` (3 uids, 2 gids) nodes and items run out of ids."""
+    from unittest import mock
+
+    import reconciler.checkpoint as checkpoint
+
+    uids = range(5000, 5003) if small_ranges else UID_RANGE
+    gid_range = range(5000, 5002) if small_ranges else GID_RANGE
+    with (
+        mock.patch.object(checkpoint, "UID_RANGE", uids),
+        mock.patch.object(checkpoint, "GID_RANGE", gid_range),
+    ):
+        memo = IdsMemo()
+        ps = data.draw(placements(), label="placements")
+        old: dict[str, Allocation] = {}
+        gids: dict[str, int] = {}
+        for step in range(data.draw(st.integers(1, 6), label="steps")):
+            result = BalanceResult(tuple(ps), ())
+            got = assign_ids(result, old, gids, memo)
+            want = assign_ids(result, old, gids)
+            assert got[1:] == want[1:]
+            assert list(got[0]) == list(want[0]) and _shape(got[0]) == _shape(want[0])
+            assert all((got[0][i] is old.get(i)) == (want[0][i] is old.get(i)) for i in got[0])
+            old, gids = dict(got[0]), dict(got[1])
+            how = data.draw(st.integers(0, 6), label=f"change {step}")
+            if how == 1 and ps:  # a placement moves
+                k = data.draw(st.integers(0, len(ps) - 1))
+                ps[k] = replace(ps[k], node_id=data.draw(st.sampled_from(["n1", "n2", "n3"])))
+            elif how == 2 and ps:  # one leaves
+                del ps[data.draw(st.integers(0, len(ps) - 1))]
+            elif how == 3:  # new ones
+                ps += [
+                    replace(q, instance_id=f"{q.instance_id}x{step}")
+                    for q in data.draw(placements())
+                ]
+            elif how == 4 and old:  # an allocation changed behind the memo's back
+                iid = data.draw(st.sampled_from(sorted(old)))
+                old[iid] = replace(old[iid], uid=data.draw(st.sampled_from([5000, 5001, 5002])))
+            elif how == 5 and gids:  # a gid changed
+                item = data.draw(st.sampled_from(sorted(gids)))
+                others = [g for g in (5000, 5001, 5002, 4000) if g != gids[item]]
+                gids[item] = data.draw(st.sampled_from(others))
+            elif how == 6 and ps:  # the same placement, a new object
+                k = data.draw(st.integers(0, len(ps) - 1))
+                ps[k] = replace(ps[k])
 
 
 # ---------------------------------------------------------------- a file changed on disk
