@@ -84,7 +84,7 @@ def default_config_builder(
                 and old.node is node
                 and old.uid == alloc.uid
                 and old.gid == alloc.gid
-                and same_placement_inputs(old.placement, p)
+                and (old.placement is p or same_placement_inputs(old.placement, p))
             ):
                 jobs.append(old)
                 continue
