@@ -3,7 +3,11 @@
 Reads never follow symlinks (``O_NOFOLLOW`` relative to a directory descriptor) and refuse
 anything but regular files. Writes go through :func:`atomic_write`: a temp file in the same
 directory, write, fsync, rename over the target, fsync the directory; a failed fsync ends the run
-(it is never retried) and leaves the old file in place.
+(it is never retried) and leaves the old file in place. Many files at once go through
+:func:`write_groups` (or :func:`atomic_write_many`): the same steps for the whole batch, with
+one ``syncfs`` before the renames and one after instead of an fsync per file and per directory,
+and the fewest system calls per file (exclusive create, write, fstat, close; fchmod only when
+the umask took mode bits away).
 """
 
 from __future__ import annotations
@@ -14,11 +18,14 @@ import errno
 import os
 import stat
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, cast
 
 __all__ = [
+    "DirWrite",
     "FileReadError",
+    "FileStat",
     "StatKey",
     "WriteHook",
     "atomic_write",
@@ -29,6 +36,7 @@ __all__ = [
     "remove_stale_temp_files",
     "settled_key",
     "stat_key",
+    "write_groups",
     "write_if_changed",
 ]
 
@@ -95,7 +103,7 @@ def iter_files(root: Path, suffix: str, *, recursive: bool) -> Iterator[FoundFil
     yield from sorted(found, key=lambda f: f.rel)
 
 
-def read_bytes_at(path: Path, max_bytes: int) -> tuple[bytes, StatKey]:
+def read_bytes_at(path: Path | str, max_bytes: int) -> tuple[bytes, StatKey]:
     """Read a regular file without following a symlink at its last component.
 
     Returns at most ``max_bytes + 1`` bytes, so the caller can tell that the cap was exceeded
@@ -235,57 +243,146 @@ def _sync_filesystem_of(directory: Path) -> None:
         os.close(fd)
 
 
+class FileStat(NamedTuple):
+    """A file as ``lstat`` sees it once written: what a writer fingerprints it by."""
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+    mode: int  # st_mode, the file type bits included
+
+
+@dataclass(frozen=True, slots=True)
+class DirWrite:
+    """Files to replace in one directory, renamed in this order (put a file that names another
+    after it: a crash between the renames leaves the named one, never the one that names it)."""
+
+    directory: str  # an absolute path, or one relative to the working directory
+    files: Sequence[tuple[str, bytes, int]]  # (name, data, mode)
+    create: bool = False
+    """The directory does not exist yet: it is made (``mkdir``, mode 0755 less the umask) before
+    its files are written, and nothing in it is read or compared."""
+
+
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _write_temp(path: str, data: bytes, mode: int, fsync: bool) -> FileStat:
+    """Create ``path`` (it must be new: ``O_EXCL``, never through a symlink), write ``data``,
+    give it exactly ``mode``; its stat as it will read once renamed."""
+    try:
+        fd = os.open(path, _TEMP_FLAGS, mode)
+    except FileExistsError:
+        os.unlink(path)  # left by a killed writer that had this pid (writers hold the lock)
+        fd = os.open(path, _TEMP_FLAGS, mode)
+    try:
+        written = os.write(fd, data) if data else 0
+        if written < len(data):
+            view = memoryview(data)
+            while written < len(data):
+                written += os.write(fd, view[written:])
+        st = os.fstat(fd)
+        st_mode = st.st_mode
+        if stat.S_IMODE(st_mode) != mode:  # the umask (or a default ACL) took bits away
+            os.fchmod(fd, mode)
+            st_mode = stat.S_IFMT(st_mode) | mode
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    return FileStat(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st_mode)
+
+
+def write_groups(
+    groups: Sequence[DirWrite], *, hook: WriteHook | None = None, sync: bool = True
+) -> list[list[FileStat]]:
+    """Replace many files durably, each old or new after a crash, never torn (the batch form
+    of :func:`atomic_write`). Every temp file is made beside its target (``.<name>.tmp-<pid>``,
+    exclusive create, no symlink followed), the filesystems are flushed once (``syncfs``; one
+    ``fsync`` per file where there is no syncfs), every temp is renamed over its target, group
+    after group, each group's files in their order, and the filesystems are flushed once more
+    (that makes the renames, and the directories made, durable). A failure before the renames,
+    a failed sync included, leaves every target as it was and removes the temps; a failed sync
+    is never retried.
+
+    The hook sees ``open``, ``write``, ``fsync``, ``rename`` and ``fsync-dir``, each before it
+    happens (as with :func:`atomic_write`); ``sync=False`` skips the flushes (``fsync`` and
+    ``fsync-dir`` are still reported). Returns, per group, its files' stats as ``lstat`` reads
+    them once renamed."""
+    step = hook or (lambda _name: None)
+    pid = os.getpid()
+    per_file_fsync = sync and _SYNCFS is None
+    stats: list[list[FileStat]] = []
+    renamed = 0  # groups wholly renamed
+    try:
+        step("open")
+        for g in groups:
+            d = g.directory
+            if g.create:
+                os.mkdir(d, 0o755)
+            out: list[FileStat] = []
+            stats.append(out)  # before the first temp: a failure removes what exists
+            for name, data, mode in g.files:
+                out.append(_write_temp(f"{d}/.{name}.tmp-{pid}", data, mode, per_file_fsync))
+        step("write")
+        step("fsync")
+        if sync:
+            _flush(groups, stats)
+        step("rename")
+        for g in groups:
+            d = g.directory
+            for name, _data, _mode in g.files:
+                os.replace(f"{d}/.{name}.tmp-{pid}", f"{d}/{name}")
+            renamed += 1
+        step("fsync-dir")
+        if sync:
+            _flush(groups, stats, directories=True)
+    except BaseException:
+        # the temps of every group begun and not wholly renamed (a group's renames stop at the
+        # first failure: the temps after it are still there)
+        for g in groups[renamed : len(stats)]:
+            for name, _data, _mode in g.files:
+                with contextlib.suppress(OSError):
+                    os.unlink(f"{g.directory}/.{name}.tmp-{pid}")
+        raise
+    return stats
+
+
+def _flush(
+    groups: Sequence[DirWrite], stats: Sequence[Sequence[FileStat]], *, directories: bool = False
+) -> None:
+    """syncfs once per filesystem the files are on; without syncfs, the files were fsynced as
+    they were written and ``directories`` fsyncs each directory once (and the parent of each
+    directory made)."""
+    if _SYNCFS is None:
+        if directories:
+            made = {os.path.dirname(g.directory) for g in groups if g.create}
+            for directory in sorted({g.directory for g in groups} | made):
+                _fsync_dir(Path(directory))
+        return
+    one_per_device: dict[int, str] = {}
+    for g, files in zip(groups, stats, strict=True):
+        dev = files[0].dev if files else os.stat(g.directory).st_dev
+        if dev not in one_per_device:
+            one_per_device[dev] = g.directory
+    for directory in sorted(one_per_device.values()):
+        _sync_filesystem_of(Path(directory))
+
+
 def atomic_write_many(
     items: Sequence[tuple[Path, bytes, int]], *, hook: WriteHook | None = None
 ) -> None:
     """:func:`atomic_write` for many files with batched syncs: every temp file is written,
-    the filesystem is flushed once (syncfs), every temp is renamed over its target, and the
-    filesystem is flushed once more. A crash leaves each file old or new; a failed sync ends the
-    run before any rename (the old files stay)."""
+    the filesystem is flushed once (syncfs), every temp is renamed over its target, in the
+    order given, and the filesystem is flushed once more. A crash leaves each file old or new;
+    a failed sync ends the run before any rename (the old files stay). (See
+    :func:`write_groups`.)"""
     if not items:
         return
     if _SYNCFS is None:  # no syncfs: one fsync per file
         for path, data, mode in items:
             atomic_write(path, data, mode=mode, hook=hook)
         return
-    step = hook or (lambda _name: None)
-    temps: list[tuple[Path, Path]] = []
-    renamed = 0
-    pid = os.getpid()
-    try:
-        step("open")
-        for path, data, mode in items:
-            tmp = path.parent / f".{path.name}.tmp-{pid}"
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(tmp, flags, mode)
-            temps.append((tmp, path))
-            try:
-                os.fchmod(fd, mode)
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-            finally:
-                os.close(fd)
-        step("write")
-        roots = {temps[0][1].parent}
-        devices = {os.stat(temps[0][1].parent).st_dev}
-        for _, path in temps:
-            dev = os.stat(path.parent).st_dev
-            if dev not in devices:
-                devices.add(dev)
-                roots.add(path.parent)
-        step("fsync")
-        for root in sorted(roots):
-            _sync_filesystem_of(root)
-        step("rename")
-        for tmp, path in temps:
-            os.replace(tmp, path)
-            renamed += 1
-        step("fsync-dir")
-        for root in sorted(roots):
-            _sync_filesystem_of(root)
-    except BaseException:
-        for tmp, _ in temps[renamed:]:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        raise
+    groups = [DirWrite(str(path.parent), ((path.name, data, mode),)) for path, data, mode in items]
+    write_groups(groups, hook=hook)

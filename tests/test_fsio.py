@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,3 +91,157 @@ def test_reads_never_follow_symlinks(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "fifo")
     with pytest.raises(FileReadError, match="regular file"):
         read_bytes_at(tmp_path / "fifo", 100)
+
+
+# ------------------------------------------------------------------------------ write_groups
+
+
+def _groups(tmp_path: Path) -> tuple[list[fsio.DirWrite], dict[Path, bytes]]:
+    """Three directories: one made by the batch, one with old files, one with none yet; the
+    old content of every target (absent: not there)."""
+    existing = tmp_path / "old"
+    existing.mkdir()
+    (existing / "hosts").write_bytes(b"old hosts")
+    (existing / "config.json").write_bytes(b"old config")
+    (tmp_path / "empty").mkdir()
+    groups = [
+        fsio.DirWrite(
+            str(d),
+            [("hosts", b"new hosts " + d.name.encode(), 0o644), ("config.json", b"new cfg", 0o644)],
+            create,
+        )
+        for d, create in ((tmp_path / "made", True), (existing, False), (tmp_path / "empty", False))
+    ]
+    old = {
+        Path(g.directory) / name: (Path(g.directory) / name).read_bytes()
+        for g in groups
+        for name, _d, _m in g.files
+        if (Path(g.directory) / name).exists()
+    }
+    return groups, old
+
+
+def _check_groups(groups: list[fsio.DirWrite], old: dict[Path, bytes]) -> None:
+    for g in groups:
+        d = Path(g.directory)
+        state = {}
+        for name, data, _mode in g.files:
+            p = d / name
+            got = p.read_bytes() if p.exists() else None
+            assert got in (old.get(p), data), p
+            state[name] = got == data
+        # hosts is renamed before config.json: a new config never names an old hosts file
+        assert not state["config.json"] or state["hosts"], d
+        if d.is_dir():
+            assert not [p for p in d.iterdir() if ".tmp-" in p.name]
+
+
+@pytest.mark.parametrize("step", ["open", "write", "fsync", "rename", "fsync-dir"])
+def test_groups_interrupted_at_each_step_leave_old_or_new(tmp_path: Path, step: str) -> None:
+    groups, old = _groups(tmp_path)
+
+    def hook(name: str) -> None:
+        if name == step:
+            raise Boom(name)
+
+    with pytest.raises(Boom):
+        fsio.write_groups(groups, hook=hook)
+    _check_groups(groups, old)
+    news = [
+        (Path(g.directory) / n).exists() and (Path(g.directory) / n).read_bytes() == data
+        for g in groups
+        for n, data, _ in g.files
+    ]
+    assert all(news) if step == "fsync-dir" else not any(news)
+
+
+class _FailAt:
+    """The ``n``-th call of what it wraps fails."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.calls = n, 0
+
+    def wrap(self, real: Any) -> Any:
+        def call(*args: Any, **kw: Any) -> Any:
+            self.calls += 1
+            if self.calls == self.n:
+                raise OSError(28, "No space left on device")
+            return real(*args, **kw)
+
+        return call
+
+
+@pytest.mark.parametrize("fail", ["replace", "syncfs", "write"])
+def test_groups_failing_at_each_call_leave_old_or_new(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail: str
+) -> None:
+    k = 0
+    while True:
+        k += 1
+        base = tmp_path / f"k{k}"
+        base.mkdir()
+        groups, old = _groups(base)
+        failing = _FailAt(k)
+        target = {"replace": (os, "replace"), "write": (os, "write")}.get(
+            fail, (fsio, "_sync_filesystem_of")
+        )
+        monkeypatch.setattr(*target, failing.wrap(getattr(*target)))
+        try:
+            fsio.write_groups(groups)
+        except OSError:
+            pass
+        else:
+            break
+        finally:
+            monkeypatch.undo()
+        _check_groups(groups, old)
+    assert k > 2
+
+
+def test_group_stats_are_what_lstat_reads_after_the_rename(tmp_path: Path) -> None:
+    groups, _old = _groups(tmp_path)
+    old_umask = os.umask(0o077)  # the service's UMask: the modes are still exactly as asked
+    try:
+        stats = fsio.write_groups(groups)
+    finally:
+        os.umask(old_umask)
+    for g, got in zip(groups, stats, strict=True):
+        for (name, data, mode), s in zip(g.files, got, strict=True):
+            st = os.lstat(Path(g.directory) / name)
+            assert s == fsio.FileStat(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode)
+            assert stat.S_IMODE(st.st_mode) == mode and st.st_size == len(data)
+
+
+def test_groups_never_write_through_a_planted_temp_name(tmp_path: Path) -> None:
+    d = tmp_path / "d"
+    d.mkdir()
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"precious")
+    pid = os.getpid()
+    (d / f".config.json.tmp-{pid}").symlink_to(secret)  # or a killed writer's leftover
+    (d / f".hosts.tmp-{pid}").write_bytes(b"stale")
+    fsio.write_groups(
+        [fsio.DirWrite(str(d), [("hosts", b"h", 0o600), ("config.json", b"c", 0o600)])]
+    )
+    assert secret.read_bytes() == b"precious"
+    assert (d / "hosts").read_bytes() == b"h" and (d / "config.json").read_bytes() == b"c"
+    assert sorted(p.name for p in d.iterdir()) == ["config.json", "hosts"]
+
+
+def test_groups_without_syncfs_fsync_files_and_directories(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[int] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(fsio, "_SYNCFS", None)
+    monkeypatch.setattr(os, "fsync", fsync)
+    groups, _old = _groups(tmp_path)
+    fsio.write_groups(groups)
+    # six files, the three directories and the parent of the one made
+    assert len(synced) == 6 + 3 + 1
+    _check_groups(groups, {})
