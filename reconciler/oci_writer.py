@@ -6,6 +6,12 @@ differ; the directories of instances that are no longer built are removed. Insta
 validated before any path is formed, and no symlink is ever followed: ``out`` or
 ``out/instances`` being a symlink is an error, an instance entry that is not a real directory is
 replaced, and files are compared through ``O_NOFOLLOW`` and replaced by rename.
+
+All the files to write go out in one durable batch (:func:`reconciler.fsio.write_groups`); the
+directory of a new instance is made by that batch and its files are not compared with anything
+(a cold ``out/instances`` costs a listing, a ``mkdir`` and two new files per instance, not an
+lstat and a read per file), and what the manifest records of each file written comes from the
+writer's own ``fstat``, not another ``lstat``.
 """
 
 from __future__ import annotations
@@ -21,12 +27,14 @@ from pathlib import Path
 from typing import Any, cast
 
 from .fsio import (
+    DirWrite,
     FileReadError,
+    FileStat,
     StatKey,
-    atomic_write,
     atomic_write_many,
     read_bytes_at,
     stat_key,
+    write_groups,
 )
 from .jsonio import fragment, join_object, member, pretty_json
 from .oci import BuiltConfig, config_json, content_digest
@@ -81,22 +89,45 @@ def hosts_path(state_dir: Path, instance_id: str) -> Path:
     return instance_dir(state_dir, instance_id) / "hosts"
 
 
-def _ensure_dir(path: Path, *, replace: bool) -> None:
-    """Make ``path`` a real directory; an existing symlink or file is replaced or refused."""
+def _ensure_dir(path: Path) -> None:
+    """Make ``path`` a real directory; an existing symlink or file is refused."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         os.mkdir(path, _DIR_MODE)
         return
-    if stat.S_ISDIR(st.st_mode):
-        return
-    if not replace:
+    if not stat.S_ISDIR(st.st_mode):
         raise OutputPathError(f"{path} is not a directory (a symlink or a file); refusing")
-    os.unlink(path)  # a symlink or a file: removed, never followed
-    os.mkdir(path, _DIR_MODE)
 
 
-def _unchanged(path: Path, data: bytes) -> bool:
+def _list_dir(directory: str) -> dict[str, bool]:
+    """The names in ``directory``, each with whether it is a real directory."""
+    with os.scandir(directory) as it:
+        return {e.name: e.is_dir(follow_symlinks=False) for e in it}
+
+
+def _instance_dir_exists(directory: str, listing: Mapping[str, bool] | None) -> bool:
+    """Whether ``directory`` is a real directory (``listing``: its parent's, if taken);
+    anything else in its place (a symlink, a file) is removed, never followed. False: the batch
+    makes it."""
+    if listing is not None:
+        is_dir = listing.get(os.path.basename(directory))
+        if is_dir is None:
+            return False
+        if is_dir:
+            return True
+    else:
+        try:
+            st = os.lstat(directory)
+        except FileNotFoundError:
+            return False
+        if stat.S_ISDIR(st.st_mode):
+            return True
+    os.unlink(directory)
+    return False
+
+
+def _unchanged(path: str, data: bytes) -> bool:
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -142,6 +173,14 @@ def _fingerprints(directory: str) -> dict[str, list[int]] | None:
             return None
         out[name] = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode]
     return out
+
+
+def _from_stats(stats: list[FileStat]) -> dict[str, list[int]]:
+    """:func:`_fingerprints` of the two files, from their stats as the writer made them (an
+    inode keeps its number, size, mtime and mode through the rename)."""
+    return {
+        name: [s.ino, s.size, s.mtime_ns, s.mode] for name, s in zip(_FILES, stats, strict=True)
+    }
 
 
 _PACKED = struct.Struct("<QQqQQQqQ")  # _fingerprints, hosts then config.json, in 64 bytes
@@ -264,12 +303,13 @@ def write_instance_outputs(
     for iid in ids:
         if iid not in validated:
             validate_id(iid, "instance id")
-    _ensure_dir(out, replace=False)
-    _ensure_dir(root, replace=False)
+    _ensure_dir(out)
+    _ensure_dir(root)
 
     written: list[str] = []
     unchanged: list[str] = []
-    batch: list[tuple[Path, bytes, int]] = []
+    groups: list[DirWrite] = []  # the files to write, per instance directory
+    group_ids: list[str] = []  # the instance of each group
     # what was written before: the memo's entries (prev) if it describes the directory as it
     # is, else the manifest on disk
     prev = memo._take(root_str, _manifest_key(root)) if memo is not None else None
@@ -280,6 +320,9 @@ def write_instance_outputs(
     entries = cast(dict[str, _Written], dict.fromkeys(ids) if memo is not None else {})
     compared: list[str] = []  # instances whose files were compared (and written if different)
     kept = 0  # instances known unchanged without reading their files
+    # without a manifest every instance is compared: one listing of the directory, not an
+    # lstat per instance (None: look at each instance's directory)
+    listing = _list_dir(root_str) if prev is None and not manifest else None
     for iid in ids:
         config = built[iid]
         if prev is not None:
@@ -311,29 +354,40 @@ def write_instance_outputs(
                 continue
         # hosts first: a config never points at a hosts file that is not there yet
         files = (("hosts", config.hosts.encode()), ("config.json", config_json(config)))
-        directory = root / iid
+        directory = f"{root_str}/{iid}"
         compared.append(iid)
-        _ensure_dir(directory, replace=True)
+        if not _instance_dir_exists(directory, listing):
+            # a new directory (made by the batch): nothing in it to compare
+            groups.append(DirWrite(directory, [(n, d, CONFIG_MODE) for n, d in files], True))
+            group_ids.append(iid)
+            written += (f"instances/{iid}/hosts", f"instances/{iid}/config.json")
+            continue
+        changed_files: list[tuple[str, bytes, int]] = []
         for name, data in files:
             rel = f"instances/{iid}/{name}"
-            target = directory / name
+            target = f"{directory}/{name}"
             if _unchanged(target, data):
                 unchanged.append(rel)
                 continue
-            if target.is_dir() and not target.is_symlink():
+            if _is_real_dir(target):
                 shutil.rmtree(target)
-            if sync:
-                batch.append((target, data, CONFIG_MODE))
-            else:
-                atomic_write(target, data, mode=CONFIG_MODE, sync=False)
+            changed_files.append((name, data, CONFIG_MODE))
             written.append(rel)
-    # one batch: every temp written, one filesystem flush, every rename, one more flush; hosts
-    # files come before their configs in the batch, so a config never names a missing hosts file;
-    # the manifest comes last
-    atomic_write_many(batch)
+        if changed_files:
+            groups.append(DirWrite(directory, changed_files))
+            group_ids.append(iid)
+    # one batch: every temp written (the new directories made first), one filesystem flush,
+    # every rename, one more flush; an instance's hosts file is renamed before its config, so a
+    # config never names a missing hosts file; the manifest comes after
+    stats = write_groups(groups, sync=sync)
+    both: dict[str, list[FileStat]] = {}  # instances whose two files were both written
+    for iid, group, group_stats in zip(group_ids, groups, stats, strict=True):
+        if len(group.files) == len(_FILES):
+            both[iid] = group_stats
     changed = False  # whether the manifest's content changes (when prev is not None)
     for iid in compared:
-        fingerprints = _fingerprints(f"{root_str}/{iid}")
+        made = both.get(iid)
+        fingerprints = _fingerprints(f"{root_str}/{iid}") if made is None else _from_stats(made)
         fragment: bytes | None = None
         if prev is None:
             new_manifest[iid] = {"digest": content_digest(built[iid]), "files": fingerprints}
@@ -364,12 +418,11 @@ def write_instance_outputs(
         stale = sorted(prev.keys() - keep)  # the instances the memo knows are on disk
         stale = [name for name in stale if _is_real_dir(f"{root_str}/{name}")]
     else:
-        with os.scandir(root) as it:
-            stale = sorted(
-                e.name
-                for e in it
-                if e.name not in keep and _is_id(e.name) and e.is_dir(follow_symlinks=False)
-            )
+        if listing is None:  # (taken before the batch, which only made built instances)
+            listing = _list_dir(root_str)
+        stale = sorted(
+            name for name, is_dir in listing.items() if is_dir and name not in keep and _is_id(name)
+        )
     for name in stale:
         shutil.rmtree(root / name)
         removed.append(name)

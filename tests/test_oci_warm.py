@@ -526,17 +526,16 @@ def test_a_failed_call_leaves_the_memo_empty(
     write_instance_outputs(tmp_path, built, memo=memo)
     changed = dict(built)
     changed[ids[0]] = BuiltConfig.of({"ociVersion": "1.0.2", "hostname": "b"}, built[ids[0]].hosts)
-    real = reconciler.fsio.atomic_write_many
+    real = reconciler.fsio.write_groups
 
-    def fails_after_the_renames(items: Any, **kw: Any) -> None:
-        real(items, **kw)
-        if not any(p.name == oci_writer.MANIFEST for p, _, _ in items):
-            raise OSError("disk full")  # the instance files are in, the manifest is the old one
+    def fails_after_the_renames(groups: Any, **kw: Any) -> Any:
+        real(groups, **kw)
+        raise OSError("disk full")  # the instance files are in, the manifest is the old one
 
-    monkeypatch.setattr(oci_writer, "atomic_write_many", fails_after_the_renames)
+    monkeypatch.setattr(oci_writer, "write_groups", fails_after_the_renames)
     with pytest.raises(OSError, match="disk full"):
         write_instance_outputs(tmp_path, changed, memo=memo, verify=False)
-    monkeypatch.setattr(oci_writer, "atomic_write_many", real)
+    monkeypatch.setattr(oci_writer, "write_groups", real)
     assert len(memo) == 0
     # the memo's old entry (the first config, the very same object) must not be trusted
     report = write_instance_outputs(tmp_path, built, memo=memo, verify=False)
