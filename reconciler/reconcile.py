@@ -43,7 +43,7 @@ from .fsio import (
 )
 from .gcpause import collector_paused
 from .jsonio import pretty_json
-from .lastgood import LastGoodStore
+from .lastgood import LastGoodMemo, LastGoodStore
 from .loader import Diagnostic, LoadOptions, StateView, load_state, mass_deletion_guard
 from .lock import StateLock
 from .oci import BuildResult, BuiltConfig
@@ -92,6 +92,8 @@ class ReconcileCache:
     checkpoint: CheckpointCache = field(default_factory=CheckpointCache)
     balance: BalanceMemo = field(default_factory=BalanceMemo)
     """The last balance: a run whose inputs differ only in some services re-places those."""
+    last_good: LastGoodMemo = field(default_factory=LastGoodMemo)
+    """checkpoint/last-good as the last sync left it: unchanged inputs cost an identity check."""
     ids: IdsMemo = field(default_factory=IdsMemo)
     """The last uids per node: a node whose placements did not change keeps its allocations."""
     plan: PlanMemo = field(default_factory=PlanMemo)
@@ -419,7 +421,11 @@ def reconcile(
                 opts.on_stage("writing out/ and the checkpoint")
             # the last good inputs first: once a plan is out, an agent may act on it, and an
             # input broken after that must read as the version the plan came from (SPEC §5)
-            LastGoodStore(state_dir / "checkpoint" / LAST_GOOD).sync(c.view, opts.write_hook)
+            LastGoodStore(state_dir / "checkpoint" / LAST_GOOD).sync(
+                c.view,
+                opts.write_hook,
+                memo=opts.cache.last_good if opts.cache is not None else None,
+            )
             if c.checkpoint.generation != c.loaded.checkpoint.generation or (
                 c.loaded.source != "current"
             ):
