@@ -8,8 +8,10 @@ with :func:`parse_duration`).
 from __future__ import annotations
 
 import hashlib
+import importlib
 import re
 import uuid
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field, Strict, WithJsonSchema
@@ -30,6 +32,7 @@ __all__ = [
     "SemVer",
     "Str",
     "instance_id",
+    "instance_ids",
     "parse_bytes",
     "parse_duration",
     "validate_id",
@@ -152,17 +155,40 @@ AccessMode = Annotated[
 
 _OID = uuid.NAMESPACE_OID.bytes
 
+_sha1: Callable[[bytes], Any]
+try:  # CPython's own SHA-1, which hashlib falls back to without OpenSSL: for a name this short
+    # it hashes in 60% of the time OpenSSL's does (whose per-hash setup dominates)
+    _sha1 = importlib.import_module("_sha1").sha1
+except ImportError:  # a Python without it
+    _sha1 = hashlib.sha1
+
+# The hex digit that starts the fourth group of a uuid5: the digest's digit with its top two
+# bits set to the RFC 4122 variant (binary 10xx), i.e. 8, 9, a or b.
+_VARIANT_DIGIT = {d: "89ab"[int(d, 16) & 3] for d in "0123456789abcdef"}
+
 
 def instance_id(item_id: str, subject_id: str, index: int) -> str:
     """SPEC §4: uuid5 in the OID namespace of ``"<itemId>:<subjectId>:<index>"``.
 
     The same value as ``str(uuid.uuid5(uuid.NAMESPACE_OID, name))``, computed without building a
-    ``uuid.UUID`` (five times faster; tests compare the two).
+    ``uuid.UUID`` (tests compare the two); see :func:`instance_ids`.
     """
-    digest = bytearray(
-        hashlib.sha1(_OID + f"{item_id}:{subject_id}:{index}".encode()).digest()[:16]
-    )
-    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
-    digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
-    h = digest.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    return instance_ids(item_id, subject_id, index, index + 1)[0]
+
+
+def instance_ids(item_id: str, subject_id: str, start: int, stop: int) -> list[str]:
+    """:func:`instance_id` of every index in ``range(start, stop)``, in that order.
+
+    A uuid5 is the first 32 digits of the SHA-1 hex digest of its name, in groups of 8-4-4-4-12,
+    with the version (the 13th digit) set to 5 and the variant (the 17th digit's top two bits)
+    to binary 10: done here by string slicing and a table of 16 digits, the names sharing their
+    ``namespace + item:subject:`` prefix, encoded once: about 2 us a name, a sixth of
+    ``uuid.uuid5`` (a balance names every desired instance).
+    """
+    sha1, variant = _sha1, _VARIANT_DIGIT
+    prefix = _OID + f"{item_id}:{subject_id}:".encode()
+    return [
+        f"{h[:8]}-{h[8:12]}-5{h[13:16]}-{variant[h[16]]}{h[17:20]}-{h[20:32]}"
+        for index in range(start, stop)
+        for h in [sha1(prefix + b"%d" % index).hexdigest()]
+    ]

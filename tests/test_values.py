@@ -11,6 +11,7 @@ from reconciler.values import (
     ID_PATTERN,
     RESOURCE_NAME_PATTERN,
     instance_id,
+    instance_ids,
     parse_bytes,
     parse_duration,
     validate_id,
@@ -83,6 +84,20 @@ class TestIds:
         iid = instance_id(item, subject, index)
         assert re.fullmatch(r"[0-9a-f-]{36}", iid)
         assert iid != instance_id(item, subject, index + 1)
+
+    @given(st.text(max_size=70), st.text(max_size=70), st.integers(0, 10**6), st.integers(0, 12))
+    def test_instance_ids_are_the_uuid5_of_each_index(
+        self, item: str, subject: str, start: int, count: int
+    ) -> None:
+        # computed by string slicing on the SHA-1 digest, for any text (ids are validated
+        # elsewhere): the very text of uuid.uuid5, index by index
+        want = [
+            str(uuid.uuid5(uuid.NAMESPACE_OID, f"{item}:{subject}:{i}"))
+            for i in range(start, start + count)
+        ]
+        assert instance_ids(item, subject, start, start + count) == want
+        if count:
+            assert instance_id(item, subject, start) == want[0]
 
 
 class TestResourceNames:
