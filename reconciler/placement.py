@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from operator import itemgetter
+from typing import Any, Literal
 
 from .models import Service
-from .values import instance_id
+from .values import instance_ids
 
 __all__ = [
     "BalanceResult",
@@ -19,6 +20,10 @@ __all__ = [
     "PreviousAllocation",
     "Requested",
     "expand_instances",
+    "new_instance",
+    "new_placement",
+    "new_requested",
+    "service_order",
 ]
 
 Mode = Literal["fresh", "stable", "rebalance"]
@@ -57,14 +62,33 @@ class Instance:
         return (-self.service.priority, self.item_id, self.subject_id, self.index)
 
 
-def expand_instances(services: list[Service] | tuple[Service, ...]) -> list[Instance]:
-    """Every desired instance, in placement order (SPEC §7.1)."""
-    out = [
-        Instance(instance_id(s.id, s.subject, i), s.id, s.subject, i, s)
-        for s in services
-        for i in range(s.instances)
-    ]
-    out.sort(key=Instance.order_key)
+def service_order(service: Service) -> tuple[int, str, str]:
+    """SPEC §7.1 for services: priority descending, then itemId, subjectId ascending."""
+    return (-service.priority, service.id, service.subject)
+
+
+def expand_instances(services: Iterable[Service]) -> list[Instance]:
+    """Every desired instance, in placement order (SPEC §7.1).
+
+    The instances of one service share priority, itemId and subjectId and come by index, so
+    they are consecutive in that order: the services are sorted, not the instances, and each
+    one's ids are hashed in one batch. Only services with the same priority, itemId and
+    subjectId (which a unit does not have) would interleave; then the instances are sorted as
+    well (stably, as the services were: the order of one sort of every instance).
+    """
+    out: list[Instance] = []
+    last: tuple[int, str, str] | None = None
+    tied = False
+    for key, s in sorted([(service_order(s), s) for s in services], key=itemgetter(0)):
+        tied = tied or key == last
+        last = key
+        item, subject = s.id, s.subject
+        out += [
+            new_instance(iid, item, subject, i, s)
+            for i, iid in enumerate(instance_ids(item, subject, 0, s.instances))
+        ]
+    if tied:
+        out.sort(key=Instance.order_key)
     return out
 
 
@@ -146,3 +170,87 @@ class BalanceResult:
     def __post_init__(self) -> None:
         if not self.by_id and self.placements:
             object.__setattr__(self, "by_id", {p.instance_id: p for p in self.placements})
+
+
+# ----------------------------------------------------------------------------- fast constructors
+#
+# A balance builds an Instance and a Placement for each desired instance (20,000 in the
+# benchmark). A frozen dataclass's ``__init__`` must set each field through
+# ``object.__setattr__`` (its own ``__setattr__`` refuses), a call per field: 3.4 us for a
+# ``Placement(...)``. The constructors below build the same objects in a fifth of that time
+# (55 ms less per balance of 20,000): the object is made as an instance of a plain class
+# with the same slots in the same order (its *twin*), the fields are stored directly, and it is
+# then given its real class, which CPython allows between classes of one layout. The result
+# is exactly what the dataclass's constructor builds (equal, same hash, frozen from then on;
+# the tests compare field by field). Each takes every field, positionally.
+
+
+def _twin(cls: type[Any]) -> type[Any]:
+    """A plain class with the slots of the frozen slotted dataclass ``cls``, in field order."""
+    return type(f"_Unfrozen{cls.__name__}", (), {"__slots__": tuple(f.name for f in fields(cls))})
+
+
+_new = object.__new__
+_INSTANCE = _twin(Instance)
+_PLACEMENT = _twin(Placement)
+_REQUESTED = _twin(Requested)
+
+
+def new_instance(id: str, item_id: str, subject_id: str, index: int, service: Service) -> Instance:
+    """``Instance(id, item_id, subject_id, index, service)`` (see above)."""
+    obj: Any = _new(_INSTANCE)
+    obj.id = id
+    obj.item_id = item_id
+    obj.subject_id = subject_id
+    obj.index = index
+    obj.service = service
+    obj.__class__ = Instance
+    built: Instance = obj  # (no typing.cast: a call each time)
+    return built
+
+
+def new_placement(
+    instance_id: str,
+    item_id: str,
+    subject_id: str,
+    index: int,
+    version: str,
+    priority: int,
+    node_id: str,
+    runtime_id: str,
+    requested: Requested,
+    resources: tuple[str, ...],
+    devices: DeviceIds,
+    unhealthy_devices: tuple[str, ...],
+    cause: Cause | None,
+) -> Placement:
+    """``Placement(...)`` with every field given (see above)."""
+    obj: Any = _new(_PLACEMENT)
+    obj.instance_id = instance_id
+    obj.item_id = item_id
+    obj.subject_id = subject_id
+    obj.index = index
+    obj.version = version
+    obj.priority = priority
+    obj.node_id = node_id
+    obj.runtime_id = runtime_id
+    obj.requested = requested
+    obj.resources = resources
+    obj.devices = devices
+    obj.unhealthy_devices = unhealthy_devices
+    obj.cause = cause
+    obj.__class__ = Placement
+    built: Placement = obj  # (no typing.cast: a call each time)
+    return built
+
+
+def new_requested(cpu: int, ram: int, storage: int, state: int) -> Requested:
+    """``Requested(cpu, ram, storage, state)`` (see above)."""
+    obj: Any = _new(_REQUESTED)
+    obj.cpu = cpu
+    obj.ram = ram
+    obj.storage = storage
+    obj.state = state
+    obj.__class__ = Requested
+    built: Requested = obj  # (no typing.cast: a call each time)
+    return built
