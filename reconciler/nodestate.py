@@ -3,8 +3,10 @@ r"""Node states during a balance call (SPEC §6, §7.3) and the integer core of 
 A :class:`NodeSlot` is one node's working state: its CPU, RAM, partition and runtime pools are
 mutable integer :class:`Pool`\ s changed in place (no object per reservation); the filters,
 ``explain`` and status read them as immutable :class:`~reconciler.inventory.Inventory` values
-(SPEC §6.1). Named host resources and device pools are the sharing policies' immutable pool
-states (SPEC §6.2, §6.3), built on first use and allocated through the policies.
+(SPEC §6.1). Named host resources (SPEC §6.2, the shared-count policy: one slot per user)
+are integer pools too, read as the policy's pool states; device pools are the sharing
+policies' immutable pool states (SPEC §6.3), allocated through the policies. Both are built on
+first use, from empty states shared by the nodes of the call.
 
 :func:`claim` is the hot path of the balancer: the dynamic filters of SPEC §7.4 on integers and
 the reservation at once. :func:`take` reserves on a given runtime (or raises, changing nothing),
@@ -13,7 +15,7 @@ the reservation at once. :func:`take` reserves on a given runtime (or raises, ch
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -26,12 +28,14 @@ from .sharing.base import Item, PoolState
 __all__ = [
     "NO_KEEP",
     "Basics",
+    "NodeConfigs",
     "NodeSlot",
     "Pool",
     "RequestKey",
     "Reservation",
     "RuntimeSlot",
     "Settings",
+    "StateCache",
     "claim",
     "make_slot",
     "node_basics",
@@ -79,6 +83,34 @@ class Pool:
         return inv.consume(used) if used else inv
 
 
+class SharedPool(Pool):
+    """The slots of one named host resource (SPEC §6.2) during a balance call: the
+    shared-count policy's pool state, whose only changing part is its slots inventory (each
+    user takes one slot: ``allocate`` consumes 1, ``release`` gives 1 back, and ``filter``
+    asks ``can_provide(1)``), kept as an integer pool like CPU and RAM. A reservation changes
+    ``free`` instead of making two immutable objects (a state and its inventory) through the
+    policy; :attr:`state` is the policy's state with the slots taken, equal to the one its
+    ``allocate`` calls would have made (the tests compare)."""
+
+    __slots__ = ("empty",)
+
+    def __init__(self, empty: PoolState) -> None:
+        super().__init__(empty.resource, empty.slots.capacity)
+        self.empty = empty  # the policy's state with no slot taken (shared across nodes)
+
+    def copy(self) -> SharedPool:
+        new = SharedPool.__new__(SharedPool)
+        new.name, new.capacity, new.free = self.name, self.capacity, self.free
+        new.empty = self.empty
+        return new
+
+    @property
+    def state(self) -> PoolState:
+        used = self.capacity - self.free
+        empty = self.empty
+        return empty.evolve(empty.slots.consume(used)) if used else empty
+
+
 def _over(pool: Pool, amount: int) -> CapacityError:
     return CapacityError(
         f"{pool.name}: cannot consume {amount} (free {pool.free} of capacity {pool.capacity})",
@@ -90,7 +122,7 @@ class RuntimeSlot:
     """One runtime of a node: its instance slots (None: unlimited) and its own CPU and RAM
     pools (``allowedDMIPS``/``allowedRAM``; None: the node's pools)."""
 
-    __slots__ = ("cpu_pool", "ram_pool", "runtime", "slot_pool")
+    __slots__ = ("cpu_pool", "id", "ram_pool", "runtime", "slot_pool")
 
     def __init__(
         self,
@@ -100,6 +132,7 @@ class RuntimeSlot:
         ram_pool: Pool | None,
     ) -> None:
         self.runtime = runtime
+        self.id = runtime.id
         self.slot_pool = slot_pool
         self.cpu_pool = cpu_pool
         self.ram_pool = ram_pool
@@ -140,16 +173,26 @@ class Reservation:
     cause: Cause | None = None
 
 
+StateCache = dict[tuple[object, ...], PoolState]
+"""Empty pool states by what they are built from, shared by the nodes of one balance call:
+they are immutable, and the nodes of a unit mostly declare the same named resources and
+device pools, so each is built once rather than once per node."""
+
+
 class NodeSlot:
     """One node's working state during a balance call.
 
     Amounts are integer pools changed in place; ``cpu``, ``ram``, ``partition(kind)`` and each
-    runtime's ``slots``/``cpu``/``ram`` give them as immutable Inventories. Named resources and
-    device pools are the sharing policies' immutable pool states, built on first use.
+    runtime's ``slots``/``cpu``/``ram`` give them as immutable Inventories. Named resources
+    are integer pools too (:class:`SharedPool`), read as the shared-count policy's states
+    through ``resources``; device pools are the sharing policies' immutable pool states. Both
+    are built on first use.
     """
 
     __slots__ = (
+        "_empty",
         "_pools",
+        "_resource_pools",
         "_resources",
         "cpu_pool",
         "id",
@@ -180,6 +223,7 @@ class NodeSlot:
         partition_pools: dict[str, Pool],
         partition_of: dict[str, str],  # "storages"/"states" -> partition name
         overloaded: frozenset[str] = frozenset(),
+        empty_states: StateCache | None = None,  # shared with the call's other nodes
     ) -> None:
         self.node = node
         self.id = node.id
@@ -193,8 +237,10 @@ class NodeSlot:
         self.storage_pool = partition_pools[storages] if storages is not None else None
         self.state_pool = partition_pools[states] if states is not None else None
         self.shared_partition = storages == states
-        self._resources: dict[str, PoolState] | None = None
+        self._resource_pools: dict[str, SharedPool] | None = None
+        self._resources: dict[str, PoolState] | None = None  # their states, until one changes
         self._pools: dict[str, PoolState] | None = None
+        self._empty: StateCache = {} if empty_states is None else empty_states
         self.placed: dict[str, Reservation] = {}
         self.overloaded = overloaded
         self.request_key: RequestKey = (*ratios, bool(overloaded))
@@ -220,25 +266,70 @@ class NodeSlot:
         return self.partition_pools[key].inventory if key is not None else None
 
     @property
+    def resource_pools(self) -> dict[str, SharedPool]:
+        """Named host resources, by name, as integer pools (change them with
+        :meth:`take_slots` and :meth:`give_resources`)."""
+        if self._resource_pools is None:
+            empty = self._empty
+            pools = {}
+            for r in self.node.host_resources:
+                key = (_SHARED.name, r.name, r.sharedCount)
+                state = empty.get(key)
+                if state is None:
+                    state = empty[key] = _SHARED.new_state(r.name, (Item(r.name),), r.sharedCount)
+                pools[r.name] = SharedPool(state)
+            self._resource_pools = pools
+        return self._resource_pools
+
+    @property
     def resources(self) -> dict[str, PoolState]:
-        """Named host resources (the shared-count policy), by name."""
+        """Named host resources (the shared-count policy's states), by name."""
         if self._resources is None:
-            self._resources = {
-                r.name: _SHARED.new_state(r.name, (Item(r.name),), r.sharedCount)
-                for r in self.node.host_resources
-            }
+            self._resources = {name: p.state for name, p in self.resource_pools.items()}
         return self._resources
+
+    def free_slots(self, requests: Iterable[ShareRequest]) -> list[SharedPool] | None:
+        """The pools of the named resources asked, when each has a free slot (the shared-count
+        policy's ``filter``), else None (also for a resource the node lacks)."""
+        pools = self._resource_pools
+        if pools is None:
+            pools = self.resource_pools
+        held = []
+        for r in requests:
+            pool = pools.get(r.resource)
+            if pool is None or pool.free < 1:
+                return None
+            held.append(pool)
+        return held
+
+    def take_slots(self, pools: Iterable[SharedPool]) -> None:
+        """Take a slot of each of ``pools`` (:meth:`free_slots`' answer)."""
+        for pool in pools:
+            pool.free -= 1
+        self._resources = None
+
+    def give_resources(self, names: Iterable[str]) -> None:
+        """Give back a slot of each named resource (raises ReleaseError if none is taken)."""
+        pools = self.resource_pools
+        for name in names:
+            _give(pools[name], 1)
+        self._resources = None
 
     @property
     def pools(self) -> dict[str, PoolState]:
         """Device pools, by resource."""
         if self._pools is None:
-            self._pools = {
-                p.resource: REGISTRY[p.policy].new_state(
-                    p.resource, tuple(Item(d.id, d.healthy, d.memory) for d in p.devices)
-                )
-                for p in self.node.devicePools
-            }
+            empty = self._empty
+            pools = {}
+            for p in self.node.devicePools:
+                devices = tuple([(d.id, d.healthy, d.memory) for d in p.devices])
+                key = (p.policy, p.resource, devices)
+                state = empty.get(key)
+                if state is None:
+                    items = tuple([Item(*device) for device in devices])
+                    state = empty[key] = REGISTRY[p.policy].new_state(p.resource, items)
+                pools[p.resource] = state
+            self._pools = pools
         return self._pools
 
     def clone(self) -> NodeSlot:
@@ -253,8 +344,13 @@ class NodeSlot:
         new.storage_pool = copies[storages] if storages is not None else None
         new.state_pool = copies[states] if states is not None else None
         new.shared_partition = self.shared_partition
-        new._resources = dict(self._resources) if self._resources is not None else None
+        pools = self._resource_pools
+        new._resource_pools = (
+            {name: pool.copy() for name, pool in pools.items()} if pools is not None else None
+        )
+        new._resources = self._resources  # never changed in place: replaced on a change
         new._pools = dict(self._pools) if self._pools is not None else None
+        new._empty = self._empty
         new.placed = dict(self.placed)
         new.overloaded, new.request_key = self.overloaded, self.request_key
         new.order_base = self.order_base
@@ -287,6 +383,37 @@ def _settings(cfg: NodeConfig | None) -> Settings:
     return (cfg.priority, frozenset(cfg.labels), r, (r.cpu, r.ram, r.storage, r.state))
 
 
+class NodeConfigs:
+    """The unit.yaml entry of each node of one balance call (``UnitConfig.config_for``) and its
+    settings. An entry naming a node id serves that node only, so every other node's entry
+    depends on its type alone: it is looked up once per type, not once per node."""
+
+    __slots__ = ("_by_type", "_named", "_settings", "unit")
+
+    def __init__(self, unit: UnitConfig | None) -> None:
+        self.unit = unit
+        named = [e.nodeId for e in unit.nodes if e.nodeId is not None] if unit is not None else []
+        self._named = frozenset(named)
+        self._by_type: dict[str, NodeConfig | None] = {}
+        self._settings: dict[int, Settings] = {}  # by the entry's identity
+
+    def entry(self, node: Node) -> tuple[NodeConfig | None, Settings]:
+        unit = self.unit
+        if unit is None:
+            return None, _DEFAULT_SETTINGS
+        by_type = self._by_type
+        if node.id in self._named:
+            cfg = unit.config_for(node.id, node.type)
+        elif node.type in by_type:
+            cfg = by_type[node.type]
+        else:
+            cfg = by_type[node.type] = unit.config_for(node.id, node.type)
+        settings = self._settings.get(id(cfg))
+        if settings is None:
+            settings = self._settings[id(cfg)] = _settings(cfg)
+        return cfg, settings
+
+
 Basics = tuple[Settings, int, int]
 """What the choice order and the node classes need of a node: its settings and the capacity
 of its CPU and RAM pools (SPEC §7.3)."""
@@ -296,14 +423,14 @@ def node_basics(
     unit: UnitConfig | None,
     node: Node,
     overload: frozenset[str],
-    seen: dict[int, Settings] | None = None,
+    configs: NodeConfigs | None = None,
 ) -> Basics:
-    """``seen`` caches the settings of each unit.yaml entry (by identity) across nodes."""
-    cfg = _node_config(unit, node)
-    if seen is None:
+    """``configs``: the call's lookup of unit.yaml entries (``unit``'s), shared across nodes."""
+    if configs is None:
+        cfg = _node_config(unit, node)
         settings = _settings(cfg)
     else:
-        settings = seen.get(id(cfg)) or seen.setdefault(id(cfg), _settings(cfg))
+        cfg, settings = configs.entry(node)
     usage = node.usage
     sys_cpu = sys_ram = 0
     if usage is not None:
@@ -328,6 +455,7 @@ def make_slot(
     node: Node,
     overload: frozenset[str],
     basics: Basics | None = None,
+    empty_states: StateCache | None = None,
 ) -> NodeSlot:
     settings, cpu, ram = basics if basics is not None else node_basics(unit, node, overload)
     listed = node.runtimes
@@ -358,6 +486,7 @@ def make_slot(
         partitions,
         partition_of,
         overload,
+        empty_states,
     )
 
 
@@ -384,17 +513,18 @@ def claim(
     The same answers as the filter units of :mod:`reconciler.filters`, which stay the
     definition (``evaluate``, ``explain``, failure summaries and ``exhaustive=True`` use them;
     the property tests compare). Amounts are never negative, nor is what a pool has free, so
-    ``Inventory.can_provide(need)`` is ``need <= free`` here. A device request is served by
-    its policy's ``allocate``, which refuses (ValueError) exactly when its ``filter`` does.
+    ``Inventory.can_provide(need)`` is ``need <= free`` here, and a named resource asks for
+    one free slot (:class:`SharedPool`). A device request is served by its policy's
+    ``allocate``, which refuses (ValueError) exactly when its ``filter`` does.
     """
+    held = None
     if resources:
-        have = slot.resources
-        for r in resources:
-            held = have.get(r.resource)
-            if held is None or not _SHARED.filter(held, r).ok:
-                return _NOTHING
-    given: list[tuple[str, PoolState, tuple[str, ...]]] = []
+        held = slot.free_slots(resources)
+        if held is None:
+            return _NOTHING
+    given: list[tuple[str, PoolState, tuple[str, ...]]] | None = None
     if devices:
+        given = []
         pools = slot.pools
         for d in devices:
             pool = pools.get(d.resource)
@@ -437,9 +567,8 @@ def claim(
             storage_pool.free -= storage
         if state_pool is not None:
             state_pool.free -= state
-        if resources:
-            for r in resources:
-                have[r.resource] = _SHARED.allocate(have[r.resource], r)[0]
+        if held:
+            slot.take_slots(held)
         if given:
             for resource, new, _ in given:
                 pools[resource] = new
@@ -483,11 +612,12 @@ def take(
         need = state + storage if slot.shared_partition else state
         if need > state_pool.free:
             raise _over(state_pool, need)
-    taken: list[tuple[str, PoolState]] = []
-    if resources:
-        have = slot.resources
+    held = slot.free_slots(resources) if resources else None
+    if held is None and resources:
         for r in resources:
-            taken.append((r.resource, _SHARED.allocate(have[r.resource], r)[0]))
+            short = slot.resource_pools[r.resource]  # (KeyError for a resource the node lacks)
+            if short.free < 1:
+                raise _over(short, 1)
     given: list[tuple[str, PoolState]] = []
     ids: list[tuple[str, tuple[str, ...]]] = []
     if devices:
@@ -506,8 +636,8 @@ def take(
         storage_pool.free -= storage
     if state_pool is not None:
         state_pool.free -= state
-    for name, after in taken:
-        slot.resources[name] = after
+    if held:
+        slot.take_slots(held)
     for resource, after in given:
         slot.pools[resource] = after
     return tuple(ids)
@@ -535,9 +665,7 @@ def release_reservation(slot: NodeSlot, iid: str) -> Reservation:
     if slot.state_pool is not None:
         _give(slot.state_pool, req.state)
     if res.resources:
-        resources = slot.resources
-        for name in res.resources:
-            resources[name] = _SHARED.release(resources[name], ShareRequest(name), (name,))
+        slot.give_resources(res.resources)
     if res.device_requests:
         pools = slot.pools
         for d, (_, ids) in zip(res.device_requests, res.devices, strict=True):
