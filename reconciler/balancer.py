@@ -27,7 +27,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from heapq import heappop, heappush
+from heapq import heappop, heappush, heapreplace
 
 from .filters import (
     FILTER_CODES,
@@ -50,11 +50,13 @@ from .models import (
 from .nodestate import (
     NO_KEEP,
     Basics,
+    NodeConfigs,
     NodeSlot,
     RequestKey,
     Reservation,
     RuntimeSlot,
     Settings,
+    StateCache,
     claim,
     make_slot,
     node_basics,
@@ -71,8 +73,11 @@ from .placement import (
     PreviousAllocation,
     Requested,
     expand_instances,
+    new_placement,
+    new_requested,
+    service_order,
 )
-from .sharing import REGISTRY, ShareRequest
+from .sharing import ShareRequest
 
 __all__ = [
     "Ask",
@@ -87,7 +92,6 @@ __all__ = [
     "requested_amounts",
 ]
 
-_SHARED = REGISTRY["shared-count"]
 
 Overload = Mapping[str, frozenset[str]]
 """Per node id, the resources (``cpu``, ``ram``) whose alert is raised (SPEC §8)."""
@@ -98,16 +102,44 @@ like (-priority, -free CPU, -free RAM, node id), and whose remainder by the numb
 the rank of the node id (see ``_Run.__init__``)."""
 
 
-def _round_half_up(numerator: int, denominator: int) -> int:
-    return (2 * numerator + denominator) // (2 * denominator)
-
-
 def _amount(asked: int | None, limit: int | None, ratio: int) -> int:
+    """SPEC §7.2 for one resource: the request capped at the quota, else the quota's share at
+    the node's ratio (limit * ratio / 100, rounded half up), else 0."""
     if asked is not None:
-        return min(asked, limit) if limit is not None else asked
+        return asked if limit is None or asked <= limit else limit
     if limit is not None:
-        return _round_half_up(limit * ratio, 100)
+        return (2 * limit * ratio + 100) // 200
     return 0
+
+
+RequestInputs = tuple[
+    bool,
+    int | None,
+    int | None,
+    int | None,
+    int | None,
+    int | None,
+    int | None,
+    int | None,
+    int | None,
+]
+"""What SPEC §7.2 reads of a service: ``skipResourceLimits``, then the request and the quota of
+cpu, ram, storage and state."""
+
+
+def _request_inputs(service: Service) -> RequestInputs:
+    req, quotas = service.requestedResources, service.quotas
+    return (
+        service.skipResourceLimits,
+        req.cpu,
+        quotas.cpuDMIPSLimit,
+        req.ram,
+        quotas.ramLimit,
+        req.storage,
+        quotas.storageLimit,
+        req.state,
+        quotas.stateLimit,
+    )
 
 
 def requested_amounts(
@@ -117,17 +149,26 @@ def requested_amounts(
 ) -> Requested:
     """SPEC §7.2 for one candidate node's ratios; ``measured`` (cpu, ram) raises cpu and ram
     on an overloaded node during a rebalance."""
-    if service.skipResourceLimits:
+    return _requested(_request_inputs(service), ratios, measured)
+
+
+def _requested(
+    inputs: RequestInputs, ratios: ResourceRatios, measured: tuple[int, int] | None
+) -> Requested:
+    skip, cpu, cpu_quota, ram, ram_quota, storage, storage_quota, state, state_quota = inputs
+    if skip:
         return Requested()
-    req, quotas = service.requestedResources, service.quotas
-    cpu = _amount(req.cpu, quotas.cpuDMIPSLimit, ratios.cpu)
-    ram = _amount(req.ram, quotas.ramLimit, ratios.ram)
-    storage = _amount(req.storage, quotas.storageLimit, ratios.storage)
-    state = _amount(req.state, quotas.stateLimit, ratios.state)
+    cpu = _amount(cpu, cpu_quota, ratios.cpu)
+    ram = _amount(ram, ram_quota, ratios.ram)
     if measured is not None:
         cpu = max(cpu, measured[0])
         ram = max(ram, measured[1])
-    return Requested(cpu, ram, storage, state)
+    return new_requested(
+        cpu,
+        ram,
+        _amount(storage, storage_quota, ratios.storage),
+        _amount(state, state_quota, ratios.state),
+    )
 
 
 # ----------------------------------------------------------------------------- what is asked
@@ -304,69 +345,91 @@ def _static_runtimes(slot: NodeSlot, ask: Ask) -> tuple[int, ...]:
     )
 
 
+Shape = tuple[
+    tuple[object, ...],
+    str | None,
+    tuple[str, ...],
+    tuple[tuple[str, int, int | None], ...],
+    RequestInputs,
+    tuple[int, int] | None,
+]
+"""Everything the balancer reads of a service to place its instances (``_shape``)."""
+
+
+def _shape(service: Service, usage: tuple[int, int] | None) -> Shape:
+    """What a service asks of every node: what the static filters read of it (labels, runtime
+    types, image platform), its nodeId, named resources (in its order), device requests (by
+    resource), the inputs of its requested amounts and the measured usage (given only where
+    it matters: in an overloaded run). A :class:`_Group` is made from this alone, so services
+    with equal shapes share one."""
+    platform = service.image.platform
+    resources, devices = service.resources, service.devices
+    return (
+        (service.labels, service.runtimes, _platform_key(platform) if platform else None),
+        service.nodeId,
+        tuple([r.name for r in resources]) if resources else (),
+        tuple([(d.resource, d.count or 1, d.memory) for d in sorted(devices, key=_device_order)])
+        if devices
+        else (),
+        _request_inputs(service),
+        usage,
+    )
+
+
 class _Group:
-    """What every instance of one service (with one measured usage, where that matters) asks,
-    read once from the service and shared by its instances."""
+    """What the instances of every service with one :func:`_shape` ask, made once from the
+    shape and shared by them all (services mostly differ only in name, priority and number
+    of instances, so most share a group with others)."""
 
     __slots__ = (
         "_ask",
         "_requested",
         "device_resources",
         "devices",
+        "inputs",
         "instance",
         "levels",
         "names",
         "node_id",
+        "passed",
         "per_class",
         "pinned",
         "refused",
         "resources",
-        "service",
         "static_key",
         "usage",
     )
 
-    def __init__(self, instance: Instance, usage: tuple[int, int] | None) -> None:
-        s = instance.service
-        self.instance = instance  # the first one
-        self.service = s
-        self.usage = usage  # its measured (cpu, ram); all the group's where that matters
-        resources, devices = s.resources, s.devices
-        self.resources: tuple[ShareRequest, ...] = ()
-        self.names: tuple[str, ...] = ()
-        if resources:
-            self.resources = tuple([ShareRequest(r.name) for r in resources])
-            self.names = tuple([r.name for r in resources])
-        self.devices: tuple[ShareRequest, ...] = ()
-        self.device_resources: frozenset[str] = frozenset()
-        if devices:
-            ordered = sorted(devices, key=_device_order)
-            self.devices = tuple(
-                [ShareRequest(d.resource, d.count or 1, d.memory) for d in ordered]
-            )
-            self.device_resources = frozenset(d.resource for d in devices)
-        self.node_id = s.nodeId
-        platform = s.image.platform
-        # everything the static filters read of a service (bar nodeId, handled apart)
-        self.static_key = (s.labels, s.runtimes, _platform_key(platform) if platform else None)
+    def __init__(self, instance: Instance, shape: Shape) -> None:
+        static_key, node_id, names, devices, inputs, usage = shape
+        self.instance = instance  # the first one (for the filter units' ask)
+        self.usage = usage  # the measured (cpu, ram) of its instances where that matters
+        self.names = names
+        self.resources = tuple([ShareRequest(name) for name in names]) if names else ()
+        self.devices = tuple([ShareRequest(*d) for d in devices]) if devices else ()
+        self.device_resources = frozenset([d[0] for d in devices])
+        self.node_id = node_id
+        self.static_key = static_key  # everything the static filters read (bar nodeId)
+        self.inputs = inputs
         self._ask: Ask | None = None
         self._requested: dict[RequestKey, Requested] = {}
         self.per_class: list[tuple[int, ...]] | None = None  # static runtimes per class
         self.levels: list[Level] | None = None  # the classes with any, by priority level
         self.pinned: tuple[int, ...] | None = None  # static runtimes on the node it names
         self.refused: set[int] | None = None  # shared by groups asking the same (_Run._refused)
+        self.passed: dict[int, Entry] = {}  # (shared as refused is, see _Run._refused)
 
     @property
     def ask(self) -> Ask:
         """The group's ask for the filter units (no keep_*: valid for every instance)."""
         if self._ask is None:
-            s = self.service
+            s = self.instance.service
             self._ask = Ask(
                 self.instance,
                 frozenset(s.labels),
                 frozenset(s.runtimes),
                 self.node_id,
-                s.image.platform,
+                s.image.platform,  # the same answers as every other service's of the shape
                 self.resources,
                 self.devices,
                 usage=self.usage,
@@ -379,14 +442,12 @@ class _Group:
         got = self._requested.get(key)
         if got is None:
             measured = self.usage if key[4] else None
-            got = self._requested[key] = requested_amounts(self.service, slot.ratios, measured)
+            got = self._requested[key] = _requested(self.inputs, slot.ratios, measured)
         return got
 
 
 Level = list[tuple[int, tuple[int, ...]]]
 """The classes of one priority level a service may use, each with its static runtimes."""
-
-HeapItem = tuple[Entry, int, bool]  # entry, class (local index), whether a class head
 
 Made = dict[str, tuple[Reservation, Placement]]
 """Per instance id, a placement and the reservation it was made from (``_Run.placements``)."""
@@ -405,8 +466,10 @@ class _Run:
     it takes change, and only by shrinking, so a node refused stays refused and the first
     node of the heap that passes the dynamic filters (``claim``, on integers) is the best one.
     The nodes refused are remembered until something is released, shared by the services
-    that ask the same everywhere, and a node without a free slot of a named resource refuses
-    every service needing it. Node states are built when first looked at.
+    that ask the same everywhere (with, per class, an entry before which all its nodes refuse,
+    where the next walk of the class starts), and a node without a free slot of a named
+    resource refuses every service needing it. Services with one shape (``_shape``) share a
+    group, made once. Node states are built when first looked at.
 
     The result is exactly that of evaluating every filter unit on every node for every
     instance (:meth:`place_by_scan` and the filter units in pass 1, used with
@@ -430,29 +493,30 @@ class _Run:
         # Node states are built on first use (most nodes of a big unit are never looked at);
         # until then a node's choice order and class come from its basics.
         self.slots: dict[str, NodeSlot] = {}
+        self.empty_states: StateCache = {}  # shared by the nodes' slots
         self.basics: dict[str, Basics] = {}
-        self.overloaded = False
         self.usage: dict[str, tuple[int, int]] = {}
         for n in nodes:
             if n.usage is not None:
                 for iid, u in n.usage.instances.items():
                     self.usage[iid] = (u.cpu, u.ram)
-        self.where: dict[str, str] = {}  # instance id -> node id
+        self.where: dict[str, NodeSlot] = {}  # instance id -> the state of its node
         class_ids: dict[tuple[object, ...], int] = {}
         self.class_of: dict[str, int] = {}
         self.members: list[list[str]] = []
-        seen: dict[int, Settings] = {}
+        configs = NodeConfigs(unit)
+        basics_of, class_of, members = self.basics, self.class_of, self.members
         for node_id, node in self.nodes.items():
             overloaded = overload.get(node_id, empty) if overload else empty
-            self.overloaded = self.overloaded or bool(overloaded)
-            basics = self.basics[node_id] = node_basics(unit, node, overloaded, seen)
+            basics = basics_of[node_id] = node_basics(unit, node, overloaded, configs)
             key = _class_key(node, basics[0], overloaded)
             cid = class_ids.get(key)
             if cid is None:
-                cid = class_ids[key] = len(self.members)
-                self.members.append([])
-            self.class_of[node_id] = cid
-            self.members[cid].append(node_id)
+                cid = class_ids[key] = len(members)
+                members.append([])
+            class_of[node_id] = cid
+            members[cid].append(node_id)
+        self.overloaded = bool(overload) and any(overload.get(n) for n in self.nodes)
         # a representative per class: its first node
         self.order_base: dict[str, int] = {}
         self.class_slot = [self.slot(members[0]) for members in self.members]
@@ -467,6 +531,7 @@ class _Run:
         #       = base - cpu * cpu_step - ram * ram_step, and entry % count = i
         self.count = count = len(self.nodes)
         self.ids = list(self.nodes)  # by rank
+        self.class_at = [self.class_of[node_id] for node_id in self.ids]  # by rank
         ram_span = self.ram_top + 1
         self.cpu_step, self.ram_step = ram_span * count, count
         self.order_base = {
@@ -474,8 +539,10 @@ class _Run:
             + i
             for i, (node_id, b) in enumerate(self.basics.items())
         }
+        self.slot_at: list[NodeSlot | None] = [None] * count  # the states built, by rank
         for slot in self.class_slot:
             slot.order_base = self.order_base[slot.id]
+            self.slot_at[slot.order_base % count] = slot
         # per class, its nodes' entries sorted; rebuilt after reservations made elsewhere
         self.index: list[list[Entry]] = [[] for _ in self.members]
         self.entries: list[Entry] = [0] * count  # each node's entry in the index, by rank
@@ -488,10 +555,14 @@ class _Run:
         for rep in self.class_slot:
             by_key.setdefault(rep.request_key, rep)
         self.key_slots = list(by_key.values())
-        self.groups: dict[object, _Group] = {}
+        self.groups: dict[object, _Group] = {}  # by service (see group)
+        self.shapes: dict[Shape, _Group] = {}
         # per key of dynamic answers (see _refused), the nodes that refused it: reservations
         # only shrink what is free, so they stay refused until something is released
         self.refused: dict[object, set[int]] = {}  # (node ranks)
+        # and per class, an entry below which all its nodes are in that set: where a walk of
+        # the class for another group of the key starts (see _place_group)
+        self.passed: dict[object, dict[int, Entry]] = {}
         self.exhausted: dict[str, set[int]] = {}  # per named resource, nodes with no free slot
 
     # -- node states
@@ -503,9 +574,12 @@ class _Run:
             empty: frozenset[str] = frozenset()
             overloaded = self.overload.get(node_id, empty) if self.overload else empty
             node = self.nodes[node_id]
-            got = self.slots[node_id] = make_slot(None, node, overloaded, self.basics[node_id])
+            got = self.slots[node_id] = make_slot(
+                None, node, overloaded, self.basics[node_id], self.empty_states
+            )
             if self.order_base:  # once the run is set up
                 got.order_base = self.order_base[node_id]
+                self.slot_at[got.order_base % self.count] = got
         return got
 
     def all_slots(self) -> list[NodeSlot]:
@@ -520,11 +594,17 @@ class _Run:
         return ask
 
     def group(self, instance: Instance) -> _Group:
-        usage = self.usage.get(instance.id) if self.usage else None
+        """The group of ``instance``: one per shape, found once per service (and measured
+        usage, in an overloaded run)."""
+        usage = self.usage.get(instance.id) if self.overloaded and self.usage else None
         key: object = (id(instance.service), usage) if self.overloaded else id(instance.service)
         group = self.groups.get(key)
         if group is None:
-            group = self.groups[key] = _Group(instance, usage)
+            shape = _shape(instance.service, usage)
+            group = self.shapes.get(shape)
+            if group is None:
+                group = self.shapes[shape] = _Group(instance, shape)
+            self.groups[key] = group
         return group
 
     def _classes(self, group: _Group) -> list[tuple[int, ...]]:
@@ -565,16 +645,21 @@ class _Run:
         slot.placed[ask.instance.id] = Reservation(
             ask.instance, runtime_index, req, names, ids, ask.devices, ask.cause
         )
-        self.where[ask.instance.id] = slot.id
+        self.where[ask.instance.id] = slot
         self.index_valid = False
 
     def release(self, slot: NodeSlot, iid: str) -> None:
         release_reservation(slot, iid)
         del self.where[iid]
         self.index_valid = False
-        # something became free: forget what was refused
+        self.forget_refusals()  # something became free
+
+    def forget_refusals(self) -> None:
+        """Forget which nodes refused what (after a release)."""
         for refused in self.refused.values():
             refused.clear()
+        for passed in self.passed.values():
+            passed.clear()
         self.exhausted.clear()
 
     def entry(self, slot: NodeSlot) -> Entry:
@@ -600,6 +685,8 @@ class _Run:
                 keys.append(key)
             keys.sort()
             self.index[cid] = keys
+        for passed in self.passed.values():  # entries are places in the index just rebuilt
+            passed.clear()
         self.index_valid = True
 
     def _reposition(self, slot: NodeSlot) -> None:
@@ -646,7 +733,7 @@ class _Run:
             return False
         iid = instance.id
         slot.placed[iid] = Reservation(instance, at, req, group.names, ids, devices, prev.cause)
-        self.where[iid] = slot.id
+        self.where[iid] = slot
         self.index_valid = False
         return True
 
@@ -706,7 +793,7 @@ class _Run:
                 continue
             iid = inst.id
             slot.placed[iid] = Reservation(inst, at, req, group.names, ids, devices, cause)
-            self.where[iid] = slot.id
+            self.where[iid] = slot
         if len(failed) < len(instances):
             self._reposition(slot)
         return failed
@@ -724,7 +811,8 @@ class _Run:
             refused = self.refused.get(key)
             if refused is None:
                 refused = self.refused[key] = set()
-            group.refused = refused
+                self.passed[key] = {}
+            group.refused, group.passed = refused, self.passed[key]
         if group.names:  # nodes without a free slot of a resource it needs refuse it too
             for name in group.names:
                 exhausted = self.exhausted.get(name)
@@ -737,10 +825,8 @@ class _Run:
     ) -> None:
         """Remember the named resources ``slot`` has no free slot of (or lacks): they refuse
         every group that needs them, until something is released."""
-        have = slot.resources
         for r in resources:
-            state = have.get(r.resource)
-            if state is None or not _SHARED.filter(state, r).ok:
+            if slot.free_slots((r,)) is None:
                 self.exhausted.setdefault(r.resource, set()).add(rank)
 
     def _place_group(
@@ -754,53 +840,73 @@ class _Run:
             self._classes(group)
         assert group.levels is not None
         levels = group.levels
-        refused = group.refused if group.refused is not None else self._refused(group)
-        index, class_slot, slots = self.index, self.class_slot, self.slots
-        cpu_step, ram_step, count, by_rank = self.cpu_step, self.ram_step, self.count, self.ids
-        lists: list[list[Entry]] = []
-        needs: list[Requested] = []
-        allowed: list[tuple[int, ...]] = []
-        cursors: list[int] = []
-        heap: list[HeapItem] = []
+        refused = self._refused(group)
+        passed = group.passed
+        index, class_slot, slot_at = self.index, self.class_slot, self.slot_at
+        class_at, count, by_rank = self.class_at, self.count, self.ids
+        cpu_step, ram_step = self.cpu_step, self.ram_step
+        # per class opened: what the group asks there, its runtimes passing the static filters,
+        # and the place of its head (its next node in the order) in its index
+        needs: dict[int, Requested] = {}
+        allowed: dict[int, tuple[int, ...]] = {}
+        cursors: dict[int, int] = {}
+        heap: list[Entry] = []  # the heads of the classes opened, and the nodes taken
         opened = 0
-        touched: dict[int, tuple[NodeSlot, int]] = {}  # nodes taken; their entries are stale
+        touched: dict[int, Entry] = {}  # nodes taken: their entries now (the index's are stale)
         failed: list[Instance] = []
         where = self.where
+        # The node last taken, at its new place, is held out of the heap: the next instance
+        # takes it again without a heap operation (nor looking up its rank, class, state and
+        # what is asked there) while it stays the best, as a big node often does; otherwise
+        # it is swapped for the heap's best in one operation.
+        last: Entry | None = None
+        rank = cid = 0
         for n, inst in enumerate(instances):
             placed = False
             while True:
-                if not heap:
-                    if opened == len(levels):
-                        break
-                    for cid, runtimes in levels[opened]:
-                        entries = index[cid]
-                        p, end = 0, len(entries)
-                        while p < end and entries[p] % count in refused:
-                            p += 1
-                        if p < end:
-                            heappush(heap, (entries[p], len(lists), True))
-                            lists.append(entries)
-                            needs.append(group.requested(class_slot[cid]))
-                            allowed.append(runtimes)
-                            cursors.append(p)
-                    opened += 1
-                    continue
-                key, k, head = heappop(heap)
-                rank = key % count
-                slot = slots.get(by_rank[rank]) or self.slot(by_rank[rank])
-                need = needs[k]
-                at, ids = claim(slot, need, allowed[k], resources, devices, NO_KEEP)
-                if head:  # the class's next node, past the ones refused (the ones taken
-                    # were heads, so they are behind the cursor)
-                    entries = lists[k]
-                    p, end = cursors[k] + 1, len(entries)
+                if last is not None and not (heap and heap[0] < last):
+                    last = None  # the node just taken, still the best: no class head
+                    head = False
+                else:
+                    if last is not None:
+                        key = heapreplace(heap, last)
+                        last = None
+                    elif heap:
+                        key = heappop(heap)
+                    else:
+                        if opened == len(levels):
+                            break
+                        for cid, runtimes in levels[opened]:
+                            entries = index[cid]
+                            end = len(entries)
+                            known = passed.get(cid)
+                            p = 0 if known is None else bisect_left(entries, known)
+                            while p < end and entries[p] % count in refused:
+                                p += 1
+                            passed[cid] = entries[p] if p < end else entries[-1] + 1
+                            if p < end:
+                                heappush(heap, entries[p])
+                                needs[cid] = group.requested(class_slot[cid])
+                                allowed[cid] = runtimes
+                                cursors[cid] = p
+                        opened += 1
+                        continue
+                    rank = key % count
+                    cid = class_at[rank]
+                    slot = slot_at[rank] or self.slot(by_rank[rank])
+                    need, runtimes = needs[cid], allowed[cid]
+                    entries = index[cid]
+                    p, end = cursors[cid], len(entries)
+                    head = p < end and entries[p] == key
+                at, ids = claim(slot, need, runtimes, resources, devices, NO_KEEP)
+                if head:  # its class's head: push the next one, past the ones refused (the
+                    # ones taken were heads, so they are behind it)
+                    p += 1
                     while p < end and entries[p] % count in refused:
                         p += 1
-                    cursors[k] = p
+                    cursors[cid] = p
                     if p < end:
-                        heappush(heap, (entries[p], k, True))
-                    if at >= 0:
-                        touched[rank] = (slot, k)
+                        heappush(heap, entries[p])
                 if at < 0:
                     refused.add(rank)
                     if resources:
@@ -808,11 +914,10 @@ class _Run:
                     continue
                 iid = inst.id
                 slot.placed[iid] = Reservation(inst, at, need, names, ids, devices, cause)
-                where[iid] = slot.id
-                key = (
+                where[iid] = slot
+                last = touched[rank] = (
                     slot.order_base - slot.cpu_pool.free * cpu_step - slot.ram_pool.free * ram_step
                 )
-                heappush(heap, (key, k, False))
                 placed = True
                 break
             if not placed:
@@ -820,10 +925,9 @@ class _Run:
                 break
         # the nodes taken move to their new place in their class's order
         entry_of = self.entries
-        for rank, (slot, k) in touched.items():
-            entries = lists[k]
+        for rank, key in touched.items():
+            entries = index[class_at[rank]]
             del entries[bisect_left(entries, entry_of[rank])]
-            key = slot.order_base - slot.cpu_pool.free * cpu_step - slot.ram_pool.free * ram_step
             entry_of[rank] = key
             insort(entries, key)
         return failed
@@ -925,7 +1029,7 @@ class _Run:
         the same object is taken from there (the node is unchanged, the run is the same), and
         ``made`` is left holding this call's."""
         out = []
-        slots, where = self.slots, self.where
+        where = self.where
         service: Service | None = None
         version, priority = "", 0
         old: Made = {}
@@ -934,10 +1038,9 @@ class _Run:
             made.clear()
         for inst in instances:
             iid = inst.id
-            node_id = where.get(iid)
-            if node_id is None:
+            slot = where.get(iid)
+            if slot is None:
                 continue
-            slot = slots[node_id]
             res = slot.placed[iid]
             if old:
                 got = old.get(iid)
@@ -949,15 +1052,15 @@ class _Run:
             if inst.service is not service:
                 service = inst.service
                 version, priority = service.version, service.priority
-            p = Placement(
+            p = new_placement(
                 iid,
                 inst.item_id,
                 inst.subject_id,
                 inst.index,
                 version,
                 priority,
-                node_id,
-                slot.runtimes[res.runtime_index].runtime.id,
+                slot.id,
+                slot.runtimes[res.runtime_index].id,
                 res.requested,
                 res.resources,
                 res.devices,
@@ -970,7 +1073,7 @@ class _Run:
         return tuple(out)
 
     def placement(self, instance: Instance) -> Placement:
-        slot = self.slots[self.where[instance.id]]
+        slot = self.where[instance.id]
         res = slot.placed[instance.id]
         return Placement(
             instance.id,
@@ -980,7 +1083,7 @@ class _Run:
             instance.version,
             instance.priority,
             slot.id,
-            slot.runtimes[res.runtime_index].runtime.id,
+            slot.runtimes[res.runtime_index].id,
             res.requested,
             res.resources,
             res.devices,
@@ -1004,7 +1107,7 @@ def _node_id(node: Node) -> str:
 
 def _runtime_index(slot: NodeSlot, runtime_id: str) -> int:
     for i, rt in enumerate(slot.runtimes):
-        if rt.runtime.id == runtime_id:
+        if rt.id == runtime_id:
             return i
     return -1
 
@@ -1070,7 +1173,7 @@ def _balance_run(
         mode = unit.placement if unit is not None else "stable"
     previous = previous or {}
     if instances is None:
-        instances = expand_instances(sorted(services, key=lambda s: s.key))
+        instances = expand_instances(services)  # (which sorts them)
     if mode == "rebalance":
         # the rebalance proper: pinned instances first, the rest afresh, on lowered capacity
         core = _Run(unit, nodes, overload or {}, "rebalanced", exhaustive=exhaustive)
@@ -1118,15 +1221,18 @@ def _passes(
     After evictions every instance still unplaced, victims and earlier failures alike, goes
     through pass 2 again in instance order: room a preemption left over is used now, as the
     next run's pass 2 would use it."""
-    pending = []
     where = run.where
-    for inst in instances:
-        if inst.id in where:  # placed before this call (BalanceMemo)
-            continue
-        prev = previous.get(inst.id)
-        if prev is not None and keeps(inst) and run.keep(inst, prev):
-            continue
-        pending.append(inst)
+    if not where and not previous:  # nothing placed, nothing to keep (a fresh run)
+        pending = list(instances)
+    else:
+        pending = []
+        for inst in instances:
+            if inst.id in where:  # placed before this call (BalanceMemo)
+                continue
+            prev = previous.get(inst.id)
+            if prev is not None and keeps(inst) and run.keep(inst, prev):
+                continue
+            pending.append(inst)
     failed = run.place_all(pending)
     preempted: set[str] = set()
     if not (preempt and failed):
@@ -1147,10 +1253,6 @@ def _passes(
 
 
 # ----------------------------------------------------------------------------- memo
-
-
-def _service_order(service: Service) -> tuple[int, str, str]:
-    return (-service.priority, service.id, service.subject)
 
 
 class BalanceMemo:
@@ -1220,7 +1322,7 @@ class BalanceMemo:
         old = self._expanded
         expanded: dict[tuple[str, str], tuple[Service, list[Instance]]] = {}
         out: list[Instance] = []
-        for service in sorted(by_key.values(), key=_service_order):
+        for service in sorted(by_key.values(), key=service_order):
             key = service.key
             got = old.get(key)
             if got is None or got[0] is not service:
@@ -1259,12 +1361,15 @@ class BalanceMemo:
         old = self._services
         changed = {k for k, s in by_key.items() if old.get(k) is not s}
         changed.update(k for k in old if k not in by_key)
-        if not changed:
+        if not changed and not result.failures:
+            # the full run keeps every instance where it is (pass 1) and evicts nobody
             self.incremental, self.replaced = True, 0
-            return result
+            return replace(result, preempted=frozenset()) if result.preempted else result
+        # (With nothing changed but instances unplaced, those go through pass 2 and 3 again,
+        # as in the full run: one evicted by the last run's pass 3 may now evict another.)
         self._run = None  # mutated below: a failure leaves no usable state
         # release every instance of the services as they were
-        where, slots = run.where, run.slots
+        where = run.where
         gone = set()
         replaced = 0
         for key in sorted(changed):  # the same order every time (device pools keep holders)
@@ -1273,14 +1378,12 @@ class BalanceMemo:
                 continue
             gone.add(id(got[0]))
             for inst in got[1]:
-                node_id = where.get(inst.id)
-                if node_id is not None:
-                    run.release(slots[node_id], inst.id)
+                slot = where.get(inst.id)
+                if slot is not None:
+                    run.release(slot, inst.id)
         for g in [g for g in run.groups if g in gone]:
             del run.groups[g]
-        for refused in run.refused.values():
-            refused.clear()
-        run.exhausted.clear()
+        run.forget_refusals()
         instances = self._instances(by_key)
         # pass 1 for the services as they are now
         for key in sorted(k for k in changed if k in by_key):
@@ -1328,7 +1431,7 @@ def _replay(
         slot.placed[instance.id] = Reservation(
             instance, idx, req, group.names, ids, devices, run.cause
         )
-        run.where[instance.id] = slot.id
+        run.where[instance.id] = slot
     return run
 
 

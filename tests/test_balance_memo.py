@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -15,6 +16,7 @@ from reconciler.loader import load_state
 from reconciler.models import Node, Service, UnitConfig
 from reconciler.nodestate import NodeSlot
 from reconciler.placement import BalanceResult, Mode, PreviousAllocation
+from reconciler.values import instance_id
 from tests.builders import make_node, make_service, previous_of
 from tests.test_balancer_properties import SETTINGS, Scenario, node_docs, scenarios, services
 
@@ -130,6 +132,25 @@ class TestTheMemoIsUsed:
         got = balance(None, self.nodes, self.services, {}, "stable", memo=self.memo)
         assert not self.memo.incremental
         assert got == balance(None, self.nodes, self.services, {}, "stable")
+
+
+@pytest.mark.parametrize("n_nodes", [1, 2])
+def test_an_unchanged_call_after_an_eviction_evicts_nobody(n_nodes: int) -> None:
+    """Evictions are the call's own: with nothing changed since a call in which hi evicted lo,
+    the full run keeps every instance where it is and evicts nobody, whether lo found another
+    node (2 nodes) or failed (1 node: it goes through pass 2 and 3 again, and evicts nobody)."""
+    nodes = [make_node(f"n{i}") for i in range(n_nodes)]
+    lo = make_service("lo", cpu=800)
+    hi = make_service("hi", priority=1, node_id="n0", cpu=500)
+    memo = BalanceMemo()
+    previous = previous_of(balance(None, nodes, [lo], {}, "stable", memo=memo))
+    evicting = balance(None, nodes, [lo, hi], previous, "stable", memo=memo)
+    assert evicting.preempted == {instance_id("lo", "default", 0)}
+    previous = previous_of(evicting)
+    got = balance(None, nodes, [lo, hi], previous, "stable", memo=memo)
+    assert memo.incremental
+    assert got == balance(None, nodes, [lo, hi], previous, "stable")
+    assert got.preempted == frozenset()
 
 
 def test_the_loader_hands_out_the_same_node_for_the_same_content(demo_copy: Path) -> None:

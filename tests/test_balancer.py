@@ -508,6 +508,26 @@ class TestPreemption:
         assert nodes_of(second, "pa") == ["A", "A", "A"]
         assert [f.instance_id for f in second.failures] == [instance_id("pb", "default", 0)]
 
+    def test_room_a_preemption_leaves_goes_to_the_next_alike(self) -> None:
+        # h, x and y ask the same, so the fast pass 2 shares what it learnt about them: A
+        # refused (full of lo) and its walk of the class starts past A. x evicts lo from A;
+        # y, which could evict nobody, then goes through pass 2 again and must see A's room.
+        nodes = [make_node("A", dmips=1000), make_node("B", dmips=500)]
+        lo = make_service("lo", cpu=1000)
+        first = balance(None, nodes, [lo], mode="fresh")
+        assert nodes_of(first, "lo") == ["A"]
+        h = make_service("h", priority=2, cpu=400)
+        x = make_service("x", priority=1, cpu=400)
+        y = make_service("y", priority=1, cpu=400)
+        services = [lo, h, x, y]
+        second = balance(None, nodes, services, previous=previous_of(first), mode="stable")
+        assert nodes_of(second, "h") == ["B"]
+        assert nodes_of(second, "x") == ["A"]
+        assert nodes_of(second, "y") == ["A"]
+        assert second.preempted == frozenset({instance_id("lo", "default", 0)})
+        slow = balance(None, nodes, services, previous_of(first), "stable", exhaustive=True)
+        assert second == slow
+
     def test_fresh_mode_places_high_priority_first(self) -> None:
         nodes = four_nodes()
         lo = make_service("lo", cpu=800)

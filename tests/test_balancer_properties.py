@@ -548,6 +548,34 @@ def test_class_indexes_give_the_exhaustive_result(scenario: Scenario, data: st.D
     assert fast == slow
 
 
+@SETTINGS
+@given(scenario=scenarios(), data=st.data())
+def test_services_asking_the_same_give_the_exhaustive_result(
+    scenario: Scenario, data: st.DataObject
+) -> None:
+    """Services that ask the same of every node (copies under other ids and priorities) share
+    one group in the fast pass 2, with the nodes known to refuse it and where its walks of a
+    class start; the result must still be what evaluating every filter on every node gives."""
+    nodes = scenario.nodes()
+    copies = tuple(
+        s.model_copy(
+            update={
+                "id": f"{s.id}x{k}",
+                "priority": data.draw(st.integers(0, 2), label="priority"),
+                "instances": data.draw(st.integers(1, 3), label="instances"),
+            }
+        )
+        for k in range(data.draw(st.integers(1, 3), label="copies"))
+        for s in scenario.services
+    )
+    many = scenario.services + copies
+    fast = balance(scenario.unit, nodes, many, mode="fresh")
+    assert fast == balance(scenario.unit, nodes, many, mode="fresh", exhaustive=True)
+    previous = previous_of(balance(scenario.unit, nodes, scenario.services, mode="fresh"))
+    fast = balance(scenario.unit, nodes, many, previous, mode="stable")
+    assert fast == balance(scenario.unit, nodes, many, previous, "stable", exhaustive=True)
+
+
 def with_alert_rules(data: st.DataObject, unit: UnitConfig) -> UnitConfig:
     """The unit with cpu and ram alert rules on every entry, so that an overloaded node's pools
     are lowered in a rebalance (SPEC §8)."""
