@@ -236,16 +236,18 @@ def make_plan(
             ActualState, tuple[Placement | None, ...], list[str], list[tuple[str, ActualInstance]]
         ],
     ] = {}
+    remember = memo is not None  # a throwaway memo need not be filled (the oneshot path)
     for node_id in sorted(actual):
         doc = actual[node_id]
-        placed = tuple([get(iid) for iid in doc.instances])
         got = old_matches.get(node_id)
+        placed = tuple([get(iid) for iid in doc.instances]) if remember else ()
         if got is not None and got[0] is doc and got[1] == placed:
             matched, others = got[2], got[3]
             matches_now[node_id] = got
         else:
             matched, others = _match(node_id, doc, get)
-            matches_now[node_id] = (doc, placed, matched, others)
+            if remember:
+                matches_now[node_id] = (doc, placed, matched, others)
         for iid in matched:
             if iid in kept:
                 running.append((node_id, iid, doc.instances[iid]))
