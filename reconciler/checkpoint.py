@@ -29,7 +29,7 @@ from operator import is_
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from .fsio import FileReadError, WriteHook, atomic_write, read_bytes_at
+from .fsio import FileReadError, WriteHook, atomic_write, fsync_dir, read_bytes_at
 from .models import ActualState
 from .placement import BalanceResult, Cause, DeviceIds, Placement, PreviousAllocation
 
@@ -823,11 +823,7 @@ def _keep_as_previous(current: Path, previous: Path, raw: bytes, hook: WriteHook
             os.unlink(tmp)
         raise
     step("fsync-dir")
-    fd = os.open(previous.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(previous.parent)
 
 
 def save_checkpoint(

@@ -31,6 +31,7 @@ __all__ = [
     "atomic_write",
     "atomic_write_many",
     "ensure_dir",
+    "fsync_dir",
     "iter_files",
     "read_bytes_at",
     "remove_stale_temp_files",
@@ -133,7 +134,7 @@ def read_bytes_at(path: Path | str, max_bytes: int) -> tuple[bytes, StatKey]:
         os.close(fd)
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
@@ -180,7 +181,7 @@ def atomic_write(
         raise
     if sync:
         step("fsync-dir")
-        _fsync_dir(directory)
+        fsync_dir(directory)
 
 
 def write_if_changed(
@@ -359,7 +360,7 @@ def _flush(
         if directories:
             made = {os.path.dirname(g.directory) for g in groups if g.create}
             for directory in sorted({g.directory for g in groups} | made):
-                _fsync_dir(Path(directory))
+                fsync_dir(Path(directory))
         return
     one_per_device: dict[int, str] = {}
     for g, files in zip(groups, stats, strict=True):

@@ -32,6 +32,7 @@ from reconciler.reconcile import ReconcileOptions, compute_once, reconcile
 from reconciler.values import instance_id
 
 from .agent_sim import apply_all
+from .faults import FailAt
 
 
 def inline_resources(state: Path) -> Path:
@@ -608,22 +609,6 @@ class TestCrashPointsOfAWholeReconcile:
             scenario, tmp_path, monkeypatch, OSError(28, "No space left on device"), patch
         )
         assert k > 3
-
-
-class FailAt:
-    """Counts the calls of every function it wraps; the ``n``-th raises ``error``."""
-
-    def __init__(self, n: int, error: BaseException) -> None:
-        self.n, self.error, self.calls = n, error, 0
-
-    def wrap(self, real: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            self.calls += 1
-            if self.calls == self.n:
-                raise self.error
-            return real(*args, **kwargs)
-
-        return wrapper
 
 
 class TestUnderTheLock:

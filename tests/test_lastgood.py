@@ -7,7 +7,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from reconciler.loader import Doc, StateView, load_state
 from reconciler.models import Node
 
 from .conftest import DEMO
+from .faults import FailAt
 
 SERVICE = """apiVersion: reconciler/v1
 kind: Service
@@ -254,20 +255,6 @@ def test_a_sync_interrupted_at_each_step_leaves_old_or_new(
     with pytest.raises(Boom):
         LastGoodStore(state).sync(view2, hook)
     _check_old_or_new(state, base, tmp_path / "reference", view, view2)
-
-
-class FailAt:
-    def __init__(self, n: int, error: BaseException) -> None:
-        self.n, self.error, self.calls = n, error, 0
-
-    def wrap(self, real: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            self.calls += 1
-            if self.calls == self.n:
-                raise self.error
-            return real(*args, **kwargs)
-
-        return wrapper
 
 
 @pytest.mark.parametrize("what", ["replace", "syncfs"])

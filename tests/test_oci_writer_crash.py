@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 
 from reconciler import fsio, oci_writer
-from reconciler.oci import BuiltConfig, config_json
+from reconciler.oci import BuiltConfig
 from reconciler.oci_writer import WriteMemo, write_instance_outputs
 
+from .faults import FailAt
 from .test_oci import _built
+from .test_oci_warm import _expected
 
 
 def _files(state: Path) -> dict[str, bytes]:
@@ -25,29 +27,6 @@ def _files(state: Path) -> dict[str, bytes]:
         for p in sorted(root.rglob("*"))
         if p.is_file() and p.name != oci_writer.MANIFEST
     }
-
-
-def _expected(built: dict[str, BuiltConfig]) -> dict[str, bytes]:
-    out = {}
-    for iid, b in built.items():
-        out[f"{iid}/hosts"] = b.hosts.encode()
-        out[f"{iid}/config.json"] = config_json(b)
-    return dict(sorted(out.items()))
-
-
-class _FailAt:
-    def __init__(self, n: int) -> None:
-        self.n, self.calls = n, 0
-        self.error = OSError(28, "No space left on device")
-
-    def wrap(self, real: Any) -> Any:
-        def call(*args: Any, **kw: Any) -> Any:
-            self.calls += 1
-            if self.calls == self.n:
-                raise self.error
-            return real(*args, **kw)
-
-        return call
 
 
 @pytest.fixture
@@ -99,14 +78,14 @@ def test_a_failure_at_each_call_leaves_old_or_new(
 ) -> None:
     base, old, new = before
 
-    def run(k: int) -> tuple[Path, WriteMemo | None, _FailAt]:
+    def run(k: int) -> tuple[Path, WriteMemo | None, FailAt]:
         """A copy of ``before`` given ``new``, the ``k``-th call of ``target`` failing."""
         state = tmp_path / f"k{k}"
         shutil.copytree(base, state)
         memo = WriteMemo() if with_memo else None
         if memo is not None:
             write_instance_outputs(state, old, memo=memo)  # the memo knows the directory
-        fault = _FailAt(k)
+        fault = FailAt(k, OSError(28, "No space left on device"))
         monkeypatch.setattr(*target, fault.wrap(getattr(*target)))
         try:
             write_instance_outputs(state, new, memo=memo, verify=False)
