@@ -1140,20 +1140,8 @@ def balance(
     """
     with collector_paused():
         if memo is None:
-            return _balance(unit, nodes, services, previous, mode, overload, exhaustive)
+            return _balance_run(unit, nodes, services, previous, mode, overload, exhaustive)[0]
         return memo.balance(unit, nodes, services, previous, mode, overload, exhaustive)
-
-
-def _balance(
-    unit: UnitConfig | None,
-    nodes: Sequence[Node],
-    services: Sequence[Service],
-    previous: Mapping[str, PreviousAllocation] | None,
-    mode: Mode | None,
-    overload: Overload | None,
-    exhaustive: bool,
-) -> BalanceResult:
-    return _balance_run(unit, nodes, services, previous, mode, overload, exhaustive)[0]
 
 
 def _balance_run(

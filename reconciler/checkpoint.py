@@ -591,20 +591,21 @@ def assign_ids(
     nodes_now: dict[str, tuple[list[Placement], list[Allocation]]] = {}
     given: dict[str, Allocation | str | None] = {}
     for node_id, ps in by_node.items():
+        ids = [p.instance_id for p in ps]
         was = last.get(node_id)
         if (
             was is not None
             and len(was[0]) == len(ps)
             and all(map(is_, was[0], ps))
-            and all(map(is_, map(old.get, [p.instance_id for p in ps]), was[1]))
+            and all(map(is_, map(old.get, ids), was[1]))
         ):
             nodes_now[node_id] = was
-            given.update(zip([p.instance_id for p in ps], was[1], strict=True))
+            given.update(zip(ids, was[1], strict=True))
             continue
         made = _node_ids(ps, old, gids)
         if all(type(a) is Allocation for a in made):
             nodes_now[node_id] = (ps, cast(list[Allocation], made))
-        given.update(zip([p.instance_id for p in ps], made, strict=True))
+        given.update(zip(ids, made, strict=True))
     if memo is not None:
         memo._gids, memo._nodes = gids, nodes_now
     allocations: dict[str, Allocation] = {}
