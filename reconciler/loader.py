@@ -420,11 +420,11 @@ def _patched(previous: StateView, files: dict[str, FileRecord]) -> StateView | N
     changed = [
         (n, rel, rec) for n, (rel, rec) in enumerate(files.items()) if rec is not old_files[rel]
     ]
-    if not changed:
-        return replace(previous, files=files)
     lines = list(previous.hash_lines)
     if len(lines) != len(files) or previous.duplicates:
         return None  # a service defined twice: the full assembly reports it
+    if not changed:
+        return replace(previous, files=files)
     unit = previous.unit
     services: dict[tuple[str, str], Service] = {}
     nodes: dict[str, Node] = {}

@@ -262,6 +262,22 @@ _EDITS = st.lists(
 )
 
 
+def test_a_duplicate_service_is_reported_on_every_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import reconciler.fsio as fsio
+
+    monkeypatch.setattr(fsio, "RACY_WINDOW_NS", -(10**12))  # trust the stat keys at once
+    write(tmp_path, "desired/a.yaml", SERVICE.format(id="a", version="1.0.0"))
+    write(tmp_path, "desired/b.yaml", SERVICE.format(id="a", version="2.0.0"))
+    view, diags = load_state(tmp_path)
+    again, diags_again = load_state(tmp_path, view)  # nothing changed: the same records
+    assert all(again.files[r] is view.files[r] for r in view.files)
+    assert [d.message for d in diags_again] == [d.message for d in diags]
+    assert len(diags) == 1 and "already defined" in diags[0].message
+    assert again.services[("a", "default")].version == "1.0.0"
+
+
 class TestPatchedView:
     """A load with the previous view patches that view's dictionaries for the files that
     changed; the result must be what assembling every file from nothing gives (same objects,
