@@ -18,7 +18,7 @@ import hashlib
 import os
 import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -337,16 +337,45 @@ def _regular_key(path: Path) -> StatKey | None:
 
 
 def load_state(
-    root: Path, previous: StateView | None = None, opts: LoadOptions | None = None
+    root: Path,
+    previous: StateView | None = None,
+    opts: LoadOptions | None = None,
+    *,
+    changed: Collection[str] | None = None,
 ) -> tuple[StateView, list[Diagnostic]]:
-    """Read every input file of ``root``; see the module docstring for the rules."""
+    """Read every input file of ``root``; see the module docstring for the rules.
+
+    ``changed`` (with a ``previous`` view of the same root) is a hint from a file watcher: the
+    paths, relative to ``root``, that may have changed since ``previous`` was loaded. Only those
+    are looked at (plus every resourcesFile a node read, which may live outside the watched
+    directory); every other file keeps its record without a ``stat``. The result is the full
+    pass's whenever the hint is complete. A hint that is not one input file (a directory, a
+    symlink, a path the layout does not know) makes it a full pass. A caller that uses hints
+    must still run a full pass afterwards to stay level-triggered (``reconcile`` does: SPEC
+    §14), since a file watcher can lose events."""
     opts = opts or LoadOptions()
     prev_files = previous.files if previous is not None and previous.root == root else {}
-    files: dict[str, FileRecord] = {}
+    files: dict[str, FileRecord] | None = None
+    if changed is not None and prev_files:
+        files = _hinted_files(root, prev_files, changed, opts)
+    if files is None:
+        files = _all_files(root, prev_files, opts)
+    same = previous is not None and previous.root == root and previous.files.keys() == files.keys()
+    patched = _patched(previous, files) if same and previous is not None else None
+    if patched is not None:
+        diagnostics = [d for rec in files.values() if rec.diagnostics for d in rec.diagnostics]
+        return patched, diagnostics
+    return _assembled(root, files)
 
+
+def _all_files(
+    root: Path, prev_files: Mapping[str, FileRecord], opts: LoadOptions
+) -> dict[str, FileRecord]:
+    """Every input file's record, each file stat'ed (and read when its stat key changed)."""
+    files: dict[str, FileRecord] = {}
     # in sorted order of the relative paths ("actual/" < "desired/" < "nodes/" < "unit.yaml";
     # each directory's files sorted), so ``files`` is sorted as it is built
-    for dir_kind, recursive in (("actual", False), ("desired", True), ("nodes", False)):
+    for dir_kind, recursive in _INPUT_DIRS:
         for found in iter_files(root / dir_kind, ".yaml", recursive=recursive):
             rel = f"{dir_kind}/{found.rel}"
             files[rel] = _load_one(root, rel, dir_kind, found.key, prev_files.get(rel), opts)
@@ -356,12 +385,94 @@ def load_state(
         files["unit.yaml"] = _load_one(
             root, "unit.yaml", "unit", ukey, prev_files.get("unit.yaml"), opts
         )
-    same = previous is not None and previous.root == root and previous.files.keys() == files.keys()
-    patched = _patched(previous, files) if same and previous is not None else None
-    if patched is not None:
-        diagnostics = [d for rec in files.values() if rec.diagnostics for d in rec.diagnostics]
-        return patched, diagnostics
-    return _assembled(root, files)
+    return files
+
+
+_INPUT_DIRS = (("actual", False), ("desired", True), ("nodes", False))
+
+
+class _FullPass(Exception):
+    """A hint only a full pass can resolve."""
+
+
+def _hinted_record(
+    root: Path, rel: str, prev_files: Mapping[str, FileRecord], opts: LoadOptions
+) -> tuple[bool, FileRecord | None]:
+    """What the full pass would find at the hinted path ``rel``: (False, _) when it loads no
+    file there, (True, None) when a file it had loaded is gone, (True, record) for a file it
+    loads. Raises :class:`_FullPass` where only a walk can tell (a directory, a symlink)."""
+    parts = rel.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        raise _FullPass(rel)
+    if any(part.startswith(".") for part in parts):
+        return False, None  # hidden files and directories are never inputs
+    try:
+        st: os.stat_result | None = os.lstat(root / rel)
+    except FileNotFoundError:
+        st = None
+    except OSError:
+        raise _FullPass(rel) from None
+    if st is None:
+        prefix = rel + "/"
+        if any(known.startswith(prefix) for known in prev_files):
+            raise _FullPass(rel)  # a directory of inputs went away
+        return (True, None) if rel in prev_files else (False, None)
+    if stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode):
+        raise _FullPass(rel)
+    kind = _input_kind(root, parts)
+    if kind is None:
+        return False, None
+    if not stat.S_ISREG(st.st_mode):
+        raise _FullPass(rel)
+    return True, _load_one(root, rel, kind, stat_key(st), prev_files.get(rel), opts)
+
+
+def _input_kind(root: Path, parts: list[str]) -> str | None:
+    """The kind of input the full pass loads at ``parts`` ("unit" for unit.yaml), or None.
+    Raises :class:`_FullPass` when a directory on the way is not a plain directory."""
+    if parts == ["unit.yaml"]:
+        return "unit"
+    recursive = next((r for kind, r in _INPUT_DIRS if kind == parts[0]), None)
+    if recursive is None or len(parts) < 2 or not parts[-1].endswith(".yaml"):
+        return None
+    if len(parts) > 2 and not recursive:
+        return None
+    for n in range(1, len(parts)):  # the walk neither follows symlinks nor leaves the tree
+        try:
+            st = os.lstat(root.joinpath(*parts[:n]))
+        except OSError:
+            raise _FullPass("/".join(parts)) from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise _FullPass("/".join(parts))
+    return parts[0]
+
+
+def _hinted_files(
+    root: Path, prev_files: Mapping[str, FileRecord], changed: Collection[str], opts: LoadOptions
+) -> dict[str, FileRecord] | None:
+    """The records of a full pass, computed from ``prev_files`` by looking only at the hinted
+    paths and at the resourcesFiles nodes read; None when a hint needs the full pass."""
+    updates: dict[str, FileRecord | None] = {}
+    try:
+        for rel in sorted(set(changed)):
+            loads, rec = _hinted_record(root, rel, prev_files, opts)
+            if loads:
+                updates[rel] = rec
+    except _FullPass:
+        return None
+    for rel, old in prev_files.items():
+        if old.deps and rel not in updates and not _deps_unchanged(old.deps):
+            kind = "unit" if rel == "unit.yaml" else rel.split("/", 1)[0]
+            updates[rel] = _load_one(root, rel, kind, _regular_key(root / rel), old, opts)
+    files = dict(prev_files)
+    for rel, rec in updates.items():
+        if rec is None:
+            files.pop(rel, None)
+        else:
+            files[rel] = rec
+    if all(rel in prev_files for rel in updates):
+        return files  # the same paths: the order of ``prev_files`` (sorted) holds
+    return {rel: files[rel] for rel in sorted(files)}  # the full pass's order: sorted paths
 
 
 def _hash_line(rel: str, rec: FileRecord) -> bytes:

@@ -124,6 +124,12 @@ class ReconcileOptions:
     """After writing, stat the inputs again and run once more if one changed during the run (a
     path-activated oneshot would otherwise wait for the next trigger). ``watch`` turns it off:
     its file watcher sees an edit made during a run and runs again itself."""
+    changed: frozenset[str] | None = None
+    """A file watcher's hint: the input paths (relative to the state directory) that may have
+    changed since ``previous_view``. The first pass loads only those, so the plan is out
+    sooner; after writing, the run stats every input anyway (as ``recheck`` does, whatever
+    ``recheck`` says) and runs again if any other file changed, so a lost event costs a second
+    pass, never an edit (SPEC §14). Ignored without a ``previous_view``."""
     clock: Callable[[], float] | None = None  # seconds since the epoch; default time.time
     write_hook: WriteHook | None = None
     configs: ConfigBuilder | None = None
@@ -176,13 +182,17 @@ def compute_once(
     previous_view: StateView | None = None,
     *,
     read_only: bool = False,
+    changed: frozenset[str] | None = None,
 ) -> Computed:
     """Load, recover, balance, assign ids and plan; writes nothing except, when not
-    ``read_only``, moving a corrupt checkpoint to quarantine."""
+    ``read_only``, moving a corrupt checkpoint to quarantine. ``changed``: see
+    :attr:`ReconcileOptions.changed` (the caller runs the full pass after)."""
     stage = opts.on_stage or (lambda _text: None)
     stage("loading inputs")
     last_good = LastGoodStore(state_dir / "checkpoint" / LAST_GOOD)
-    view, diags = load_state(state_dir, previous_view, LoadOptions(fallback=last_good.get))
+    view, diags = load_state(
+        state_dir, previous_view, LoadOptions(fallback=last_good.get), changed=changed
+    )
     stage("recovering the checkpoint")
     loaded = load_checkpoint(
         state_dir / "checkpoint",
@@ -409,8 +419,9 @@ def reconcile(
         written: list[str] = []
         cp_written = False
         problems: list[str] = []
+        hint = opts.changed if previous_view is not None else None
         for n in range(1, opts.max_passes + 1):
-            c = compute_once(state_dir, opts, previous_view)
+            c = compute_once(state_dir, opts, previous_view, changed=hint)
             problems.extend(c.loaded.problems)
             if c.alerts is not None:
                 for event in c.alerts.events:
@@ -437,12 +448,15 @@ def reconcile(
                 )
                 cp_written = True
             written += _write_outputs(state_dir, c, opts)
-            if not opts.recheck:
+            if not opts.recheck and hint is None:
                 return ReconcileReport(n, c, tuple(written), cp_written, tuple(problems))
+            # level-triggered after all: every input stat'ed (a watcher's hint may have missed
+            # an event; an edit may have landed during the run)
             after, _ = load_state(state_dir, c.view)
             if after.input_hash == c.view.input_hash:
                 return ReconcileReport(n, c, tuple(written), cp_written, tuple(problems))
             log.info("inputs changed during the run; reconciling again")
             previous_view = after
+            hint = None
         log.warning("inputs kept changing for %d passes; stopping here", opts.max_passes)
         return ReconcileReport(opts.max_passes, c, tuple(written), cp_written, tuple(problems))

@@ -1,7 +1,9 @@
 """``watch``: reconcile on every input change, debounced, with a periodic full resync (SPEC §14).
 
-Events only wake the loop; every run re-reads every input (level-triggered), so a lost, merged
-or overflowed event never loses an edit: at worst the timer's resync picks it up (watchfiles
+Events wake the loop and name the files a run loads first, so the plan of an edit is out
+without a stat of every input; after writing, the same run stats every input (level-triggered)
+and runs again if anything else changed, so a lost, merged or overflowed event never loses an
+edit: at worst the timer's resync picks it up (watchfiles
 drops the kernel's queue-overflow notice, so the timer is the overflow's resync). When the
 watcher itself fails (an error from its backend, the inotify watch limit), the loop resyncs at
 once and starts a new watcher; a new watcher checks once whether an input changed while its
@@ -22,7 +24,7 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +41,7 @@ from .reconcile import (
 )
 from .signals import stop_on_signals
 
-__all__ = ["WatchOptions", "input_filter", "run_logged", "summary", "watch_loop"]
+__all__ = ["WatchOptions", "changed_inputs", "input_filter", "run_logged", "summary", "watch_loop"]
 
 log = logging.getLogger("reconciler.watch")
 
@@ -61,6 +63,26 @@ def input_filter(root: Path) -> Callable[[watchfiles.Change, str], bool]:
         return not p.name.startswith(".")
 
     return accept
+
+
+def changed_inputs(root: Path, changes: Iterable[tuple[watchfiles.Change, str]]) -> frozenset[str]:
+    """The paths of a batch of events relative to ``root`` (resolved, as the watcher reports
+    them), the hint a run's first pass loads (:attr:`ReconcileOptions.changed`). The last
+    component is kept as named (a symlink is not followed); paths outside ``root`` are left
+    out (a node's resourcesFile elsewhere: the loader checks those every run)."""
+    root = root.resolve()
+    rels: set[str] = set()
+    for _change, path in changes:
+        p = Path(path)
+        if not p.is_absolute():
+            p = Path.cwd() / p
+        try:
+            rel = (p.parent.resolve() / p.name).relative_to(root)
+        except ValueError:
+            continue
+        if rel.parts:
+            rels.add(rel.as_posix())
+    return frozenset(rels)
 
 
 @dataclass(frozen=True)
@@ -120,11 +142,14 @@ def watch_loop(
 
     last_view: list[StateView] = []  # the view of the last run: parse cache, last good versions
 
-    def run(reason: str, verify: bool = True) -> None:
+    def run(reason: str, verify: bool = True, changed: frozenset[str] | None = None) -> None:
         """One run; ``verify=False`` (an event's run) trusts the cache that out/ holds what
-        the last run wrote; the first run and every resync check it."""
+        the last run wrote; the first run and every resync check it. ``changed``: the
+        events' paths, loaded first (the run stats every input after writing)."""
         t0 = time.monotonic()
         run_opts = opts if verify else dataclasses.replace(opts, verify=False)
+        if changed is not None:
+            run_opts = dataclasses.replace(run_opts, changed=changed)
         report = run_logged(state_dir, run_opts, last_view, reason, on_run)
         if report is None:
             return
@@ -187,7 +212,8 @@ def watch_loop(
             if changes:
                 names = sorted({Path(p).name for _, p in changes})
                 more = f" and {len(names) - 5} more" if len(names) > 5 else ""
-                run(f"changed: {', '.join(names[:5])}{more}", verify=False)
+                hint = changed_inputs(state_dir, changes)
+                run(f"changed: {', '.join(names[:5])}{more}", verify=False, changed=hint)
                 last = time.monotonic()
             elif time.monotonic() - last >= wopts.resync:
                 run("periodic resync")
