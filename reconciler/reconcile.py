@@ -9,6 +9,7 @@ when its content changed, so a second run with unchanged inputs rewrites nothing
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -454,6 +455,9 @@ def reconcile(
             # an event; an edit may have landed during the run)
             after, _ = load_state(state_dir, c.view)
             if after.input_hash == c.view.input_hash:
+                # the same objects (the loader keeps them for the same content), with the stat
+                # keys just taken: the next run does not read a recently written file again
+                c = dataclasses.replace(c, view=after)
                 return ReconcileReport(n, c, tuple(written), cp_written, tuple(problems))
             log.info("inputs changed during the run; reconciling again")
             previous_view = after
