@@ -319,6 +319,8 @@ def observe(
     """
     if not math.isfinite(now):
         raise ValueError("now must be finite")
+    if not previous and (unit is None or all(c.alertRules is None for c in unit.nodes)):
+        return AlertUpdate({}, {}, False, [], [])  # no rule, no timeline: what the loop finds
     by_id = {n.id: n for n in nodes}
     timelines: dict[str, Any] = {}
     overload: dict[str, frozenset[str]] = {}

@@ -62,14 +62,29 @@ class OutputPathError(OSError):
 @dataclass(frozen=True, slots=True)
 class WriteReport:
     written: tuple[str, ...]  # files rewritten, relative to out/ ("instances/<id>/config.json")
-    unchanged: tuple[str, ...]  # files left as they were, same form
+    kept: tuple[str, ...]
+    """What was left as it was, in order: an instance id stands for both of its files, a path
+    (with a '/') for one file (see :attr:`unchanged`). Paths are spelled out only when asked
+    for: a warm run leaves 40,000 files alone at 20,000 instances."""
     removed: tuple[str, ...]  # instance ids whose directories were removed
 
     @property
+    def unchanged(self) -> tuple[str, ...]:
+        """The files left as they were, relative to out/ like :attr:`written`."""
+        out: list[str] = []
+        for item in self.kept:
+            if "/" in item:
+                out.append(item)
+            else:
+                out += (f"instances/{item}/hosts", f"instances/{item}/config.json")
+        return tuple(out)
+
+    @property
     def counts(self) -> dict[str, int]:
+        n_unchanged = sum(1 if "/" in item else len(_FILES) for item in self.kept)
         return {
             "written": len(self.written),
-            "unchanged": len(self.unchanged),
+            "unchanged": n_unchanged,
             "removed": len(self.removed),
         }
 
@@ -334,7 +349,7 @@ def write_instance_outputs(
                 and (not verify or _pack(_fingerprints(f"{root_str}/{iid}")) == w.files)
             ):
                 entries[iid] = w if w.built is config else _Written(config, w.files, w.fragment)
-                unchanged += (f"instances/{iid}/hosts", f"instances/{iid}/config.json")
+                unchanged.append(iid)  # both files
                 kept += 1
                 continue
         else:
@@ -349,7 +364,7 @@ def write_instance_outputs(
                 new_manifest[iid] = known
                 if memo is not None:
                     entries[iid] = _Written(config, _pack(known["files"]))
-                unchanged += (f"instances/{iid}/hosts", f"instances/{iid}/config.json")
+                unchanged.append(iid)  # both files
                 kept += 1
                 continue
         # hosts first: a config never points at a hosts file that is not there yet
