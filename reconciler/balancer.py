@@ -28,6 +28,7 @@ from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from heapq import heappop, heappush, heapreplace
+from itertools import chain, groupby
 
 from .filters import (
     FILTER_CODES,
@@ -1072,6 +1073,42 @@ class _Run:
                 made[iid] = (res, p)
         return tuple(out)
 
+    def placements_of(self, instances: Sequence[Instance], made: Made) -> tuple[Placement, ...]:
+        """:meth:`placements` for some instances only: ``made`` keeps every other entry, and
+        loses the entries of those of ``instances`` left without a place."""
+        out = []
+        where = self.where
+        for inst in instances:
+            iid = inst.id
+            slot = where.get(iid)
+            if slot is None:
+                made.pop(iid, None)
+                continue
+            res = slot.placed[iid]
+            got = made.get(iid)
+            if got is not None and got[0] is res:
+                out.append(got[1])
+                continue
+            service = inst.service
+            p = new_placement(
+                iid,
+                inst.item_id,
+                inst.subject_id,
+                inst.index,
+                service.version,
+                service.priority,
+                slot.id,
+                slot.runtimes[res.runtime_index].id,
+                res.requested,
+                res.resources,
+                res.devices,
+                _unhealthy(slot, res) if res.devices else (),
+                res.cause,
+            )
+            out.append(p)
+            made[iid] = (res, p)
+        return tuple(out)
+
     def placement(self, instance: Instance) -> Placement:
         slot = self.where[instance.id]
         res = slot.placed[instance.id]
@@ -1270,6 +1307,10 @@ class BalanceMemo:
         self._run: _Run | None = None
         self._result: BalanceResult | None = None
         self._made: Made = {}
+        self._order: list[tuple[str, str]] = []  # the services' keys in instance order
+        self._segments: dict[tuple[str, str], tuple[Placement, ...]] = {}
+        """Per service, its placements in the memo's result (consecutive there, in instance
+        order); empty until an incremental call needs them."""
         self.incremental = False  # whether the last call was answered from the memo
         self.replaced = 0  # instances the last call released and placed again (incremental)
 
@@ -1302,6 +1343,7 @@ class BalanceMemo:
             return result
         self._unit, self._nodes, self._services = unit, {n.id: n for n in nodes}, by_key
         self._run, self._result, self._made = run, result, made
+        self._segments = {}
         return result
 
     def _instances(self, by_key: Mapping[tuple[str, str], Service]) -> list[Instance]:
@@ -1318,6 +1360,7 @@ class BalanceMemo:
             expanded[key] = got
             out += got[1]
         self._expanded = expanded
+        self._order = list(expanded)
         return out
 
     def _incremental(
@@ -1360,12 +1403,15 @@ class BalanceMemo:
         where = run.where
         gone = set()
         replaced = 0
+        made = self._made
+        segments = self._segments or _segments_of(result)
         for key in sorted(changed):  # the same order every time (device pools keep holders)
             got = self._expanded.get(key)
             if got is None:
                 continue
             gone.add(id(got[0]))
             for inst in got[1]:
+                made.pop(inst.id, None)
                 slot = where.get(inst.id)
                 if slot is not None:
                     run.release(slot, inst.id)
@@ -1381,12 +1427,52 @@ class BalanceMemo:
                 if prev is not None and not run.keep(inst, prev):
                     return None
         preempted = _passes(run, instances, {}, _always, preempt=True)
-        result = BalanceResult(
-            run.placements(instances, self._made), run.failures(instances), frozenset(preempted)
-        )
+        # Only these services' placements can differ from the last result's: the changed ones,
+        # those with an instance unplaced before the passes (pass 2 may place it) and those of
+        # an evicted instance; every other instance kept its very reservation.
+        affected = set(changed)
+        affected.update((f.item_id, f.subject_id) for f in result.failures)
+        old_by_id = result.by_id
+        for iid in preempted:
+            was = old_by_id.get(iid)
+            if was is not None:
+                affected.add((was.item_id, was.subject_id))
+        expanded = self._expanded
+        parts: list[tuple[Placement, ...]] = []
+        new_segments: dict[tuple[str, str], tuple[Placement, ...]] = {}
+        by_id = dict(old_by_id)
+        redone: list[Instance] = []  # the affected services' instances, in instance order
+        for key in self._order:
+            old_seg = segments.get(key, ())
+            if key in affected:
+                insts = expanded[key][1]
+                redone += insts
+                seg = run.placements_of(insts, made)
+                for p in old_seg:
+                    del by_id[p.instance_id]
+                for p in seg:
+                    by_id[p.instance_id] = p
+            else:
+                seg = old_seg
+            new_segments[key] = seg
+            parts.append(seg)
+        for key in changed - set(self._order):  # services gone
+            for p in segments.get(key, ()):
+                del by_id[p.instance_id]
+        placements = tuple(chain.from_iterable(parts))
+        result = BalanceResult(placements, run.failures(redone), frozenset(preempted), by_id)
         self._services, self._run, self._result = dict(by_key), run, result
+        self._segments = new_segments
         self.incremental, self.replaced = True, replaced
         return result
+
+
+def _segments_of(result: BalanceResult) -> dict[tuple[str, str], tuple[Placement, ...]]:
+    """The placements of ``result`` per service (each service's are consecutive)."""
+    return {
+        key: tuple(group)
+        for key, group in groupby(result.placements, key=lambda p: (p.item_id, p.subject_id))
+    }
 
 
 # ----------------------------------------------------------------------------- explain

@@ -96,6 +96,8 @@ def test_a_memo_gives_what_a_full_balance_gives(scenario: Scenario, data: st.Dat
         got = balance(unit, nodes, svcs, previous, mode, memo=memo)
         want = balance(unit, nodes, svcs, previous, mode)
         assert got == want, f"step {step}"
+        # by_id is not compared by ==: the memo patches the last one
+        assert dict(got.by_id) == {p.instance_id: p for p in got.placements}, f"step {step}"
         _assert_holds_exactly(memo, unit, nodes, svcs, got)
         previous = previous_of(got)
         _edit(data, svcs, node_ids, step)
