@@ -355,8 +355,16 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
 
     nodes_dir = out / "nodes"
     encoded_now: dict[str, tuple[Path, object, bytes]] = {}
+    # a trusting run (see ``verify``) knows the node patch files are the ones it last wrote
+    trusted = {} if opts.verify or known is None or encoded is None else encoded
+    absent: tuple[bytes | None, object] = (None, None)
     for node_id, ops in c.plan.patches.items():
         got = encoded.get(node_id) if encoded is not None else None
+        if got is not None and got[1] is ops and trusted.get(node_id) is got:
+            assert known is not None
+            if known.get(got[0], absent)[0] is got[2]:  # the same patch, known to be there
+                encoded_now[node_id] = got
+                continue
         if got is not None and got[0].parent == nodes_dir:
             path = got[0]
         else:
@@ -365,18 +373,25 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
         data = got[2] if got is not None and got[1] is ops else pretty_json(list(ops))
         encoded_now[node_id] = (path, ops, data)
         put(path, data, 0o644)
-    if encoded is not None:
-        encoded.clear()
-        encoded.update(encoded_now)
     memo = opts.cache.plan if opts.cache is not None else PlanMemo()
     put(out / "plan.json", plan_bytes(c.plan, c.plan_inputs(), memo))
     flush()
-    with os.scandir(out / "nodes") as entries:  # as glob("*.json"), without a Path per file
-        names = sorted(e.name for e in entries if e.name.endswith(".json") and not e.is_symlink())
+    if trusted:  # the patch files on disk are the ones the last run left
+        names = sorted(f"{n}.json" for n in trusted.keys() - c.plan.patches.keys())
+    else:
+        with os.scandir(nodes_dir) as entries:  # as glob("*.json"), without a Path per file
+            names = sorted(
+                e.name for e in entries if e.name.endswith(".json") and not e.is_symlink()
+            )
+    if encoded is not None:
+        encoded.clear()
+        encoded.update(encoded_now)
     for name in names:
         if name[: -len(".json")] not in c.plan.patches:
             stale = out / "nodes" / name
-            stale.unlink()
+            stale.unlink(missing_ok=bool(trusted))
+            if known is not None:
+                known.pop(stale, None)  # gone: a trusting run must write it if it comes back
             written.append(str(stale.relative_to(state_dir)))
     # the status report after the plan: the plan is what agents wait for, the report is for
     # people (a crash in between leaves the previous report beside the new plan)

@@ -5,6 +5,7 @@ repairs an output edited behind its back, and a changed output is written either
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -40,6 +41,32 @@ def test_trusted_between_resyncs_repaired_on_a_verifying_run(demo_copy: Path) ->
     report = reconcile(demo_copy, opts, report.computed.view)
     assert patch.read_bytes() == good_patch
     assert config.read_bytes() == good_config
+
+
+def test_a_trusting_run_publishes_node_patches_as_a_verifying_run_does(demo_copy: Path) -> None:
+    """Node patches on trusting runs: an unchanged patch is not looked at, a node that went
+    away loses its patch file and a new node gets one, as a run from nothing would leave."""
+    opts = ReconcileOptions(cache=ReconcileCache())
+    trusting = dataclasses.replace(opts, verify=False)
+    report = reconcile(demo_copy, opts)
+    nodes_dir = demo_copy / "out" / "nodes"
+    before = {p.name: p.read_bytes() for p in nodes_dir.glob("*.json")}
+    assert "edge-3.json" in before
+    spare = (demo_copy / "nodes" / "edge-3.yaml").read_text()
+    (demo_copy / "nodes" / "edge-3.yaml").unlink()
+    report = reconcile(demo_copy, trusting, report.computed.view)
+    assert "out/nodes/edge-3.json" in report.written
+    assert not (nodes_dir / "edge-3.json").exists()
+    assert not any(w.startswith("out/nodes/edge-1") for w in report.written)
+    (demo_copy / "nodes" / "edge-3.yaml").write_text(spare)
+    report = reconcile(demo_copy, trusting, report.computed.view)
+    assert (nodes_dir / "edge-3.json").exists()
+    fresh = demo_copy.parent / "fresh"
+    shutil.copytree(demo_copy, fresh, ignore=shutil.ignore_patterns("out", "checkpoint"))
+    reconcile(fresh, ReconcileOptions())
+    want = {p.name: p.read_bytes() for p in (fresh / "out" / "nodes").glob("*.json")}
+    got = {p.name: p.read_bytes() for p in nodes_dir.glob("*.json")}
+    assert got.keys() == want.keys() == before.keys()
 
 
 def test_a_killed_writers_temp_files_are_removed_by_a_verifying_run(demo_copy: Path) -> None:
