@@ -16,12 +16,15 @@ writer's own ``fstat``, not another ``lstat``.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
+import operator
 import os
 import shutil
 import stat
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -43,6 +46,7 @@ from .values import validate_id
 __all__ = [
     "CONFIG_MODE",
     "OutputPathError",
+    "PendingManifest",
     "WriteMemo",
     "WriteReport",
     "hosts_path",
@@ -67,12 +71,15 @@ class WriteReport:
     (with a '/') for one file (see :attr:`unchanged`). Paths are spelled out only when asked
     for: a warm run leaves 40,000 files alone at 20,000 instances."""
     removed: tuple[str, ...]  # instance ids whose directories were removed
+    manifest: PendingManifest | None = None
+    """With ``defer_manifest``: the manifest the caller is to write (None: unchanged)."""
 
     @property
     def unchanged(self) -> tuple[str, ...]:
-        """The files left as they were, relative to out/ like :attr:`written`."""
+        """The files left as they were, relative to out/ like :attr:`written`, by instance id
+        (an instance's hosts before its config.json)."""
         out: list[str] = []
-        for item in self.kept:
+        for item in sorted(self.kept, key=_instance_of_item):
             if "/" in item:
                 out.append(item)
             else:
@@ -87,6 +94,32 @@ class WriteReport:
             "unchanged": n_unchanged,
             "removed": len(self.removed),
         }
+
+
+@dataclass(frozen=True, slots=True)
+class PendingManifest:
+    """A manifest :func:`write_instance_outputs` left to its caller (``defer_manifest``): the
+    configs it describes are already in place, so it may be written later, in the caller's
+    own batch. Until it is, the manifest on disk is the older one, which a writer without a
+    memo reads as "compare these instances' files" (their fingerprints differ): never wrong,
+    only slower."""
+
+    path: Path
+    make: Callable[[], bytes]
+    memo: WriteMemo | None
+
+    def data(self) -> bytes:
+        return self.make()
+
+    def written(self) -> None:
+        """The caller wrote :meth:`data` to :attr:`path`: the memo describes the directory."""
+        memo = self.memo
+        if memo is not None and memo._root == str(self.path.parent) and memo._manifest is None:
+            memo._manifest = _manifest_key(self.path.parent)
+
+
+def _instance_of_item(item: str) -> str:
+    return item.split("/", 2)[1] if "/" in item else item
 
 
 def instances_dir(state_dir: Path) -> Path:
@@ -277,6 +310,9 @@ class WriteMemo:
         self._root: str | None = None  # the out/instances directory it describes
         self._manifest: StatKey | None = None  # the manifest file as the last call left it
         self._entries: dict[str, _Written] = {}
+        self._order: list[str] = []  # the keys of ``_entries``, sorted
+        self._built: Mapping[str, BuiltConfig] = {}  # the ``built`` the entries were made of
+        self._irregular: set[str] = set()  # entries whose files were not regular files
         self.trusted = 0  # in the last call: instances known unchanged without a system call
         self.verified = 0  # in the last call: instances known unchanged by their files' lstat
         self.compared = 0  # in the last call: instances whose files were compared or written
@@ -288,6 +324,7 @@ class WriteMemo:
         """The entries if they describe ``root`` as it is; the memo is left empty."""
         entries, valid = self._entries, self._root == root and self._manifest == manifest
         self._root, self._manifest, self._entries = None, None, {}
+        self._order, self._built, self._irregular = [], {}, set()
         return entries if valid else None
 
 
@@ -298,6 +335,7 @@ def write_instance_outputs(
     sync: bool = True,
     memo: WriteMemo | None = None,
     verify: bool = True,
+    defer_manifest: bool = False,
 ) -> WriteReport:
     """Write ``config.json`` and ``hosts`` for every built instance; remove stale instances.
 
@@ -309,15 +347,21 @@ def write_instance_outputs(
     system call and the stale instances are those the memo knows that are no longer built (a
     change made by hand under ``out/instances`` waits for the next call with ``verify=True``).
     Without a usable memo, ``verify`` has no effect. The files written are the same whatever
-    the memo and ``verify``."""
+    the memo and ``verify``. ``defer_manifest`` leaves the manifest to the caller
+    (:attr:`WriteReport.manifest`): ``reconcile`` writes it with the status report, after the
+    plan is out."""
     out = Path(os.path.abspath(state_dir)) / "out"
     root = out / "instances"
     root_str = str(root)
-    ids = sorted(built)
     validated = memo._entries if memo is not None and memo._root == root_str else {}
-    for iid in ids:
-        if iid not in validated:
-            validate_id(iid, "instance id")
+    # the memo's id order, when it names the same instances (no sort of 20,000 ids)
+    same_ids = memo is not None and bool(validated) and built.keys() == validated.keys()
+    order = memo._order if memo is not None and same_ids else None
+    last_built = memo._built if memo is not None else {}
+    irregular = memo._irregular if memo is not None else set()
+    ids = order if order is not None else sorted(built)
+    for iid in itertools.filterfalse(validated.__contains__, ids):
+        validate_id(iid, "instance id")
     _ensure_dir(out)
     _ensure_dir(root)
 
@@ -338,7 +382,20 @@ def write_instance_outputs(
     # without a manifest every instance is compared: one listing of the directory, not an
     # lstat per instance (None: look at each instance's directory)
     listing = _list_dir(root_str) if prev is None and not manifest else None
-    for iid in ids:
+    todo = ids
+    if prev is not None and not verify:
+        # trusted: an instance given the very BuiltConfig of the last call, with regular files
+        # then, is unchanged; only the others are looked at (C-level passes over the ids)
+        same = list(map(operator.is_, map(last_built.get, ids), map(built.get, ids)))
+        todo = list(itertools.compress(ids, map(operator.not_, same)))
+        if irregular:
+            todo = sorted(set(todo) | (irregular & built.keys()))
+            same = list(map(operator.not_, map(set(todo).__contains__, ids)))
+        trusted = list(itertools.compress(ids, same))
+        entries.update(zip(trusted, map(prev.__getitem__, trusted), strict=True))
+        unchanged += trusted  # both files of each
+        kept += len(trusted)
+    for iid in todo:
         config = built[iid]
         if prev is not None:
             w = prev.get(iid)
@@ -418,14 +475,18 @@ def write_instance_outputs(
                 changed = True
         if memo is not None:
             entries[iid] = _Written(built[iid], _pack(fingerprints), fragment)
-    manifest_bytes: bytes | None = None
+    make: Callable[[], bytes] | None = None
     if prev is None:
         if new_manifest != manifest:
-            manifest_bytes = pretty_json(new_manifest)
+            make = functools.partial(pretty_json, new_manifest)
     elif changed or len(entries) != len(prev):
-        manifest_bytes = _manifest_bytes(entries)
-    if manifest_bytes is not None:
-        atomic_write_many([(root / MANIFEST, manifest_bytes, 0o600)])
+        make = functools.partial(_manifest_bytes, entries)
+    pending: PendingManifest | None = None
+    if make is not None:
+        if defer_manifest:
+            pending = PendingManifest(root / MANIFEST, make, memo)
+        else:
+            atomic_write_many([(root / MANIFEST, make(), 0o600)])
 
     removed: list[str] = []
     keep = built.keys()
@@ -442,11 +503,19 @@ def write_instance_outputs(
         shutil.rmtree(root / name)
         removed.append(name)
     if memo is not None:
-        memo._root, memo._manifest, memo._entries = root_str, _manifest_key(root), entries
+        # a manifest still to write: the memo describes the directory once it is written
+        key = None if pending is not None else _manifest_key(root)
+        memo._root, memo._manifest, memo._entries = root_str, key, entries
+        memo._order, memo._built = ids, built
+        if prev is None:
+            memo._irregular = {iid for iid, w in entries.items() if w.files is None}
+        else:  # only the compared ones can have become or stopped being irregular
+            maybe = {iid for iid in irregular if iid in entries}.union(compared)
+            memo._irregular = {iid for iid in maybe if entries[iid].files is None}
         verified = kept if verify or prev is None else 0
         memo.trusted, memo.verified = kept - verified, verified
         memo.compared = len(compared)
-    return WriteReport(tuple(written), tuple(unchanged), tuple(removed))
+    return WriteReport(tuple(written), tuple(unchanged), tuple(removed), pending)
 
 
 def _is_real_dir(path: str) -> bool:

@@ -48,7 +48,7 @@ from .lastgood import LastGoodMemo, LastGoodStore
 from .loader import Diagnostic, LoadOptions, StateView, load_state, mass_deletion_guard
 from .lock import StateLock
 from .oci import BuildResult, BuiltConfig
-from .oci_writer import WriteMemo, write_instance_outputs
+from .oci_writer import PendingManifest, WriteMemo, write_instance_outputs
 from .placement import BalanceResult, Failure, Mode
 from .planner import Plan, PlanMemo, make_plan, plan_bytes
 from .status import NodeStatusCache, status_bytes
@@ -326,15 +326,18 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
     ensure_dir(out)
     ensure_dir(out / "nodes")
     written: list[str] = []
+    manifest: PendingManifest | None = None
     if c.built is not None:
         report = write_instance_outputs(
             state_dir,
             c.built,
             memo=opts.cache.configs if opts.cache is not None else None,
             verify=opts.verify,
+            defer_manifest=True,  # written with the status report, after the plan
         )
         written += [f"out/{f}" for f in report.written]
         written += [f"out/instances/{i}" for i in report.removed]
+        manifest = report.manifest
 
     batch: list[tuple[Path, bytes, int]] = []
 
@@ -408,7 +411,11 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
         cache=opts.cache.status if opts.cache is not None else NodeStatusCache(),
     )
     put(out / "status.json", status)
+    if manifest is not None:  # the configs' own record (see PendingManifest): after the plan
+        batch.append((manifest.path, manifest.data(), 0o600))
     flush()
+    if manifest is not None:
+        manifest.written()
     return written
 
 

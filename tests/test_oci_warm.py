@@ -625,3 +625,40 @@ def test_a_manifest_edited_by_hand_is_not_trusted(tmp_path: Path) -> None:
     assert _write(tmp_path, built, memo, verify=False).written == ()
     assert (memo.trusted, memo.compared) == (1, 1)  # looked at again, found unchanged
     assert json.loads(path.read_bytes())[iid]["files"] == files
+
+
+def _reconcile_opts() -> ReconcileOptions:
+    return ReconcileOptions(configs=default_config_builder())
+
+
+def test_a_run_stopped_before_the_deferred_manifest_leaves_nothing_wrong(
+    demo_copy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The configs' manifest is written after the plan: a run that dies before it leaves the
+    older manifest, which the next writer (another process, no memo) must not trust for the
+    instances whose files changed meanwhile."""
+    from reconciler.oci_writer import PendingManifest
+
+    logger = demo_copy / "desired" / "apps" / "logger.yaml"
+    original = logger.read_text()
+    reconcile(demo_copy, _reconcile_opts())
+    manifest = demo_copy / "out" / "instances" / ".manifest.json"
+    old_manifest = manifest.read_bytes()
+    logger.write_text(original.replace("pidsLimit: 16", "pidsLimit: 17"))
+
+    def crash(self: PendingManifest) -> bytes:
+        raise RuntimeError("killed before the manifest")
+
+    monkeypatch.setattr(PendingManifest, "data", crash)
+    with pytest.raises(RuntimeError):
+        reconcile(demo_copy, _reconcile_opts())
+    monkeypatch.undo()
+    assert manifest.read_bytes() == old_manifest  # older than the configs on disk
+    assert b'"limit": 17' in b"".join(_instance_files(demo_copy).values())
+    logger.write_text(original)  # back to what the old manifest describes
+    reconcile(demo_copy, _reconcile_opts())
+    recovered = _instance_files(demo_copy)
+    assert b'"limit": 17' not in b"".join(recovered.values())
+    shutil.rmtree(demo_copy / "out")  # what a writer starting from nothing makes of the same
+    reconcile(demo_copy, _reconcile_opts())
+    assert recovered == _instance_files(demo_copy)

@@ -104,7 +104,8 @@ def test_outputs_are_published_in_dependency_order(
     demo_copy: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Configs before the node patches that name them; the patches with plan.json in one
-    batch; status.json last, in a batch of its own, so the plan does not wait for the report."""
+    batch; status.json last, in a batch with the configs' manifest (a record for the next
+    writer, not an output anyone waits for), so the plan waits for neither."""
     from reconciler import reconcile as reconcile_module
     from reconciler.fsio import atomic_write_many as real_many
     from reconciler.oci_writer import write_instance_outputs as real_outputs
@@ -125,4 +126,4 @@ def test_outputs_are_published_in_dependency_order(
     out = [b for b in batches if b == ["configs"] or any(p.startswith("out/") for p in b)]
     assert out[0] == ["configs"]
     assert "out/plan.json" in out[1] and any(p.startswith("out/nodes/") for p in out[1])
-    assert out[2:] == [["out/status.json"]]
+    assert out[2:] == [["out/status.json", "out/instances/.manifest.json"]]
