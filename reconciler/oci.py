@@ -21,7 +21,8 @@ import posixpath
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
+from itertools import compress, repeat
+from operator import attrgetter, is_, not_
 from typing import Any, Literal, Protocol
 
 from .jsonio import pretty_json
@@ -700,6 +701,7 @@ class ConfigJob:
 class BuildResult:
     built: dict[str, BuiltConfig]  # instance id → config, for every job that succeeded
     errors: dict[str, str]  # instance id → the one-line OciError message
+    # (both in the order of the jobs given: instance order from ``reconcile``)
 
 
 class _RunLookups:
@@ -838,6 +840,10 @@ class BuildMemo:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def jobs(self, instance_ids: list[str]) -> list[ConfigJob | None]:
+        """:meth:`job` of each id (one C-level pass)."""
+        return list(map(_JOB, map(self._entries.get, instance_ids, repeat(_ABSENT))))
+
     def job(self, instance_id: str) -> ConfigJob | None:
         """The job this instance's config was built from in the last call, if any. A caller
         whose inputs for the instance are the very objects (and values) of that job can pass
@@ -847,6 +853,21 @@ class BuildMemo:
 
 
 _instance_id_of = attrgetter("placement.instance_id")
+_JOB = attrgetter("job")
+_POLICY = attrgetter("policy")
+_ASKED = attrgetter("asked")
+_OUTCOME = attrgetter("outcome")
+
+
+class _Absent:
+    """Stands for "no build last call" in :func:`build_all`'s C-level passes."""
+
+    job = None
+    policy = None
+    asked = (None,)  # not empty: never taken as is
+
+
+_ABSENT = _Absent()
 
 
 def build_all(
@@ -873,17 +894,27 @@ def build_all(
             previous, interned = memo._entries, memo._interned
     # per id() of an asked tuple of `previous` (alive until the end of the call): it holds now
     checked: dict[int, bool] = {}
-    entries: dict[str, _Memoized] = {}
-    built: dict[str, BuiltConfig] = {}
-    errors: dict[str, str] = {}
-    reused = 0
-    for job in sorted(jobs, key=_instance_id_of):
-        iid = job.placement.instance_id
-        entry = previous.get(iid)
-        if entry is not None and (
-            (entry.job is job and entry.policy is policy and not entry.asked)
-            or entry.holds_for(job, policy, lookups, checked)
-        ):
+    todo = list(jobs)
+    iids = list(map(_instance_id_of, todo))
+    olds: list[Any] = list(map(previous.get, iids, repeat(_ABSENT)))
+    # a build whose job is the very object of the last call's, under the same policy, that
+    # asked the host nothing, is taken as is: found by C-level passes, not a loop body each
+    same = list(
+        map(
+            all,
+            zip(
+                map(is_, map(_JOB, olds), todo),
+                map(is_, map(_POLICY, olds), repeat(policy)),
+                map(not_, map(_ASKED, olds)),
+                strict=True,
+            ),
+        )
+    )
+    entries: dict[str, _Memoized] = dict(zip(iids, olds, strict=True))
+    reused = same.count(True)
+    for k in compress(range(len(todo)), map(not_, same)):
+        job, iid, entry = todo[k], iids[k], olds[k]
+        if entry is not _ABSENT and entry.holds_for(job, policy, lookups, checked):
             reused += 1
         else:
             lookups.asked = []
@@ -908,10 +939,12 @@ def build_all(
                 asked = interned.setdefault(asked, asked)
             entry = _Memoized(job, policy, asked, outcome)
         entries[iid] = entry
-        if isinstance(entry.outcome, str):
-            errors[iid] = entry.outcome
-        else:
-            built[iid] = entry.outcome
+    outcomes = list(map(_OUTCOME, entries.values()))
+    built: dict[str, BuiltConfig] = dict(zip(entries, outcomes, strict=True))
+    errors: dict[str, str] = {}
+    if any(map(isinstance, outcomes, repeat(str))):
+        errors = {iid: out for iid, out in built.items() if isinstance(out, str)}
+        built = {iid: out for iid, out in built.items() if not isinstance(out, str)}
     if memo is not None:
         if len(interned) > 2 * len(entries) + 64:  # drop the tuples no build uses any more
             interned = {e.asked: e.asked for e in entries.values() if e.asked}

@@ -5,11 +5,16 @@ given by the caller (tests that run containers on device nodes made in a temp di
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from itertools import compress, repeat
+from operator import attrgetter, is_, is_not, not_
 from pathlib import Path
+from typing import Any
 
-from .checkpoint import Checkpoint
+from .checkpoint import Allocation, Checkpoint
 from .hostdevices import HostDevices, SystemGroups
 from .loader import StateView
+from .models import Node, Service
 from .oci import (
     BuildMemo,
     BuildResult,
@@ -26,6 +31,9 @@ from .reconcile import ConfigBuilder
 from .values import validate_id
 
 __all__ = ["default_config_builder", "resolve_rootfs"]
+
+_INSTANCE_ID = attrgetter("instance_id")
+_KEY = attrgetter("item_id", "subject_id")
 
 
 def resolve_rootfs(state_dir: Path, rootfs: str) -> str:
@@ -53,11 +61,17 @@ def default_config_builder(
     device_policy = policy if policy is not None else DevicePolicy()
     memo = BuildMemo()
     last_base: str | None = None  # the instances directory of the previous run
+    # the previous run's nodes, allocations by instance and services (the mappings themselves)
+    last: tuple[Mapping[str, Node], dict[str, Allocation | None], Mapping[Any, Service]] = (
+        {},
+        {},
+        {},
+    )
 
     def build(
         state_dir: Path, view: StateView, result: BalanceResult, cp: Checkpoint
     ) -> BuildResult:
-        nonlocal last_base
+        nonlocal last_base, last
         services = {s.key: s for s in view.services.values()}
         nodes = view.nodes
         allocations = cp.allocations
@@ -69,15 +83,33 @@ def default_config_builder(
         reuse = base == last_base
         last_base = None  # until this run's jobs are built
         rootfs: dict[str, str] = {}  # per run: image rootfs -> resolved path
-        jobs = []
-        for p in result.placements:
-            iid = p.instance_id
-            alloc = allocations.get(iid)
+        placements = result.placements
+        iids = list(map(_INSTANCE_ID, placements))
+        allocs = list(map(allocations.get, iids))
+        olds = memo.jobs(iids) if reuse else [None] * len(iids)
+        # C-level passes first: a job whose placement and allocation are the very objects of
+        # the last run, on the same nodes, of a service that did not change, is taken as is
+        same: list[bool] = [False] * len(iids)
+        if reuse and nodes is last[0]:
+            checks = [
+                map(is_, map(getattr, olds, repeat("placement"), repeat(None)), placements),
+                map(is_, map(last[1].get, iids), allocs),
+                map(is_not, allocs, repeat(None)),
+            ]
+            if view.services is not last[2]:
+                changed = {k for k, s in view.services.items() if last[2].get(k) is not s}
+                if changed:
+                    checks.append(map(not_, map(changed.__contains__, map(_KEY, placements))))
+            same = list(map(all, zip(*checks, strict=True)))
+        jobs: list[ConfigJob | None] = [
+            old if ok else None for old, ok in zip(olds, same, strict=True)
+        ]
+        for k in compress(range(len(iids)), map(not_, same)):
+            p, iid, alloc, old = placements[k], iids[k], allocs[k], olds[k]
             if alloc is None:
                 continue
             service = services[(p.item_id, p.subject_id)]
             node = nodes[p.node_id]
-            old = memo.job(iid) if reuse else None
             if (
                 old is not None
                 and old.service is service
@@ -86,27 +118,30 @@ def default_config_builder(
                 and old.gid == alloc.gid
                 and (old.placement is p or same_placement_inputs(old.placement, p))
             ):
-                jobs.append(old)
+                jobs[k] = old
                 continue
             image_rootfs = service.image.rootfs
             if image_rootfs not in rootfs:
                 rootfs[image_rootfs] = resolve_rootfs(resolved, image_rootfs)
             validate_id(iid, "instance id")
-            jobs.append(
-                ConfigJob(
-                    service=service,
-                    placement=p,
-                    node=node,
-                    rootfs=rootfs[image_rootfs],
-                    uid=alloc.uid,
-                    gid=alloc.gid,
-                    hosts_path=f"{base}/{iid}/hosts",  # as oci_writer.hosts_path
-                )
+            jobs[k] = ConfigJob(
+                service=service,
+                placement=p,
+                node=node,
+                rootfs=rootfs[image_rootfs],
+                uid=alloc.uid,
+                gid=alloc.gid,
+                hosts_path=f"{base}/{iid}/hosts",  # as oci_writer.hosts_path
             )
         built = build_all(
-            jobs, groups=group_lookup, devices=device_lookup, policy=device_policy, memo=memo
+            list(filter(None, jobs)),
+            groups=group_lookup,
+            devices=device_lookup,
+            policy=device_policy,
+            memo=memo,
         )
         last_base = base
+        last = (nodes, dict(zip(iids, allocs, strict=True)), view.services)
         return built
 
     return build

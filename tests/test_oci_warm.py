@@ -356,6 +356,13 @@ def test_builder_passes_back_unchanged_jobs_only(
     nodes = {**view.nodes, node_id: node.model_copy(update={"maxDMIPS": node.maxDMIPS * 2})}
     view = replace(view, nodes=nodes)
     check(demo_copy, {p.instance_id for p in result.placements if p.node_id == node_id})
+    # a service edited while its placements stay the very same objects: its jobs only
+    edited = result.by_id[second_id]
+    key = (edited.item_id, edited.subject_id)
+    svc = view.services[key]
+    image = svc.image.model_copy(update={"env": ["MODE=day"]})
+    view = replace(view, services={**view.services, key: svc.model_copy(update={"image": image})})
+    check(demo_copy, {p.instance_id for p in result.placements if (p.item_id, p.subject_id) == key})
     other = demo_copy.parent / "other"
     shutil.copytree(demo_copy, other)
     moved = check(other, set(last))
