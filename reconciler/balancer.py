@@ -1029,27 +1029,35 @@ class _Run:
         the reservation a placement was made from and that placement; one whose reservation is
         the same object is taken from there (the node is unchanged, the run is the same), and
         ``made`` is left holding this call's."""
+        into: Made = made if made is not None else {}
+        old = dict(into)
+        into.clear()
+        return self._placements(instances, old, into)
+
+    def placements_of(self, instances: Sequence[Instance], made: Made) -> tuple[Placement, ...]:
+        """:meth:`placements` for some instances only: ``made`` keeps every other entry, and
+        loses the entries of those of ``instances`` left without a place."""
+        return self._placements(instances, made, made)
+
+    def _placements(
+        self, instances: Sequence[Instance], old: Made, into: Made
+    ) -> tuple[Placement, ...]:
         out = []
         where = self.where
         service: Service | None = None
         version, priority = "", 0
-        old: Made = {}
-        if made is not None:
-            old = dict(made)
-            made.clear()
         for inst in instances:
             iid = inst.id
             slot = where.get(iid)
             if slot is None:
+                into.pop(iid, None)
                 continue
             res = slot.placed[iid]
-            if old:
-                got = old.get(iid)
-                if got is not None and got[0] is res:
-                    out.append(got[1])
-                    if made is not None:
-                        made[iid] = got
-                    continue
+            got = old.get(iid)
+            if got is not None and got[0] is res:
+                out.append(got[1])
+                into[iid] = got
+                continue
             if inst.service is not service:
                 service = inst.service
                 version, priority = service.version, service.priority
@@ -1069,44 +1077,7 @@ class _Run:
                 res.cause,
             )
             out.append(p)
-            if made is not None:
-                made[iid] = (res, p)
-        return tuple(out)
-
-    def placements_of(self, instances: Sequence[Instance], made: Made) -> tuple[Placement, ...]:
-        """:meth:`placements` for some instances only: ``made`` keeps every other entry, and
-        loses the entries of those of ``instances`` left without a place."""
-        out = []
-        where = self.where
-        for inst in instances:
-            iid = inst.id
-            slot = where.get(iid)
-            if slot is None:
-                made.pop(iid, None)
-                continue
-            res = slot.placed[iid]
-            got = made.get(iid)
-            if got is not None and got[0] is res:
-                out.append(got[1])
-                continue
-            service = inst.service
-            p = new_placement(
-                iid,
-                inst.item_id,
-                inst.subject_id,
-                inst.index,
-                service.version,
-                service.priority,
-                slot.id,
-                slot.runtimes[res.runtime_index].id,
-                res.requested,
-                res.resources,
-                res.devices,
-                _unhealthy(slot, res) if res.devices else (),
-                res.cause,
-            )
-            out.append(p)
-            made[iid] = (res, p)
+            into[iid] = (res, p)
         return tuple(out)
 
     def placement(self, instance: Instance) -> Placement:
