@@ -265,11 +265,16 @@ class CheckpointMemo:
       only (see :func:`_decoded_form`): their fields are exact ``str``, ``int`` and ``tuple``
       values, immutable all the way down, so a fragment stays right while its object lives.
       Being in that table also tells :func:`as_decoded` that the allocation is in decoded form.
+      When every allocation of the call is in decoded form, the same loop also leaves what
+      decoding the bytes gives (:meth:`decoded`: the allocations in id order, the same
+      objects) and their ``PreviousAllocation`` values, so that loading the file just written
+      and :meth:`previous` of what it gives cost no pass over the allocations.
     - :meth:`sorted_ids`: the instance ids in sorted order, from the last call's order with the
       ids added inserted and the ids removed left out.
     - :meth:`previous`: :meth:`Checkpoint.previous`, reusing the ``PreviousAllocation`` built for
       the same allocation object (its fields are that object's fields, so it is what building
-      it again gives).
+      it again gives), kept beside its fragment; for the allocations :meth:`decoded` gave, a
+      copy of the mapping the encoding loop built.
 
     An entry holds the allocation object itself: a strong reference, so its ``id`` cannot be
     reused while the entry lives, and it serves only that very object (``is``), never an equal
@@ -278,8 +283,14 @@ class CheckpointMemo:
     counters tell how much work was done (the tests and benchmarks read them)."""
 
     def __init__(self) -> None:
-        self._fragments: dict[str, tuple[Allocation, bytes]] = {}
-        self._previous: dict[str, tuple[Allocation, PreviousAllocation]] = {}
+        self._fragments: dict[str, tuple[Allocation, bytes, PreviousAllocation]] = {}
+        self._previous: dict[str, tuple[Allocation, PreviousAllocation]] = {}  # not in decoded form
+        # the last data_chunks call's allocations (the mapping it was given), as decoding gives
+        # them (id order) and their PreviousAllocations, when every one was in decoded form
+        self._decoded: (
+            tuple[Mapping[str, Allocation], dict[str, Allocation], dict[str, PreviousAllocation]]
+            | None
+        ) = None
         self._order: tuple[str, ...] = ()  # sorted
         self._ids: set[str] = set()  # the same ids
         self._version = 0  # of _order and _ids, counted up when they change
@@ -324,6 +335,7 @@ class CheckpointMemo:
         taken from the last call where the allocation is the same object; None when an id is
         not exactly a ``str``."""
         allocations = cp.allocations
+        self._decoded = None
         order = self.sorted_ids(allocations)
         if order is None:
             return None
@@ -333,19 +345,27 @@ class CheckpointMemo:
                 del known[iid]
             self._fragments_version = self._version
         chunks: list[bytes] = [b""]
+        decoded: dict[str, Allocation] = {}  # what decoding gives: id order, the same objects
+        previous: dict[str, PreviousAllocation] = {}
+        every = True  # every allocation in decoded form so far
         for iid in order:
             a = allocations[iid]
             got = known.get(iid)
             if got is None or got[0] is not a:
                 self.serialised += 1
                 part = b"," + canonical(iid) + b":" + canonical(a.to_json())
-                if _decoded_form(a):
-                    known[iid] = (a, part)
-                elif got is not None:  # mutable, could change under us: not kept
-                    del known[iid]
-                chunks.append(part)
-            else:
-                chunks.append(got[1])
+                if not _decoded_form(a):
+                    if got is not None:  # mutable, could change under us: not kept
+                        del known[iid]
+                    chunks.append(part)
+                    every = False
+                    continue
+                self.converted += 1
+                got = known[iid] = (a, part, a.previous())
+            chunks.append(got[1])
+            if every:
+                decoded[iid] = a
+                previous[iid] = got[2]
         # canonical(data): the keys sorted (alerts, gids, instances), the instances' ids sorted,
         # no spaces; each fragment is exactly what the whole dump writes for that pair
         if len(chunks) > 1:
@@ -358,7 +378,19 @@ class CheckpointMemo:
             + b',"instances":{'
         )
         chunks.append(b"}}")
+        if every:
+            self._decoded = (allocations, decoded, previous)
         return chunks
+
+    def decoded(self, allocations: Mapping[str, Allocation]) -> dict[str, Allocation] | None:
+        """``allocations`` as decoding gives them (in id order; the very objects, every one in
+        decoded form), when they are the mapping the last :meth:`data_chunks` call encoded
+        (unchanged since: the caller's promise) and every one was in decoded form; else None.
+        The same mapping each time: a caller must not change it."""
+        last = self._decoded
+        if last is None or allocations is not last[0] or len(allocations) != len(last[1]):
+            return None
+        return last[1]
 
     def _gids_bytes(self, gids: Mapping[str, int]) -> bytes:
         """``canonical(dict(sorted(gids.items())))``, the last bytes again for equal plain
@@ -375,15 +407,23 @@ class CheckpointMemo:
 
     def previous(self, allocations: Mapping[str, Allocation]) -> dict[str, PreviousAllocation]:
         """``{iid: a.previous() for iid, a in allocations.items()}``."""
+        last = self._decoded
+        if last is not None and allocations is last[1]:  # what decoded() handed out
+            return dict(last[2])
+        fragments = self._fragments
         known = self._previous
         out: dict[str, PreviousAllocation] = {}
         for iid, a in allocations.items():
-            got = known.get(iid)
-            if got is None or got[0] is not a:
+            got = fragments.get(iid)
+            if got is not None and got[0] is a:
+                out[iid] = got[2]
+                continue
+            was = known.get(iid)
+            if was is None or was[0] is not a:
                 self.converted += 1
-                got = known[iid] = (a, a.previous())
-            out[iid] = got[1]
-        if len(known) > len(out):  # ids removed since the last call: drop their entries
+                was = known[iid] = (a, a.previous())
+            out[iid] = was[1]
+        if known.keys() - out.keys():  # ids removed since the last call: drop their entries
             for iid in [k for k in known if k not in out]:
                 del known[iid]
         return out
@@ -498,6 +538,9 @@ def as_decoded(cp: Checkpoint, memo: CheckpointMemo | None = None) -> Checkpoint
         data_gids = json.loads(canonical(dict(sorted(cp.gids.items()))))
         gids = {str(k): int(v) for k, v in data_gids.items()}
     alerts = json.loads(canonical(dict(cp.alerts)))
+    known_form = memo.decoded(cp.allocations) if memo is not None else None
+    if known_form is not None:  # encoded last by the memo, every allocation in decoded form
+        return Checkpoint(cp.lineage, cp.generation, known_form, gids, dict(alerts))
     order = memo.sorted_ids(cp.allocations) if memo is not None else None
     if order is None or memo is None:
         allocations = {

@@ -288,8 +288,11 @@ def test_a_run_after_one_change_serialises_checks_and_converts_that_one() -> Non
     assert memo.checked == 0
     assert loaded2.previous() == {i: a.previous() for i, a in nxt.allocations.items()}
     assert memo.converted == 302
-    # the tables hold the last call's allocations only
-    assert set(memo._fragments) == set(memo._previous) == set(allocs)
+    # the tables hold the last call's allocations only (all in decoded form: with fragments)
+    assert set(memo._fragments) == set(allocs) and not memo._previous
+    # the file just written decodes to the very objects the encoding saw, in id order
+    assert loaded2.allocations is memo.decoded(nxt.allocations)
+    assert list(loaded2.allocations) == sorted(allocs)
 
 
 def test_a_mutable_allocation_is_serialised_again_after_a_change() -> None:
