@@ -28,7 +28,8 @@ from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from heapq import heappop, heappush, heapreplace
-from itertools import chain, groupby
+from itertools import chain, compress, groupby
+from operator import attrgetter, is_, is_not
 
 from .filters import (
     FILTER_CODES,
@@ -1210,13 +1211,15 @@ def _passes(
     keeps: Callable[[Instance], bool],
     *,
     preempt: bool,
+    everyone: Callable[[], Sequence[Instance]] | None = None,
 ) -> set[str]:
     """Pass 1 (keep the previous place of the instances ``keeps`` selects), pass 2 (place the
     rest in instance order) and, with ``preempt``, pass 3; returns the evicted instances' ids.
 
     After evictions every instance still unplaced, victims and earlier failures alike, goes
     through pass 2 again in instance order: room a preemption left over is used now, as the
-    next run's pass 2 would use it."""
+    next run's pass 2 would use it. ``everyone``: every instance of the run, when
+    ``instances`` holds only those that may lack a place (a victim can be any of them)."""
     where = run.where
     if not where and not previous:  # nothing placed, nothing to keep (a fresh run)
         pending = list(instances)
@@ -1233,7 +1236,7 @@ def _passes(
     preempted: set[str] = set()
     if not (preempt and failed):
         return preempted
-    by_id = {i.id: i for i in instances}
+    by_id = {i.id: i for i in (everyone() if everyone is not None else instances)}
     unplaced = []
     for inst in failed:
         evicted = run.preempt(inst)
@@ -1249,6 +1252,9 @@ def _passes(
 
 
 # ----------------------------------------------------------------------------- memo
+
+
+_NODE_ID = attrgetter("id")
 
 
 class BalanceMemo:
@@ -1282,6 +1288,10 @@ class BalanceMemo:
         self._segments: dict[tuple[str, str], tuple[Placement, ...]] = {}
         """Per service, its placements in the memo's result (consecutive there, in instance
         order); empty until an incremental call needs them."""
+        self._validated: dict[str, PreviousAllocation] | None = None
+        """The last ``previous`` found to be exactly ``_result`` (see _incremental), but for the
+        instances in ``_dirty``: placed anew, or removed, by the calls since."""
+        self._dirty: set[str] = set()
         self.incremental = False  # whether the last call was answered from the memo
         self.replaced = 0  # instances the last call released and placed again (incremental)
 
@@ -1315,24 +1325,68 @@ class BalanceMemo:
         self._unit, self._nodes, self._services = unit, {n.id: n for n in nodes}, by_key
         self._run, self._result, self._made = run, result, made
         self._segments = {}
+        self._validated = None
         return result
 
     def _instances(self, by_key: Mapping[tuple[str, str], Service]) -> list[Instance]:
         """Every instance in instance order (the instances of one service are consecutive),
         each service's expanded once while it is the same object."""
+        self._expand(by_key)
+        return self._flat()
+
+    def _expand(self, by_key: Mapping[tuple[str, str], Service]) -> None:
+        """``_expanded`` and ``_order`` for these services."""
         old = self._expanded
         expanded: dict[tuple[str, str], tuple[Service, list[Instance]]] = {}
-        out: list[Instance] = []
         for service in sorted(by_key.values(), key=service_order):
             key = service.key
             got = old.get(key)
             if got is None or got[0] is not service:
                 got = (service, expand_instances([service]))
             expanded[key] = got
-            out += got[1]
         self._expanded = expanded
         self._order = list(expanded)
-        return out
+
+    def _flat(self) -> list[Instance]:
+        expanded = self._expanded
+        return list(chain.from_iterable(expanded[key][1] for key in self._order))
+
+    def _previous_is_result(
+        self, result: BalanceResult, previous: Mapping[str, PreviousAllocation]
+    ) -> bool:
+        """Whether ``previous`` holds exactly the node, runtime, devices and cause of each of
+        ``result``'s placements (the checkpoint the last run wrote). Only the instances whose
+        previous is not the object found right last time (by identity), or whose placement
+        was made or removed since, are compared: every other pair was compared then, and
+        neither side changed (a PreviousAllocation is frozen)."""
+        placements = result.placements
+        if len(previous) != len(placements):
+            return False
+        by_id = result.by_id
+        validated = self._validated
+        if validated is None:
+            suspects: Iterable[str] = by_id.keys()
+        else:
+            ids = previous.keys()
+            suspects = set(compress(ids, map(is_not, map(validated.get, ids), previous.values())))
+            suspects |= self._dirty
+        for iid in suspects:
+            p = by_id.get(iid)
+            prev = previous.get(iid)
+            if p is None and prev is None:  # removed, or unplaced, and not in previous
+                continue
+            if (
+                p is None
+                or prev is None
+                or (prev.node_id, prev.runtime_id, prev.devices, prev.cause)
+                != (p.node_id, p.runtime_id, p.devices, p.cause)
+            ):
+                return False
+        # (with equal sizes, every placement's id is in previous: a key of previous not in
+        # result is a suspect, found above)
+        self._validated = dict(previous)
+        self._dirty = set()
+        return True
 
     def _incremental(
         self,
@@ -1347,19 +1401,10 @@ class BalanceMemo:
         if not (unit is self._unit or unit == self._unit) or len(nodes) != len(self._nodes):
             return None
         known = self._nodes
-        if any(known.get(n.id) is not n for n in nodes):
+        if not all(map(is_, map(known.get, map(_NODE_ID, nodes)), nodes)):
             return None
-        if len(previous) != len(result.placements):
+        if not self._previous_is_result(result, previous):
             return None
-        for p in result.placements:
-            prev = previous.get(p.instance_id)
-            if prev is None or (prev.node_id, prev.runtime_id, prev.devices, prev.cause) != (
-                p.node_id,
-                p.runtime_id,
-                p.devices,
-                p.cause,
-            ):
-                return None
         old = self._services
         changed = {k for k, s in by_key.items() if old.get(k) is not s}
         changed.update(k for k in old if k not in by_key)
@@ -1389,15 +1434,26 @@ class BalanceMemo:
         for g in [g for g in run.groups if g in gone]:
             del run.groups[g]
         run.forget_refusals()
-        instances = self._instances(by_key)
+        self._expand(by_key)
+        expanded = self._expanded
         # pass 1 for the services as they are now
         for key in sorted(k for k in changed if k in by_key):
-            for inst in self._expanded[key][1]:
+            for inst in expanded[key][1]:
                 replaced += 1
                 prev = previous.get(inst.id)
                 if prev is not None and not run.keep(inst, prev):
                     return None
-        preempted = _passes(run, instances, {}, _always, preempt=True)
+        # pass 2 and 3: only the changed services and those with an instance unplaced last
+        # time can have an instance without a place (in instance order, as in the full run)
+        unplaced = changed | {(f.item_id, f.subject_id) for f in result.failures}
+        pending = [
+            inst
+            for key in self._order
+            if key in unplaced
+            for inst in expanded[key][1]
+            if inst.id not in where
+        ]
+        preempted = _passes(run, pending, {}, _always, preempt=True, everyone=self._flat)
         # Only these services' placements can differ from the last result's: the changed ones,
         # those with an instance unplaced before the passes (pass 2 may place it) and those of
         # an evicted instance; every other instance kept its very reservation.
@@ -1408,11 +1464,11 @@ class BalanceMemo:
             was = old_by_id.get(iid)
             if was is not None:
                 affected.add((was.item_id, was.subject_id))
-        expanded = self._expanded
         parts: list[tuple[Placement, ...]] = []
         new_segments: dict[tuple[str, str], tuple[Placement, ...]] = {}
         by_id = dict(old_by_id)
         redone: list[Instance] = []  # the affected services' instances, in instance order
+        dirty = self._dirty  # (emptied by the check of previous above)
         for key in self._order:
             old_seg = segments.get(key, ())
             if key in affected:
@@ -1421,8 +1477,10 @@ class BalanceMemo:
                 seg = run.placements_of(insts, made)
                 for p in old_seg:
                     del by_id[p.instance_id]
+                    dirty.add(p.instance_id)
                 for p in seg:
                     by_id[p.instance_id] = p
+                    dirty.add(p.instance_id)
             else:
                 seg = old_seg
             new_segments[key] = seg
@@ -1430,6 +1488,7 @@ class BalanceMemo:
         for key in changed - set(self._order):  # services gone
             for p in segments.get(key, ()):
                 del by_id[p.instance_id]
+                dirty.add(p.instance_id)
         placements = tuple(chain.from_iterable(parts))
         result = BalanceResult(placements, run.failures(redone), frozenset(preempted), by_id)
         self._services, self._run, self._result = dict(by_key), run, result

@@ -15,7 +15,7 @@ from reconciler.balancer import BalanceMemo, balance, node_states
 from reconciler.loader import load_state
 from reconciler.models import Node, Service, UnitConfig
 from reconciler.nodestate import NodeSlot
-from reconciler.placement import BalanceResult, Mode, PreviousAllocation
+from reconciler.placement import BalanceResult, Cause, Mode, PreviousAllocation
 from reconciler.values import instance_id
 from tests.builders import make_node, make_service, previous_of
 from tests.test_balancer_properties import SETTINGS, Scenario, node_docs, scenarios, services
@@ -83,6 +83,8 @@ def test_a_memo_gives_what_a_full_balance_gives(scenario: Scenario, data: st.Dat
     svcs = list(scenario.services)
     memo = BalanceMemo()
     previous: dict[str, PreviousAllocation] = {}
+    older: dict[str, PreviousAllocation] = {}
+    last: dict[str, PreviousAllocation] | None = None  # previous_of(the last result)
     for step in range(data.draw(st.integers(1, 6), label="steps")):
         mode: Mode = data.draw(
             st.sampled_from(("stable", "stable", "stable", "fresh")), label="mode"
@@ -96,11 +98,52 @@ def test_a_memo_gives_what_a_full_balance_gives(scenario: Scenario, data: st.Dat
         got = balance(unit, nodes, svcs, previous, mode, memo=memo)
         want = balance(unit, nodes, svcs, previous, mode)
         assert got == want, f"step {step}"
+        if previous != last:  # a previous other than the last result: never from the memo
+            assert not memo.incremental, f"step {step}"
+        last = previous_of(got)
         # by_id is not compared by ==: the memo patches the last one
         assert dict(got.by_id) == {p.instance_id: p for p in got.placements}, f"step {step}"
         _assert_holds_exactly(memo, unit, nodes, svcs, got)
-        previous = previous_of(got)
+        older, previous = previous, _as_the_checkpoint_gives(got, previous)
+        _tamper(data, previous, node_ids, step)
+        if data.draw(st.integers(0, 5), label="stale previous") == 0:
+            # the checkpoint before the last one (a run that crashed before saving): its
+            # objects are the ones the memo checked last time
+            previous = dict(older)
         _edit(data, svcs, node_ids, step)
+
+
+def _as_the_checkpoint_gives(
+    result: BalanceResult, last: dict[str, PreviousAllocation]
+) -> dict[str, PreviousAllocation]:
+    """``previous_of(result)``, with the very objects of ``last`` where they are equal (as the
+    checkpoint's memo hands them out: the memo checks only what is not the same object)."""
+    fresh = previous_of(result)
+    return {iid: last[iid] if last.get(iid) == prev else prev for iid, prev in fresh.items()}
+
+
+def _tamper(
+    data: st.DataObject, previous: dict[str, PreviousAllocation], node_ids: list[str], step: int
+) -> None:
+    """Sometimes a previous that differs from the result in one entry, the others being the
+    same objects: the memo must notice (a checkpoint written by another process)."""
+    what = data.draw(
+        st.sampled_from(("none", "none", "none", "move", "cause", "swap-id")),
+        label=f"tamper {step}",
+    )
+    if what == "none" or not previous:
+        return
+    iid = data.draw(st.sampled_from(sorted(previous)), label="tampered id")
+    prev = previous[iid]
+    if what == "move":
+        node = data.draw(st.sampled_from(node_ids), label="to node")
+        previous[iid] = PreviousAllocation(node, prev.runtime_id, prev.devices, prev.cause)
+    elif what == "cause":
+        cause: Cause | None = None if prev.cause is not None else "rebalanced"
+        previous[iid] = PreviousAllocation(prev.node_id, prev.runtime_id, prev.devices, cause)
+    else:  # the same size, another id
+        del previous[iid]
+        previous[f"{iid}-other"] = prev
 
 
 class TestTheMemoIsUsed:
@@ -166,3 +209,23 @@ def test_the_loader_hands_out_the_same_node_for_the_same_content(demo_copy: Path
         assert again.nodes[node_id] is node
     for key, service in view.services.items():
         assert again.services[key] is service
+
+
+def test_a_stale_previous_of_an_evicted_instance_runs_in_full() -> None:
+    """The checkpoint before the last one (a run that crashed before saving), of the same size
+    and holding the very objects the memo checked on its last call: the instance that call
+    moved (evicted, placed again elsewhere) must not be taken as still where it was."""
+    nodes = [make_node("n0"), make_node("n1")]
+    lo = make_service("lo", cpu=800)
+    memo = BalanceMemo()
+    first = balance(None, nodes, [lo, make_service("x", cpu=100)], {}, "stable", memo=memo)
+    lo_id = instance_id("lo", "default", 0)
+    assert first.by_id[lo_id].node_id == "n0"
+    stale = previous_of(first)
+    now = [lo, make_service("hi", priority=1, node_id="n0", cpu=500)]  # x gone, hi added
+    second = balance(None, nodes, now, stale, "stable", memo=memo)
+    assert memo.incremental and second.preempted == {lo_id}
+    assert second.by_id[lo_id].node_id == "n1" and len(second.placements) == len(stale)
+    third = balance(None, nodes, now, dict(stale), "stable", memo=memo)
+    assert not memo.incremental
+    assert third == balance(None, nodes, now, dict(stale), "stable")
