@@ -1334,9 +1334,23 @@ class BalanceMemo:
         self._expand(by_key)
         return self._flat()
 
-    def _expand(self, by_key: Mapping[tuple[str, str], Service]) -> None:
-        """``_expanded`` and ``_order`` for these services."""
+    def _expand(
+        self,
+        by_key: Mapping[tuple[str, str], Service],
+        changed: set[tuple[str, str]] | None = None,
+    ) -> None:
+        """``_expanded`` and ``_order`` for these services. ``changed``: the keys whose
+        service is not the one in ``_expanded`` (every other is the same object); when none of
+        them was added, removed or given another priority, the order is the last one."""
         old = self._expanded
+        if changed is not None and all(
+            k in old and k in by_key and old[k][0].priority == by_key[k].priority for k in changed
+        ):
+            patched = dict(old)
+            for k in changed:
+                patched[k] = (by_key[k], expand_instances([by_key[k]]))
+            self._expanded = patched
+            return
         expanded: dict[tuple[str, str], tuple[Service, list[Instance]]] = {}
         for service in sorted(by_key.values(), key=service_order):
             key = service.key
@@ -1434,7 +1448,7 @@ class BalanceMemo:
         for g in [g for g in run.groups if g in gone]:
             del run.groups[g]
         run.forget_refusals()
-        self._expand(by_key)
+        self._expand(by_key, changed)
         expanded = self._expanded
         # pass 1 for the services as they are now
         for key in sorted(k for k in changed if k in by_key):
