@@ -24,6 +24,7 @@ shows), so the next run with the same inputs reports the same reasons.
 
 from __future__ import annotations
 
+import weakref
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -1425,7 +1426,11 @@ class BalanceMemo:
         if not changed and not result.failures:
             # the full run keeps every instance where it is (pass 1) and evicts nobody
             self.incremental, self.replaced = True, 0
-            return replace(result, preempted=frozenset()) if result.preempted else result
+            if not result.preempted:
+                return result
+            again = replace(result, preempted=frozenset(), since=(weakref.ref(result), frozenset()))
+            self._result = again
+            return again
         # (With nothing changed but instances unplaced, those go through pass 2 and 3 again,
         # as in the full run: one evicted by the last run's pass 3 may now evict another.)
         self._run = None  # mutated below: a failure leaves no usable state
@@ -1504,7 +1509,13 @@ class BalanceMemo:
                 del by_id[p.instance_id]
                 dirty.add(p.instance_id)
         placements = tuple(chain.from_iterable(parts))
-        result = BalanceResult(placements, run.failures(redone), frozenset(preempted), by_id)
+        result = BalanceResult(
+            placements,
+            run.failures(redone),
+            frozenset(preempted),
+            by_id,
+            since=(weakref.ref(result), frozenset(dirty)),
+        )
         self._services, self._run, self._result = dict(by_key), run, result
         self._segments = new_segments
         self.incremental, self.replaced = True, replaced

@@ -834,6 +834,7 @@ class BuildMemo:
         self._entries: dict[str, _Memoized] = {}
         self._lookups: tuple[GroupLookup, DeviceLookup] | None = None
         self._interned: dict[tuple[_Asked, ...], tuple[_Asked, ...]] = {}
+        self._asking: set[str] = set()  # the entries whose build asked the host something
         self.reused = 0  # in the last call: builds taken from the memo
         self.built = 0  # in the last call: builds run
 
@@ -843,6 +844,12 @@ class BuildMemo:
     def jobs(self, instance_ids: list[str]) -> list[ConfigJob | None]:
         """:meth:`job` of each id (one C-level pass)."""
         return list(map(_JOB, map(self._entries.get, instance_ids, repeat(_ABSENT))))
+
+    def asking(self) -> set[str]:
+        """The ids whose last build asked the host something (a group, a device): a caller
+        that passes back only some jobs (``build_all(..., keep=...)``) must pass these, whose
+        answers are checked again on each call."""
+        return set(self._asking)
 
     def job(self, instance_id: str) -> ConfigJob | None:
         """The job this instance's config was built from in the last call, if any. A caller
@@ -877,21 +884,30 @@ def build_all(
     devices: DeviceLookup,
     policy: DevicePolicy = _DEFAULT_POLICY,
     memo: BuildMemo | None = None,
+    removed: Iterable[str] | None = None,
 ) -> BuildResult:
     """Build every job; one instance's failure never stops the others (SPEC §11).
 
     Each distinct group name and host device path is looked up once per call (all instances
     see the same answers). With ``memo``, builds of the previous call whose inputs and host
-    answers are unchanged are reused (see :class:`BuildMemo`)."""
+    answers are unchanged are reused (see :class:`BuildMemo`).
+
+    ``removed`` (with ``memo``): the jobs are only some of the caller's, and these ids are no
+    longer built; the memo's entries of the other ids stay as they are (the caller knows each
+    one's job is the very one of its entry, and that it asked the host nothing: see
+    :meth:`BuildMemo.asking`). The result holds the given jobs only."""
     lookups = _RunLookups(groups, devices)
     previous: dict[str, _Memoized] = {}
     interned: dict[tuple[_Asked, ...], tuple[_Asked, ...]] = {}
+    same_lookups = False
     if memo is not None:
         same_lookups = memo._lookups is not None and (
             memo._lookups[0] is groups and memo._lookups[1] is devices
         )
         if same_lookups:
             previous, interned = memo._entries, memo._interned
+    if removed is not None and not same_lookups:
+        raise ValueError("a call with some jobs only needs the memo of the same lookups")
     # per id() of an asked tuple of `previous` (alive until the end of the call): it holds now
     checked: dict[int, bool] = {}
     todo = list(jobs)
@@ -946,9 +962,19 @@ def build_all(
         errors = {iid: out for iid, out in built.items() if isinstance(out, str)}
         built = {iid: out for iid, out in built.items() if not isinstance(out, str)}
     if memo is not None:
+        asking = set(compress(entries, map(_ASKED, entries.values())))
+        if removed is not None and same_lookups:  # the other ids' entries, as they were
+            kept = dict(previous)
+            gone = set(removed)
+            for iid in gone:
+                kept.pop(iid, None)
+            asking |= memo._asking - gone - entries.keys()
+            kept.update(entries)
+            entries = kept
         if len(interned) > 2 * len(entries) + 64:  # drop the tuples no build uses any more
             interned = {e.asked: e.asked for e in entries.values() if e.asked}
         memo._entries = entries
+        memo._asking = asking
         memo._lookups = (groups, devices)
         memo._interned = interned
         memo.reused = reused

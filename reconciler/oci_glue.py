@@ -5,7 +5,7 @@ given by the caller (tests that run containers on device nodes made in a temp di
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from itertools import compress, repeat
 from operator import attrgetter, is_, is_not, not_
 from pathlib import Path
@@ -26,9 +26,9 @@ from .oci import (
     same_placement_inputs,
 )
 from .oci_writer import instances_dir
-from .placement import BalanceResult
+from .placement import BalanceResult, Placement
 from .reconcile import ConfigBuilder
-from .values import validate_id
+from .values import instance_ids, validate_id
 
 __all__ = ["default_config_builder", "resolve_rootfs"]
 
@@ -61,6 +61,9 @@ def default_config_builder(
     device_policy = policy if policy is not None else DevicePolicy()
     memo = BuildMemo()
     last_base: str | None = None  # the instances directory of the previous run
+    # the previous run's result and what it built (for a result that names its changes since)
+    last_result: BalanceResult | None = None
+    last_built: BuildResult | None = None
     # the previous run's nodes, allocations by instance and services (the mappings themselves)
     last: tuple[Mapping[str, Node], dict[str, Allocation | None], Mapping[Any, Service]] = (
         {},
@@ -71,8 +74,7 @@ def default_config_builder(
     def build(
         state_dir: Path, view: StateView, result: BalanceResult, cp: Checkpoint
     ) -> BuildResult:
-        nonlocal last_base, last
-        services = {s.key: s for s in view.services.values()}
+        nonlocal last_base, last, last_result, last_built
         nodes = view.nodes
         allocations = cp.allocations
         resolved = state_dir.resolve()  # once per run, not per instance
@@ -83,6 +85,28 @@ def default_config_builder(
         reuse = base == last_base
         last_base = None  # until this run's jobs are built
         rootfs: dict[str, str] = {}  # per run: image rootfs -> resolved path
+
+        def rootfs_of(image_rootfs: str) -> str:
+            got = rootfs.get(image_rootfs)
+            if got is None:
+                got = rootfs[image_rootfs] = resolve_rootfs(resolved, image_rootfs)
+            return got
+
+        was, done = last_result, last_built
+        last_result = last_built = None
+        if reuse and nodes is last[0] and was is not None and done is not None:
+            if result is was:  # (an edited service's placements are not known: built in full)
+                since: frozenset[str] | None = frozenset() if view.services is last[2] else None
+            elif result.since is not None and result.since[0]() is was:
+                since = result.since[1]
+            else:
+                since = None
+            if since is not None:
+                built = _patched(since, done, view, result, allocations, rootfs_of, base)
+                last_base, last_result, last_built = base, result, built
+                last = (nodes, dict(allocations), view.services)
+                return built
+        services = {s.key: s for s in view.services.values()}
         placements = result.placements
         iids = list(map(_INSTANCE_ID, placements))
         allocs = list(map(allocations.get, iids))
@@ -109,30 +133,7 @@ def default_config_builder(
             if alloc is None:
                 continue
             service = services[(p.item_id, p.subject_id)]
-            node = nodes[p.node_id]
-            if (
-                old is not None
-                and old.service is service
-                and old.node is node
-                and old.uid == alloc.uid
-                and old.gid == alloc.gid
-                and (old.placement is p or same_placement_inputs(old.placement, p))
-            ):
-                jobs[k] = old
-                continue
-            image_rootfs = service.image.rootfs
-            if image_rootfs not in rootfs:
-                rootfs[image_rootfs] = resolve_rootfs(resolved, image_rootfs)
-            validate_id(iid, "instance id")
-            jobs[k] = ConfigJob(
-                service=service,
-                placement=p,
-                node=node,
-                rootfs=rootfs[image_rootfs],
-                uid=alloc.uid,
-                gid=alloc.gid,
-                hosts_path=f"{base}/{iid}/hosts",  # as oci_writer.hosts_path
-            )
+            jobs[k] = _job(iid, p, alloc, service, nodes[p.node_id], old, rootfs_of, base)
         built = build_all(
             list(filter(None, jobs)),
             groups=group_lookup,
@@ -140,8 +141,96 @@ def default_config_builder(
             policy=device_policy,
             memo=memo,
         )
-        last_base = base
-        last = (nodes, dict(zip(iids, allocs, strict=True)), view.services)
+        last_base, last_result, last_built = base, result, built
+        last = (nodes, dict(allocations), view.services)
         return built
 
+    def _patched(
+        since: frozenset[str],
+        done: BuildResult,
+        view: StateView,
+        result: BalanceResult,
+        allocations: Mapping[str, Allocation],
+        rootfs_of: Callable[[str], str],
+        base: str,
+    ) -> BuildResult:
+        """The last run's build, with only the instances that can differ built again: those
+        ``since`` names (placed, moved or removed since the last result), those of a service
+        or with an allocation that is not the last run's object, and those whose build asked
+        the host something (its answers are checked again). Every other instance's job would
+        be the very one of the last run (same service, node, placement, uid and gid)."""
+        _nodes, last_allocs, last_services = last
+        redo = set(since)
+        if view.services is not last_services:
+            # the balancer placed from these services: ``since`` names every instance of an
+            # edited one already; named again here, from its instance counts, to be sure
+            for key in view.services.keys() | last_services.keys():
+                now, then = view.services.get(key), last_services.get(key)
+                if now is not then:
+                    count = max(s.instances for s in (now, then) if s is not None)
+                    redo.update(instance_ids(key[0], key[1], 0, count))
+        keys = allocations.keys()
+        redo.update(compress(keys, map(is_not, map(last_allocs.get, keys), allocations.values())))
+        redo.update(last_allocs.keys() - keys)
+        redo |= memo.asking()
+        by_id = result.by_id
+        jobs: list[ConfigJob] = []
+        removed: list[str] = []
+        for iid in sorted(redo):
+            p, alloc = by_id.get(iid), allocations.get(iid)
+            if p is None or alloc is None:
+                removed.append(iid)
+                continue
+            service = view.services[(p.item_id, p.subject_id)]
+            node = view.nodes[p.node_id]
+            jobs.append(_job(iid, p, alloc, service, node, memo.job(iid), rootfs_of, base))
+        some = build_all(
+            jobs,
+            groups=group_lookup,
+            devices=device_lookup,
+            policy=device_policy,
+            memo=memo,
+            removed=removed,
+        )
+        built, errors = dict(done.built), dict(done.errors)
+        for iid in redo:
+            built.pop(iid, None)
+            errors.pop(iid, None)
+        built.update(some.built)
+        errors.update(some.errors)
+        return BuildResult(built, errors)
+
     return build
+
+
+def _job(
+    iid: str,
+    p: Placement,
+    alloc: Allocation,
+    service: Service,
+    node: Node,
+    old: ConfigJob | None,
+    rootfs_of: Callable[[str], str],
+    base: str,
+) -> ConfigJob:
+    """The job of one instance: ``old`` (the last run's) when its inputs are the same objects
+    and values, else a new one."""
+    if (
+        old is not None
+        and old.service is service
+        and old.node is node
+        and old.uid == alloc.uid
+        and old.gid == alloc.gid
+        and (old.placement is p or same_placement_inputs(old.placement, p))
+    ):
+        return old
+    validate_id(iid, "instance id")
+    return ConfigJob(
+        service=service,
+        placement=p,
+        node=node,
+        rootfs=rootfs_of(service.image.rootfs),
+        uid=alloc.uid,
+        gid=alloc.gid,
+        hosts_path=f"{base}/{iid}/hosts",  # as oci_writer.hosts_path
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from operator import itemgetter
@@ -166,6 +167,15 @@ class BalanceResult:
     failures: tuple[Failure, ...]  # in instance order
     preempted: frozenset[str] = frozenset()  # ids evicted by a higher-priority instance
     by_id: Mapping[str, Placement] = field(default_factory=dict, compare=False)
+    since: tuple[weakref.ref[BalanceResult], frozenset[str]] | None = field(
+        default=None, compare=False, repr=False
+    )
+    """Not part of the value: set by :class:`~reconciler.balancer.BalanceMemo` on a call it
+    answered from its last result, that result (weakly: a caller that kept it can recognise it
+    by identity) and a superset of the ids whose placement is not that result's very object
+    (placed anew, moved, removed, unplaced). Every other id has the same ``Placement`` object
+    in both results, or is in neither, so a later stage that kept what it made of the last
+    result needs to look at these ids only."""
 
     def __post_init__(self) -> None:
         if not self.by_id and self.placements:

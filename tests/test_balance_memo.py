@@ -85,6 +85,7 @@ def test_a_memo_gives_what_a_full_balance_gives(scenario: Scenario, data: st.Dat
     previous: dict[str, PreviousAllocation] = {}
     older: dict[str, PreviousAllocation] = {}
     last: dict[str, PreviousAllocation] | None = None  # previous_of(the last result)
+    last_got: BalanceResult | None = None
     for step in range(data.draw(st.integers(1, 6), label="steps")):
         mode: Mode = data.draw(
             st.sampled_from(("stable", "stable", "stable", "fresh")), label="mode"
@@ -100,7 +101,8 @@ def test_a_memo_gives_what_a_full_balance_gives(scenario: Scenario, data: st.Dat
         assert got == want, f"step {step}"
         if previous != last:  # a previous other than the last result: never from the memo
             assert not memo.incremental, f"step {step}"
-        last = previous_of(got)
+        _assert_since_holds(got, last_got, memo.incremental)
+        last, last_got = previous_of(got), got
         # by_id is not compared by ==: the memo patches the last one
         assert dict(got.by_id) == {p.instance_id: p for p in got.placements}, f"step {step}"
         _assert_holds_exactly(memo, unit, nodes, svcs, got)
@@ -111,6 +113,21 @@ def test_a_memo_gives_what_a_full_balance_gives(scenario: Scenario, data: st.Dat
             # objects are the ones the memo checked last time
             previous = dict(older)
         _edit(data, svcs, node_ids, step)
+
+
+def _assert_since_holds(got: BalanceResult, last: BalanceResult | None, incremental: bool) -> None:
+    """An answer from the memo names the last result and every id whose placement is not that
+    result's very object; a full run names nothing."""
+    if got is last:
+        return
+    if not incremental:
+        assert got.since is None
+        return
+    assert got.since is not None and last is not None
+    base, ids = got.since[0](), got.since[1]
+    assert base is last
+    for iid in (got.by_id.keys() | last.by_id.keys()) - ids:
+        assert got.by_id.get(iid) is last.by_id.get(iid), iid
 
 
 def _as_the_checkpoint_gives(

@@ -28,8 +28,10 @@ import reconciler.fsio
 import reconciler.oci as oci
 import reconciler.oci_glue as oci_glue
 import reconciler.oci_writer as oci_writer
-from reconciler.checkpoint import Checkpoint
+from benchmarks.statedir import bump_instances, write_state_dir
+from reconciler.checkpoint import Allocation, Checkpoint
 from reconciler.jsonio import pretty_json
+from reconciler.loader import StateView
 from reconciler.models import Node, Service
 from reconciler.oci import (
     BuildMemo,
@@ -45,8 +47,8 @@ from reconciler.oci import (
 )
 from reconciler.oci_glue import default_config_builder
 from reconciler.oci_writer import WriteMemo, WriteReport, write_instance_outputs
-from reconciler.placement import Placement
-from reconciler.reconcile import ReconcileOptions, reconcile
+from reconciler.placement import BalanceResult, Placement
+from reconciler.reconcile import ReconcileCache, ReconcileOptions, reconcile
 from reconciler.values import instance_id
 
 from .test_oci import (
@@ -312,16 +314,20 @@ def test_builder_passes_back_unchanged_jobs_only(
     builder = default_config_builder()
     opts = ReconcileOptions(configs=builder)
     first = reconcile(demo_copy, opts)
+    placed = {p.instance_id for p in first.computed.result.placements}
     second = reconcile(demo_copy, opts, first.computed.view)
     one, two = _by_id(spied_jobs[0]), _by_id(spied_jobs[1])
-    assert one and all(two[i] is one[i] for i in one)  # the warm path: nothing is rebuilt
+    # the warm path: nothing is rebuilt
+    assert set(one) == placed and all(two[i] is one[i] for i in two)
+    jobs_now = {**one, **two}  # each instance's job, as the builder knows it
 
     vision = demo_copy / "desired" / "apps" / "vision.yaml"
     vision.write_text(vision.read_text().replace("image:\n", "image:\n  env: [MODE=night]\n"))
     third = reconcile(demo_copy, opts, second.computed.view)
     three = _by_id(spied_jobs[2])
     vids = {p.instance_id for p in third.computed.result.placements if "vision" in p.item_id}
-    assert vids and {i for i in three if three[i] is not two[i]} == vids
+    assert vids and {i for i in three if three[i] is not jobs_now.get(i)} == vids
+    jobs_now.update(three)
     # what the warm runs left is what a fresh builder writes: it finds nothing to write
     files = _instance_files(demo_copy)
     fresh = ReconcileOptions(configs=default_config_builder())
@@ -331,7 +337,7 @@ def test_builder_passes_back_unchanged_jobs_only(
     # a changed uid or gid (the checkpoint), node or state directory: new jobs for exactly the
     # instances concerned, and what a fresh builder builds
     c = third.computed
-    view, result, last = c.view, c.result, three
+    view, result, last = c.view, c.result, jobs_now
     first_id, second_id = sorted(c.checkpoint.allocations)[:2]
     allocations = dict(c.checkpoint.allocations)
 
@@ -340,9 +346,9 @@ def test_builder_passes_back_unchanged_jobs_only(
         cp = Checkpoint(c.checkpoint.lineage, c.checkpoint.generation, allocations)
         built = builder(state, view, result, cp)
         jobs = _by_id(spied_jobs[-1])
-        assert {i for i in jobs if jobs[i] is not last[i]} == expected
+        assert {i for i in jobs if jobs[i] is not last.get(i)} == expected
         assert _outcome(built) == _outcome(default_config_builder()(state, view, result, cp))
-        last = jobs
+        last = {**last, **jobs}
         return built
 
     allocations[first_id] = replace(allocations[first_id], uid=allocations[first_id].uid + 1)
@@ -669,3 +675,110 @@ def test_a_run_stopped_before_the_deferred_manifest_leaves_nothing_wrong(
     shutil.rmtree(demo_copy / "out")  # what a writer starting from nothing makes of the same
     reconcile(demo_copy, _reconcile_opts())
     assert recovered == _instance_files(demo_copy)
+
+
+def test_a_watchers_edits_rebuild_only_what_changed_and_write_what_a_fresh_run_writes(
+    tmp_path: Path, spied_jobs: list[list[ConfigJob]]
+) -> None:
+    """With a watcher's cache, the balancer's memo names what it placed anew since its last
+    result, and the builder builds those instances only (plus those of an edited service or a
+    changed allocation); what it writes is what a process without any cache writes."""
+    warm, cold = tmp_path / "warm", tmp_path / "cold"
+    write_state_dir(warm, 12, 60, actual_every=0)
+    opts = ReconcileOptions(configs=default_config_builder(), cache=ReconcileCache())
+    view = reconcile(warm, opts).computed.view
+    services = sorted(s.id for s in view.services.values())
+    edits: list[tuple[str, int]] = [(services[0], +2), (services[1], -1), (services[0], -2)]
+    edits += [(services[2], 0), (services[3], +1)]
+    for service, delta in edits:
+        if delta:
+            bump_instances(warm, service, delta)
+        else:  # the image changes, the placements stay
+            path = warm / "desired" / f"{service}.yaml"
+            text = path.read_text()  # a command line changes (not the placement)
+            assert "\n  - /" in text
+            path.write_text(text.replace("\n  - /", "\n  - /x/", 1))
+        calls = len(spied_jobs)
+        computed = reconcile(warm, opts, view).computed
+        view = computed.view
+        jobs = [j for call in spied_jobs[calls:] for j in call]
+        ids_of_service = {p.instance_id for p in computed.result.placements if p.item_id == service}
+        assert {j.placement.instance_id for j in jobs} >= ids_of_service
+        assert len(jobs) < len(computed.result.placements) // 2, "not built again in full"
+        shutil.rmtree(cold, ignore_errors=True)
+        shutil.copytree(warm, cold, ignore=shutil.ignore_patterns("out"))
+        reconcile(cold, ReconcileOptions(configs=default_config_builder()))
+        here = {
+            k: v.replace(bytes(warm.resolve()), b"DIR") for k, v in _instance_files(warm).items()
+        }
+        there = {
+            k: v.replace(bytes(cold.resolve()), b"DIR") for k, v in _instance_files(cold).items()
+        }
+        assert here == there
+        assert (warm / "out" / "plan.json").read_bytes() == (
+            cold / "out" / "plan.json"
+        ).read_bytes()
+
+
+def test_a_result_the_builder_saw_last_rebuilds_what_can_differ_only(
+    tmp_path: Path, spied_jobs: list[list[ConfigJob]]
+) -> None:
+    """Given the result of its last run again (or one that names its changes since), the builder
+    looks only at the instances of an edited service, with another allocation, or whose build
+    asked the host something; each step builds what a fresh builder builds."""
+    inp, groups, devices = Inputs(), FakeGroups(), _devices()
+    builder = default_config_builder(groups=groups, devices=devices, policy=inp.policy)
+    result = BalanceResult(tuple(_placements(inp)), ())
+    gpu_ids = {p.instance_id for p in result.placements if p.item_id == inp.gpu.id}
+    plain_ids = set(result.by_id) - gpu_ids
+    allocations = {p.instance_id: _allocation(p) for p in result.placements}
+
+    nodes = {inp.node.id: inp.node}  # the same mapping each run (the loader's: none changed)
+
+    def step(
+        services: dict[tuple[str, str], Service], allocs: dict[str, Allocation]
+    ) -> tuple[BuildResult, set[str]]:
+        view = StateView(tmp_path, None, services, nodes)
+        cp = Checkpoint("lin", 1, allocs)
+        calls = len(spied_jobs)
+        got = builder(tmp_path, view, result, cp)
+        looked_at = {j.placement.instance_id for c in spied_jobs[calls:] for j in c}
+        fresh = default_config_builder(groups=groups, devices=devices, policy=inp.policy)
+        assert _outcome(got) == _outcome(fresh(tmp_path, view, result, cp))
+        return got, looked_at
+
+    services = {s.key: s for s in (inp.gpu, inp.plain)}  # the loader's mapping: kept if equal
+    assert step(services, allocations)[1] == set(result.by_id)  # the first run: every one
+    assert step(services, allocations)[1] == gpu_ids  # the host is asked again, only that
+    edited = make_service(id="com.example.plain", image={"cmd": ["false"]})
+    services = {**services, edited.key: edited}
+    # an edited service, the same result: which placements are its is not known, all are built
+    assert step(services, allocations)[1] == gpu_ids | plain_ids
+    groups.gids = {"video": 45, "render": 107}  # the host's answer changes
+    built, _ = step(services, allocations)
+    assert all(
+        built.built[i].config["process"]["user"]["additionalGids"] == [45, 107] for i in gpu_ids
+    )
+    one = min(plain_ids)
+    allocs = {**allocations, one: replace(allocations[one], uid=5009)}
+    assert step(services, allocs)[1] == gpu_ids | {one}  # another allocation
+    del allocs[one]
+    built, asked = step(services, allocs)  # an allocation gone: no config for it
+    assert one not in built.built and asked == gpu_ids
+
+
+def _allocation(p: Placement) -> Allocation:
+    r = p.requested
+    return Allocation(
+        p.item_id,
+        p.subject_id,
+        p.index,
+        p.version,
+        p.node_id,
+        p.runtime_id,
+        (r.cpu, r.ram, r.storage, r.state),
+        p.resources,
+        p.devices,
+        5000,
+        5000,
+    )
