@@ -25,7 +25,7 @@ import os
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from operator import is_
+from operator import attrgetter, is_
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -584,11 +584,28 @@ class IdsMemo:
     and the allocation it gave each. A node whose placements are the very same objects, in the
     same order, whose old allocations are the ones given last call, with the same gids, gets
     the same allocations: its uids depend on nothing else (they are unique per node). A
-    long-running caller (``watch``) keeps one across runs; it belongs to one caller."""
+    long-running caller (``watch``) keeps one across runs; it belongs to one caller.
+
+    It also keeps the last call's result and the allocations it returned, when every placement
+    got one: a call whose result names that result in its ``since`` (see
+    :class:`~reconciler.placement.BalanceResult`), whose old allocations are exactly the ones
+    returned (:meth:`given_last`) and whose gids are the same works on the nodes of the
+    instances ``since`` names only (an item added or removed since has all its instances named;
+    every other item must keep its gid)."""
 
     def __init__(self) -> None:
         self._gids: dict[str, int] | None = None
         self._nodes: dict[str, tuple[list[Placement], list[Allocation]]] = {}
+        self._result: BalanceResult | None = None
+        self._out: dict[str, Allocation] | None = None  # None: the last call had errors
+        self.patched = False  # whether the last call worked on the named nodes only
+
+    def given_last(self, cp: Checkpoint) -> bool:
+        """Whether ``cp``'s allocations are exactly the ones the last call returned: the
+        checkpoint file written from them, read back through the :class:`CheckpointCache`
+        that wrote it (the very objects, in id order)."""
+        out = self._out
+        return out is not None and cp.memo is not None and cp.memo.decoded(out) is cp.allocations
 
 
 def assign_ids(
@@ -596,6 +613,8 @@ def assign_ids(
     old: Mapping[str, Allocation],
     old_gids: Mapping[str, int],
     memo: IdsMemo | None = None,
+    *,
+    old_is_last: bool = False,
 ) -> tuple[dict[str, Allocation], dict[str, int], list[str]]:
     """Uids and gids for every placement (SPEC §9), deterministically.
 
@@ -604,12 +623,14 @@ def assign_ids(
     5000-9999 per identity, which cannot be unit-wide at 20,000 instances): an instance keeps
     its uid while no other instance on its node holds it, else it takes the smallest free one.
     Returns the allocations (in placement order), the gids, and errors for instances that found
-    no free id (gids first, then uids in placement order). ``memo``: see :class:`IdsMemo`.
+    no free id (gids first, then uids in placement order). ``memo``: see :class:`IdsMemo`;
+    ``old_is_last``: ``old`` holds exactly the allocations the memo's last call returned (the
+    very objects; see :meth:`IdsMemo.given_last`).
     """
     errors: list[str] = []
     gids: dict[str, int] = {}
     placements = result.placements
-    items = sorted({p.item_id for p in placements})
+    items = sorted(set(map(_ITEM_ID, placements)))
     for item in items:
         if item in old_gids and old_gids[item] in GID_RANGE:
             gids[item] = old_gids[item]
@@ -622,6 +643,11 @@ def assign_ids(
                 continue
             gids[item] = gid
             used_gids.add(gid)
+    if memo is not None:
+        patched = _patched_ids(result, old, gids, memo) if old_is_last and not errors else None
+        memo.patched = patched is not None
+        if patched is not None:
+            return patched, gids, []
     by_node: dict[str, list[Placement]] = {}
     on_node = by_node.get
     for p in placements:
@@ -649,8 +675,6 @@ def assign_ids(
         if all(type(a) is Allocation for a in made):
             nodes_now[node_id] = (ps, cast(list[Allocation], made))
         given.update(zip(ids, made, strict=True))
-    if memo is not None:
-        memo._gids, memo._nodes = gids, nodes_now
     allocations: dict[str, Allocation] = {}
     for p in placements:
         got = given[p.instance_id]
@@ -658,7 +682,83 @@ def assign_ids(
             allocations[p.instance_id] = got
         elif isinstance(got, str):
             errors.append(got)
+    if memo is not None:
+        memo._gids, memo._nodes = gids, nodes_now
+        clean = not errors and len(allocations) == len(placements)
+        memo._result, memo._out = (result, allocations) if clean else (None, None)
     return allocations, gids, errors
+
+
+def _patched_ids(
+    result: BalanceResult,
+    old: Mapping[str, Allocation],
+    gids: dict[str, int],
+    memo: IdsMemo,
+) -> dict[str, Allocation] | None:
+    """:func:`assign_ids`' allocations, made from the memo's last call for the nodes of the
+    instances ``result.since`` names only (every other node has the very placements, old
+    allocations and gids of the last call, so the same allocations); None when that does not
+    apply or a node ran out of uids (the caller then makes them all)."""
+    last, out, last_gids = memo._result, memo._out, memo._gids
+    if last is None or out is None or last_gids is None:
+        return None
+    # an item added or removed since has all its instances named; any other keeps its gid
+    if any(gids.get(item, gid) != gid for item, gid in last_gids.items()):
+        return None
+    if result is last:
+        named: frozenset[str] = frozenset()
+    elif result.since is not None and result.since[0]() is last:
+        named = result.since[1]
+    else:
+        return None
+    now_by_id, then_by_id = result.by_id, last.by_id
+    touched: dict[str, list[Placement]] = {}  # node -> its placements named by ``since``
+    for iid in named:
+        then = then_by_id.get(iid)
+        if then is not None:
+            touched.setdefault(then.node_id, [])
+        now = now_by_id.get(iid)
+        if now is not None:
+            touched.setdefault(now.node_id, []).append(now)
+    nodes = dict(memo._nodes)
+    given = dict(out)
+    staying: dict[str, list[Placement]] = {}
+    for node_id in touched:  # first every touched node's last allocations out (a moved
+        was = nodes.pop(node_id, None)  # instance's new node may come before its old one)
+        if was is not None:
+            for p in was[0]:
+                del given[p.instance_id]
+            staying[node_id] = [p for p in was[0] if p.instance_id not in named]
+    for node_id, arrived in touched.items():
+        ps = staying.get(node_id, []) + arrived
+        if not ps:
+            continue
+        ps.sort(key=_PLACEMENT_ORDER)  # placement order, as in the result
+        made = _node_ids(ps, old, gids)
+        if not all(type(a) is Allocation for a in made):
+            return None
+        allocs = cast(list[Allocation], made)
+        nodes[node_id] = (ps, allocs)
+        given.update(zip([p.instance_id for p in ps], allocs, strict=True))
+    iids = list(map(_INSTANCE_ID, result.placements))
+    if len(given) != len(iids):
+        return None
+    try:
+        allocations = dict(zip(iids, map(given.__getitem__, iids), strict=True))
+    except KeyError:  # (not expected: the nodes above hold every placement)
+        return None
+    memo._gids, memo._nodes, memo._result, memo._out = gids, nodes, result, allocations
+    return allocations
+
+
+def _placement_order(p: Placement) -> tuple[int, str, str, int]:
+    """SPEC §7.1: priority descending, then itemId, subjectId, index (a result's order)."""
+    return (-p.priority, p.item_id, p.subject_id, p.index)
+
+
+_PLACEMENT_ORDER = _placement_order
+_ITEM_ID = attrgetter("item_id")
+_INSTANCE_ID = attrgetter("instance_id")
 
 
 def _node_ids(

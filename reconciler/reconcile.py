@@ -224,7 +224,9 @@ def compute_once(
         memo=opts.cache.balance if opts.cache is not None else None,
     )
     ids = opts.cache.ids if opts.cache is not None else None
-    allocations, gids, id_errors = assign_ids(result, cp.allocations, cp.gids, ids)
+    allocations, gids, id_errors = assign_ids(
+        result, cp.allocations, cp.gids, ids, old_is_last=ids is not None and ids.given_last(cp)
+    )
     new_cp = Checkpoint(cp.lineage, cp.generation, allocations, gids, alerts.timelines)
     built: dict[str, BuiltConfig] | None = None
     if opts.configs is not None:

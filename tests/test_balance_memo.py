@@ -5,6 +5,7 @@ result), and an edit of one service must be answered without re-placing the othe
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reconciler.balancer import BalanceMemo, balance, node_states
+from reconciler.checkpoint import (
+    Checkpoint,
+    CheckpointMemo,
+    IdsMemo,
+    assign_ids,
+    encode_checkpoint,
+)
 from reconciler.loader import load_state
 from reconciler.models import Node, Service, UnitConfig
 from reconciler.nodestate import NodeSlot
@@ -86,6 +94,7 @@ def test_a_memo_gives_what_a_full_balance_gives(scenario: Scenario, data: st.Dat
     older: dict[str, PreviousAllocation] = {}
     last: dict[str, PreviousAllocation] | None = None  # previous_of(the last result)
     last_got: BalanceResult | None = None
+    ids = _Ids()
     for step in range(data.draw(st.integers(1, 6), label="steps")):
         mode: Mode = data.draw(
             st.sampled_from(("stable", "stable", "stable", "fresh")), label="mode"
@@ -102,6 +111,8 @@ def test_a_memo_gives_what_a_full_balance_gives(scenario: Scenario, data: st.Dat
         if previous != last:  # a previous other than the last result: never from the memo
             assert not memo.incremental, f"step {step}"
         _assert_since_holds(got, last_got, memo.incremental)
+        tamper = data.draw(st.integers(0, 7), label="ids tampered")
+        ids.assign(got, tampered=tamper == 0, gid_changed=tamper == 1)
         last, last_got = previous_of(got), got
         # by_id is not compared by ==: the memo patches the last one
         assert dict(got.by_id) == {p.instance_id: p for p in got.placements}, f"step {step}"
@@ -113,6 +124,50 @@ def test_a_memo_gives_what_a_full_balance_gives(scenario: Scenario, data: st.Dat
             # objects are the ones the memo checked last time
             previous = dict(older)
         _edit(data, svcs, node_ids, step)
+
+
+class _Ids:
+    """The uids and gids of each result, as ``reconcile`` makes them: the last allocations
+    written through a checkpoint memo and read back (the very objects), an :class:`IdsMemo`
+    told so; each call compared with a call without the memo."""
+
+    def __init__(self) -> None:
+        self.memo = IdsMemo()
+        self.encoder = CheckpointMemo()
+        self.cp = Checkpoint("lin", 0)
+        self.patched = 0
+
+    def assign(self, result: BalanceResult, tampered: bool, gid_changed: bool = False) -> None:
+        cp = self.cp
+        if gid_changed and cp.gids:  # the allocations the memo gave, another gid for an item
+            item = min(cp.gids)
+            gids = {**cp.gids, item: 9000 + (cp.gids[item] + 1) % 999}
+            cp = Checkpoint("lin", cp.generation, cp.allocations, gids, memo=cp.memo)
+        if tampered and cp.allocations:  # an allocation changed behind the memo's back
+            iid = min(cp.allocations)
+            changed = {**cp.allocations, iid: replace(cp.allocations[iid], uid=5999)}
+            cp = Checkpoint("lin", cp.generation, changed, cp.gids)
+        is_last = self.memo.given_last(cp)
+        assert not (tampered and cp is not self.cp and is_last)
+        got = assign_ids(result, cp.allocations, cp.gids, self.memo, old_is_last=is_last)
+        want = assign_ids(result, cp.allocations, cp.gids)
+        assert got[1:] == want[1:]
+        assert list(got[0]) == list(want[0])
+        for iid, a in want[0].items():
+            assert got[0][iid] == a and (got[0][iid] is cp.allocations.get(iid)) == (
+                a is cp.allocations.get(iid)
+            ), iid
+        self.patched += self.memo.patched
+        written = Checkpoint("lin", cp.generation + 1, got[0], got[1])
+        encode_checkpoint(written, self.encoder)  # as save_checkpoint, then read back
+        back = self.encoder.decoded(got[0])
+        self.cp = Checkpoint(
+            "lin",
+            written.generation,
+            back if back is not None else dict(got[0]),
+            dict(got[1]),
+            memo=self.encoder,
+        )
 
 
 def _assert_since_holds(got: BalanceResult, last: BalanceResult | None, incremental: bool) -> None:
@@ -246,3 +301,54 @@ def test_a_stale_previous_of_an_evicted_instance_runs_in_full() -> None:
     third = balance(None, nodes, now, dict(stale), "stable", memo=memo)
     assert not memo.incremental
     assert third == balance(None, nodes, now, dict(stale), "stable")
+
+
+def test_uids_of_an_edit_are_assigned_on_the_nodes_it_touched_only() -> None:
+    """After an edit the balancer's memo answers, the ids memo works on the nodes of the
+    instances it names (``patched``), and gives what a call without memo gives: the new
+    instances of a node take its free uids in placement order."""
+    nodes = [make_node("n0", dmips=10_000), make_node("n1", dmips=10_000)]
+    others = [make_service(f"o{i}", cpu=10, node_id="n1") for i in range(3)]
+    memo, ids = BalanceMemo(), _Ids()
+    got = balance(
+        None,
+        nodes,
+        [make_service("s", instances=2, cpu=10, node_id="n0"), *others],
+        {},
+        "stable",
+        memo=memo,
+    )
+    ids.assign(got, tampered=False)
+    assert not ids.memo.patched  # the first call: every node
+    grown = [make_service("s", instances=8, cpu=10, node_id="n0"), *others]
+    got = balance(None, nodes, grown, previous_of(got), "stable", memo=memo)
+    assert memo.incremental and got.since is not None
+    ids.assign(got, tampered=False)  # compares with a call without memo
+    assert ids.memo.patched
+    uids = {
+        p.index: ids.cp.allocations[p.instance_id].uid for p in got.placements if p.item_id == "s"
+    }
+    assert uids == {k: 5000 + k for k in range(8)}  # in index order
+
+
+def test_uids_after_an_instance_left_a_node() -> None:
+    """An evicted instance moves from n0 to n1: the ids memo's view of n0 must lose it, so a
+    later instance placed on n0 gets what a call without memo gives."""
+    nodes = [make_node("n0"), make_node("n1")]
+    lo, hi = make_service("lo", cpu=800), make_service("hi", priority=1, node_id="n0", cpu=500)
+    memo, ids = BalanceMemo(), _Ids()
+    got = balance(None, nodes, [lo, make_service("x", cpu=100)], {}, "stable", memo=memo)
+    ids.assign(got, tampered=False)
+    got = balance(None, nodes, [lo, hi], previous_of(got), "stable", memo=memo)
+    assert memo.incremental and got.preempted
+    ids.assign(got, tampered=False)
+    small = make_service("small", cpu=100, node_id="n0")
+    got = balance(None, nodes, [lo, hi, small], previous_of(got), "stable", memo=memo)
+    assert memo.incremental
+    ids.assign(got, tampered=False)
+    # small leaves n0 and nothing arrives there; then another arrives on n0
+    for wanted in ([lo, hi], [lo, hi, make_service("small2", cpu=100, node_id="n0")]):
+        got = balance(None, nodes, wanted, previous_of(got), "stable", memo=memo)
+        assert memo.incremental
+        ids.assign(got, tampered=False)
+    assert ids.patched == 4
