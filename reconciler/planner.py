@@ -9,6 +9,7 @@ exactly the desired document for that node.
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -174,6 +175,8 @@ class PlanMemo:
         ] = {}
         self.patches_built = 0  # in the last call: nodes whose patch was built again
         # plan_bytes: each action's and each node's pretty JSON, by the object it came from
+        self._node_ids: set[str] = set()  # the last call's nodes (existing, actual, with actions)
+        self._node_order: list[str] = []  # the same, sorted
         self._action_fragments: dict[int, tuple[Action, bytes]] = {}
         self._node_fragments: dict[str, tuple[tuple[dict[str, Any], ...], bytes]] = {}
         self._actions_joined = Joined()
@@ -205,6 +208,9 @@ def _identical(old: list[Action], new: list[Action]) -> bool:
     """The same action objects in the same order (an equal action may come from another
     placement: a patch's records are made from the placement, not the action)."""
     return len(old) == len(new) and all(map(operator.is_, old, new))
+
+
+_INSTANCE_ID = operator.attrgetter("instance_id")
 
 
 def _by_node_and_id(a: Action) -> tuple[str, str]:
@@ -240,7 +246,7 @@ def make_plan(
     for node_id in sorted(actual):
         doc = actual[node_id]
         got = old_matches.get(node_id)
-        placed = tuple([get(iid) for iid in doc.instances]) if remember else ()
+        placed = tuple(map(get, doc.instances)) if remember else ()
         if got is not None and got[0] is doc and got[1] == placed:
             matched, others = got[2], got[3]
             matches_now[node_id] = got
@@ -248,11 +254,14 @@ def make_plan(
             matched, others = _match(node_id, doc, get)
             if remember:
                 matches_now[node_id] = (doc, placed, matched, others)
-        for iid in matched:
-            if iid in kept:
-                running.append((node_id, iid, doc.instances[iid]))
-            else:
-                kept.add(iid)
+        if kept.isdisjoint(matched):  # (the usual case: an instance runs on one node)
+            kept.update(matched)
+        else:
+            for iid in matched:
+                if iid in kept:
+                    running.append((node_id, iid, doc.instances[iid]))
+                else:
+                    kept.add(iid)
         running += [(node_id, iid, inst) for iid, inst in others]
     m._matches = matches_now
     stops: list[Action] = []
@@ -296,10 +305,11 @@ def make_plan(
     starts: list[Action] = []
     old_starts = m._starts
     starts_now: dict[str, tuple[Placement, Reason, Action]] = {}
-    for p in result.placements:
+    placements = result.placements
+    # the placements not running where placed (C-level passes: in a steady state, none)
+    waiting = map(operator.not_, map(kept.__contains__, map(_INSTANCE_ID, placements)))
+    for p in itertools.compress(placements, waiting):
         iid = p.instance_id
-        if iid in kept:
-            continue
         reason = moved_reason.get(iid, "new")
         known = old_starts.get(iid)
         if known is not None and known[0] is p and known[1] == reason:
@@ -338,7 +348,11 @@ def make_plan(
     patches_now: dict[str, tuple[int, list[Action], list[Action], tuple[dict[str, Any], ...]]] = {}
     none: tuple[list[Action], list[Action]] = ([], [])
     built = 0
-    for node_id in sorted(set(nodes) | set(actual) | set(by_node)):
+    every = set(nodes)
+    every.update(actual, by_node)
+    if every != m._node_ids:  # else the same ids, sorted last call
+        m._node_ids, m._node_order = every, sorted(every)
+    for node_id in m._node_order:
         actual_doc = actual.get(node_id)
         revision = actual_doc.revision if actual_doc else 0
         node_stops, node_starts = by_node.get(node_id, none)
