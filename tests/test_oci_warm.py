@@ -29,7 +29,7 @@ import reconciler.oci as oci
 import reconciler.oci_glue as oci_glue
 import reconciler.oci_writer as oci_writer
 from benchmarks.statedir import bump_instances, write_state_dir
-from reconciler.checkpoint import Allocation, Checkpoint
+from reconciler.checkpoint import Allocation, Checkpoint, assign_ids
 from reconciler.jsonio import pretty_json
 from reconciler.loader import StateView
 from reconciler.models import Node, Service
@@ -731,7 +731,7 @@ def test_a_result_the_builder_saw_last_rebuilds_what_can_differ_only(
     result = BalanceResult(tuple(_placements(inp)), ())
     gpu_ids = {p.instance_id for p in result.placements if p.item_id == inp.gpu.id}
     plain_ids = set(result.by_id) - gpu_ids
-    allocations = {p.instance_id: _allocation(p) for p in result.placements}
+    allocations = assign_ids(result, {}, {})[0]
 
     nodes = {inp.node.id: inp.node}  # the same mapping each run (the loader's: none changed)
 
@@ -765,20 +765,3 @@ def test_a_result_the_builder_saw_last_rebuilds_what_can_differ_only(
     del allocs[one]
     built, asked = step(services, allocs)  # an allocation gone: no config for it
     assert one not in built.built and asked == gpu_ids
-
-
-def _allocation(p: Placement) -> Allocation:
-    r = p.requested
-    return Allocation(
-        p.item_id,
-        p.subject_id,
-        p.index,
-        p.version,
-        p.node_id,
-        p.runtime_id,
-        (r.cpu, r.ram, r.storage, r.state),
-        p.resources,
-        p.devices,
-        5000,
-        5000,
-    )
