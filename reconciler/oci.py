@@ -702,6 +702,12 @@ class BuildResult:
     built: dict[str, BuiltConfig]  # instance id → config, for every job that succeeded
     errors: dict[str, str]  # instance id → the one-line OciError message
     # (both in the order of the jobs given: instance order from ``reconcile``)
+    since: tuple[Mapping[str, BuiltConfig], frozenset[str]] | None = field(
+        default=None, compare=False, repr=False
+    )
+    """Set by a builder that patched its last result: that result's ``built`` and a superset
+    of the ids whose entry is not the very same object in both (built, rebuilt or removed
+    since); the configs writer then looks at those only."""
 
 
 class _RunLookups:

@@ -198,7 +198,7 @@ def default_config_builder(
             errors.pop(iid, None)
         built.update(some.built)
         errors.update(some.errors)
-        return BuildResult(built, errors)
+        return BuildResult(built, errors, since=(done.built, frozenset(redo)))
 
     return build
 

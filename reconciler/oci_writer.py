@@ -16,6 +16,7 @@ writer's own ``fstat``, not another ``lstat``.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import itertools
 import json
@@ -336,6 +337,7 @@ def write_instance_outputs(
     memo: WriteMemo | None = None,
     verify: bool = True,
     defer_manifest: bool = False,
+    since: tuple[Mapping[str, BuiltConfig], frozenset[str]] | None = None,
 ) -> WriteReport:
     """Write ``config.json`` and ``hosts`` for every built instance; remove stale instances.
 
@@ -349,19 +351,35 @@ def write_instance_outputs(
     Without a usable memo, ``verify`` has no effect. The files written are the same whatever
     the memo and ``verify``. ``defer_manifest`` leaves the manifest to the caller
     (:attr:`WriteReport.manifest`): ``reconcile`` writes it with the status report, after the
-    plan is out."""
+    plan is out. ``since`` (see :attr:`BuildResult.since`): ``built`` is the mapping given to
+    the memo's last call but at these ids; a trusting call then looks at these only."""
     out = Path(os.path.abspath(state_dir)) / "out"
     root = out / "instances"
     root_str = str(root)
     validated = memo._entries if memo is not None and memo._root == root_str else {}
-    # the memo's id order, when it names the same instances (no sort of 20,000 ids)
-    same_ids = memo is not None and bool(validated) and built.keys() == validated.keys()
-    order = memo._order if memo is not None and same_ids else None
     last_built = memo._built if memo is not None else {}
     irregular = memo._irregular if memo is not None else set()
-    ids = order if order is not None else sorted(built)
-    for iid in itertools.filterfalse(validated.__contains__, ids):
-        validate_id(iid, "instance id")
+    # the ids that can differ from the memo's last call (None: any)
+    named = since[1] if since is not None and validated and since[0] is last_built else None
+    gone: list[str] = []  # (when named) the ids the memo's last call wrote and that are gone
+    if memo is not None and named is not None:
+        added = sorted(i for i in named if i in built and i not in validated)
+        gone = sorted(i for i in named if i not in built and i in validated)
+        ids = memo._order
+        if added or gone:
+            ids = list(ids)
+            for iid in gone:
+                del ids[bisect.bisect_left(ids, iid)]
+            for iid in added:
+                validate_id(iid, "instance id")
+                bisect.insort(ids, iid)
+    else:
+        # the memo's id order, when it names the same instances (no sort of 20,000 ids)
+        same_ids = memo is not None and bool(validated) and built.keys() == validated.keys()
+        order = memo._order if memo is not None and same_ids else None
+        ids = order if order is not None else sorted(built)
+        for iid in itertools.filterfalse(validated.__contains__, ids):
+            validate_id(iid, "instance id")
     _ensure_dir(out)
     _ensure_dir(root)
 
@@ -383,7 +401,18 @@ def write_instance_outputs(
     # lstat per instance (None: look at each instance's directory)
     listing = _list_dir(root_str) if prev is None and not manifest else None
     todo = ids
-    if prev is not None and not verify:
+    if prev is not None and not verify and named is not None:
+        # trusted, and told which instances can differ: the others are the last call's
+        looked = {i for i in named if i in built}
+        looked.update(irregular & built.keys())
+        todo = sorted(looked)
+        entries = dict(prev)  # (the ids in todo are set below, the gone ones dropped)
+        for iid in gone:
+            del entries[iid]
+        trusted = list(itertools.compress(ids, map(operator.not_, map(looked.__contains__, ids))))
+        unchanged += trusted  # both files of each
+        kept += len(trusted)
+    elif prev is not None and not verify:
         # trusted: an instance given the very BuiltConfig of the last call, with regular files
         # then, is unchanged; only the others are looked at (C-level passes over the ids)
         same = list(map(operator.is_, map(last_built.get, ids), map(built.get, ids)))
@@ -491,7 +520,8 @@ def write_instance_outputs(
     removed: list[str] = []
     keep = built.keys()
     if prev is not None and not verify:
-        stale = sorted(prev.keys() - keep)  # the instances the memo knows are on disk
+        # the instances the memo knows are on disk
+        stale = gone if named is not None else sorted(prev.keys() - keep)
         stale = [name for name in stale if _is_real_dir(f"{root_str}/{name}")]
     else:
         if listing is None:  # (taken before the batch, which only made built instances)

@@ -152,6 +152,9 @@ class Computed:
     alerts: AlertUpdate | None = None
     mode: Mode = "stable"  # the mode the placement ran in
     requested: Mode = "stable"  # the mode asked for (a rebalance is triggered, not asked for)
+    built_since: tuple[Mapping[str, BuiltConfig], frozenset[str]] | None = field(
+        default=None, repr=False, compare=False
+    )  # see BuildResult.since
 
     def plan_inputs(self) -> dict[str, Any]:
         """``out/plan.json``'s ``inputs``: the fingerprint, and the mode asked for (so that
@@ -229,10 +232,11 @@ def compute_once(
     )
     new_cp = Checkpoint(cp.lineage, cp.generation, allocations, gids, alerts.timelines)
     built: dict[str, BuiltConfig] | None = None
+    built_since = None
     if opts.configs is not None:
         stage(f"building {len(result.placements)} OCI configs")
         configs = opts.configs(state_dir, view, result, new_cp)
-        built = configs.built
+        built, built_since = configs.built, configs.since
         if configs.errors:
             result = _without(result, configs.errors)
             allocations = {i: a for i, a in allocations.items() if i not in configs.errors}
@@ -248,7 +252,18 @@ def compute_once(
         memo=opts.cache.plan if opts.cache is not None else None,
     )
     return Computed(
-        view, diags, loaded, result, new_cp, plan, id_errors, built, alerts, mode, requested
+        view,
+        diags,
+        loaded,
+        result,
+        new_cp,
+        plan,
+        id_errors,
+        built,
+        alerts,
+        mode,
+        requested,
+        built_since,
     )
 
 
@@ -336,6 +351,7 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
             memo=opts.cache.configs if opts.cache is not None else None,
             verify=opts.verify,
             defer_manifest=True,  # written with the status report, after the plan
+            since=c.built_since,
         )
         written += [f"out/{f}" for f in report.written]
         written += [f"out/instances/{i}" for i in report.removed]

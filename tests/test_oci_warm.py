@@ -677,16 +677,20 @@ def test_a_run_stopped_before_the_deferred_manifest_leaves_nothing_wrong(
     assert recovered == _instance_files(demo_copy)
 
 
+@pytest.mark.parametrize("verify", [True, False])
 def test_a_watchers_edits_rebuild_only_what_changed_and_write_what_a_fresh_run_writes(
-    tmp_path: Path, spied_jobs: list[list[ConfigJob]]
+    tmp_path: Path, spied_jobs: list[list[ConfigJob]], verify: bool
 ) -> None:
     """With a watcher's cache, the balancer's memo names what it placed anew since its last
     result, and the builder builds those instances only (plus those of an edited service or a
-    changed allocation); what it writes is what a process without any cache writes."""
+    changed allocation), and a trusting writer (``verify=False``, a watcher's event runs) looks
+    at those only; what it writes is what a process without any cache writes."""
     warm, cold = tmp_path / "warm", tmp_path / "cold"
     write_state_dir(warm, 12, 60, actual_every=0)
     opts = ReconcileOptions(configs=default_config_builder(), cache=ReconcileCache())
     view = reconcile(warm, opts).computed.view
+    opts = dataclasses.replace(opts, verify=verify)
+    writer = opts.cache.configs if opts.cache is not None else None
     services = sorted(s.id for s in view.services.values())
     edits: list[tuple[str, int]] = [(services[0], +2), (services[1], -1), (services[0], -2)]
     edits += [(services[2], 0), (services[3], +1)]
@@ -705,6 +709,9 @@ def test_a_watchers_edits_rebuild_only_what_changed_and_write_what_a_fresh_run_w
         ids_of_service = {p.instance_id for p in computed.result.placements if p.item_id == service}
         assert {j.placement.instance_id for j in jobs} >= ids_of_service
         assert len(jobs) < len(computed.result.placements) // 2, "not built again in full"
+        if not verify:
+            assert writer is not None and writer.compared <= len(jobs)
+            assert writer.trusted + writer.compared == len(computed.result.placements)
         shutil.rmtree(cold, ignore_errors=True)
         shutil.copytree(warm, cold, ignore=shutil.ignore_patterns("out"))
         reconcile(cold, ReconcileOptions(configs=default_config_builder()))
