@@ -151,6 +151,11 @@ class Checkpoint:
     memo: CheckpointMemo | None = field(default=None, kw_only=True, compare=False, repr=False)
     """Not part of the value: the :class:`CheckpointMemo` of the :class:`CheckpointCache` that
     returned this checkpoint, so that :meth:`previous` reuses what it built last run."""
+    since: tuple[Mapping[str, Allocation], frozenset[str]] | None = field(
+        default=None, kw_only=True, compare=False, repr=False
+    )
+    """Not part of the value: ``allocations`` is that mapping but at these ids (set from
+    :attr:`IdsMemo.since`); an encoder that encoded that mapping last looks at these only."""
 
     def data(self) -> dict[str, Any]:
         return {
@@ -291,6 +296,12 @@ class CheckpointMemo:
             tuple[Mapping[str, Allocation], dict[str, Allocation], dict[str, PreviousAllocation]]
             | None
         ) = None
+        # with _decoded: the ids in order (the _order tuple itself), and the fragments (each
+        # with its leading comma), allocations and previous placements aligned with them (a
+        # patched call edits copies of these)
+        self._lists: (
+            tuple[tuple[str, ...], list[bytes], list[Allocation], list[PreviousAllocation]] | None
+        ) = None
         self._order: tuple[str, ...] = ()  # sorted
         self._ids: set[str] = set()  # the same ids
         self._version = 0  # of _order and _ids, counted up when they change
@@ -300,6 +311,7 @@ class CheckpointMemo:
         self.checked = 0  # allocations as_decoded checked (not known from a fragment)
         self.converted = 0  # PreviousAllocations built
         self.placed = 0  # ids sorted or inserted by sorted_ids (not kept from the last order)
+        self.patched = False  # whether the last data_chunks call edited the last one's lists
 
     def sorted_ids(self, allocations: Mapping[str, object]) -> tuple[str, ...] | None:
         """``tuple(sorted(allocations))``; None when an id is not exactly a ``str`` (the
@@ -335,7 +347,14 @@ class CheckpointMemo:
         taken from the last call where the allocation is the same object; None when an id is
         not exactly a ``str``."""
         allocations = cp.allocations
-        self._decoded = None
+        last, lists, since = self._decoded, self._lists, cp.since
+        self._decoded = self._lists = None
+        self.patched = False
+        if since is not None and last is not None and lists is not None and since[0] is last[0]:
+            patched = self._patched_chunks(cp, since[1], lists)
+            if patched is not None:
+                self.patched = True
+                return patched
         order = self.sorted_ids(allocations)
         if order is None:
             return None
@@ -366,8 +385,16 @@ class CheckpointMemo:
             if every:
                 decoded[iid] = a
                 previous[iid] = got[2]
-        # canonical(data): the keys sorted (alerts, gids, instances), the instances' ids sorted,
-        # no spaces; each fragment is exactly what the whole dump writes for that pair
+        if every:
+            self._decoded = (allocations, decoded, previous)
+            self._lists = (order, chunks[1:], list(decoded.values()), list(previous.values()))
+        return self._framed(cp, chunks)
+
+    def _framed(self, cp: Checkpoint, chunks: list[bytes]) -> list[bytes]:
+        """``chunks`` (an empty first one, then each fragment with its leading comma) made the
+        canonical bytes of ``cp.data()``: the keys sorted (alerts, gids, instances), the
+        instances' ids sorted, no spaces; each fragment is exactly what the whole dump writes
+        for that pair. Changes ``chunks`` in place."""
         if len(chunks) > 1:
             chunks[1] = chunks[1][1:]  # no comma before the first
         chunks[0] = (
@@ -378,9 +405,67 @@ class CheckpointMemo:
             + b',"instances":{'
         )
         chunks.append(b"}}")
-        if every:
-            self._decoded = (allocations, decoded, previous)
         return chunks
+
+    def _patched_chunks(
+        self,
+        cp: Checkpoint,
+        ids: frozenset[str],
+        lists: tuple[tuple[str, ...], list[bytes], list[Allocation], list[PreviousAllocation]],
+    ) -> list[bytes] | None:
+        """:meth:`data_chunks` for allocations that are the last call's but at ``ids``: the
+        last call's fragments, allocations and previous placements in id order, edited at those
+        ids. None (the caller takes the whole pass) when one is not in decoded form, or when
+        :meth:`sorted_ids` was given other ids since."""
+        if lists[0] is not self._order:
+            return None
+        allocations = cp.allocations
+        order = list(lists[0])
+        frags, allocs, prevs = list(lists[1]), list(lists[2]), list(lists[3])
+        known = self._fragments
+        added: list[str] = []
+        removed: list[str] = []
+        for iid in sorted(ids):
+            if type(iid) is not str:
+                return None
+            pos = bisect.bisect_left(order, iid)
+            present = pos < len(order) and order[pos] == iid
+            a = allocations.get(iid)
+            if a is None:
+                if present:
+                    del order[pos], frags[pos], allocs[pos], prevs[pos]
+                    known.pop(iid, None)
+                    removed.append(iid)
+                continue
+            got = known.get(iid)
+            if got is None or got[0] is not a:
+                if not _decoded_form(a):
+                    return None
+                self.serialised += 1
+                self.converted += 1
+                part = b"," + canonical(iid) + b":" + canonical(a.to_json())
+                got = known[iid] = (a, part, a.previous())
+            if present:
+                frags[pos], allocs[pos], prevs[pos] = got[1], a, got[2]
+            else:
+                order.insert(pos, iid)
+                frags.insert(pos, got[1])
+                allocs.insert(pos, a)
+                prevs.insert(pos, got[2])
+                added.append(iid)
+        if len(order) != len(allocations):  # (not expected: ``ids`` names every change)
+            return None
+        if added or removed:
+            self._ids.difference_update(removed)
+            self._ids.update(added)
+            self._order = tuple(order)
+            self._version += 1
+            self._fragments_version = self._version
+            self.placed += len(added)
+        decoded = dict(zip(order, allocs, strict=True))
+        self._decoded = (allocations, decoded, dict(zip(order, prevs, strict=True)))
+        self._lists = (self._order, frags, allocs, prevs)
+        return self._framed(cp, [b"", *frags])
 
     def decoded(self, allocations: Mapping[str, Allocation]) -> dict[str, Allocation] | None:
         """``allocations`` as decoding gives them (in id order; the very objects, every one in
@@ -599,6 +684,15 @@ class IdsMemo:
         self._result: BalanceResult | None = None
         self._out: dict[str, Allocation] | None = None  # None: the last call had errors
         self.patched = False  # whether the last call worked on the named nodes only
+        self.since: tuple[Mapping[str, Allocation], frozenset[str]] | None = None
+        """After a patched call: the allocations the call before returned, and a superset of
+        the ids whose allocation differs in this call's (see :attr:`Checkpoint.since`)."""
+
+    def since_for(
+        self, allocations: Mapping[str, Allocation]
+    ) -> tuple[Mapping[str, Allocation], frozenset[str]] | None:
+        """:attr:`since`, when ``allocations`` is what the last call returned."""
+        return self.since if self.since is not None and allocations is self._out else None
 
     def given_last(self, cp: Checkpoint) -> bool:
         """Whether ``cp``'s allocations are exactly the ones the last call returned: the
@@ -644,6 +738,7 @@ def assign_ids(
             gids[item] = gid
             used_gids.add(gid)
     if memo is not None:
+        memo.since = None
         patched = _patched_ids(result, old, gids, memo) if old_is_last and not errors else None
         memo.patched = patched is not None
         if patched is not None:
@@ -720,14 +815,21 @@ def _patched_ids(
         now = now_by_id.get(iid)
         if now is not None:
             touched.setdefault(now.node_id, []).append(now)
+    if not touched and len(out) == len(result.placements):
+        # every placement the last call's object, in its order: the very mapping it returned
+        # (so the checkpoint that holds it still reads as "given last")
+        memo._gids, memo._result, memo.since = gids, result, (out, frozenset())
+        return out
     nodes = dict(memo._nodes)
     given = dict(out)
     staying: dict[str, list[Placement]] = {}
+    changed = set(named)  # the ids whose allocation may differ from the last call's
     for node_id in touched:  # first every touched node's last allocations out (a moved
         was = nodes.pop(node_id, None)  # instance's new node may come before its old one)
         if was is not None:
             for p in was[0]:
                 del given[p.instance_id]
+                changed.add(p.instance_id)
             staying[node_id] = [p for p in was[0] if p.instance_id not in named]
     for node_id, arrived in touched.items():
         ps = staying.get(node_id, []) + arrived
@@ -748,6 +850,7 @@ def _patched_ids(
     except KeyError:  # (not expected: the nodes above hold every placement)
         return None
     memo._gids, memo._nodes, memo._result, memo._out = gids, nodes, result, allocations
+    memo.since = (out, frozenset(changed))
     return allocations
 
 

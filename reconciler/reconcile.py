@@ -242,7 +242,11 @@ def compute_once(
             allocations = {i: a for i, a in allocations.items() if i not in configs.errors}
             new_cp = Checkpoint(cp.lineage, cp.generation, allocations, gids, alerts.timelines)
     if loaded.source != "current" or not new_cp.same_data(cp):
-        new_cp = Checkpoint(cp.lineage, cp.generation + 1, allocations, gids, alerts.timelines)
+        # (since: what changed from the allocations of the last run, for the encoder)
+        since = ids.since_for(allocations) if ids is not None else None
+        new_cp = Checkpoint(
+            cp.lineage, cp.generation + 1, allocations, gids, alerts.timelines, since=since
+        )
     stage("planning")
     plan = make_plan(
         result,

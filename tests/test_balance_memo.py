@@ -136,6 +136,7 @@ class _Ids:
         self.encoder = CheckpointMemo()
         self.cp = Checkpoint("lin", 0)
         self.patched = 0
+        self.encoded_patched = 0
 
     def assign(self, result: BalanceResult, tampered: bool, gid_changed: bool = False) -> None:
         cp = self.cp
@@ -158,8 +159,12 @@ class _Ids:
                 a is cp.allocations.get(iid)
             ), iid
         self.patched += self.memo.patched
-        written = Checkpoint("lin", cp.generation + 1, got[0], got[1])
-        encode_checkpoint(written, self.encoder)  # as save_checkpoint, then read back
+        since = self.memo.since_for(got[0])
+        assert (since is not None) is self.memo.patched
+        written = Checkpoint("lin", cp.generation + 1, got[0], got[1], since=since)
+        # as save_checkpoint (the encoder given what changed since), then read back
+        assert encode_checkpoint(written, self.encoder) == encode_checkpoint(written)
+        self.encoded_patched += self.encoder.patched
         back = self.encoder.decoded(got[0])
         self.cp = Checkpoint(
             "lin",
@@ -329,6 +334,7 @@ def test_uids_of_an_edit_are_assigned_on_the_nodes_it_touched_only() -> None:
         p.index: ids.cp.allocations[p.instance_id].uid for p in got.placements if p.item_id == "s"
     }
     assert uids == {k: 5000 + k for k in range(8)}  # in index order
+    assert ids.encoded_patched == 1  # the encoder took the changed allocations only
 
 
 def test_uids_after_an_instance_left_a_node() -> None:

@@ -655,3 +655,4 @@ def test_warm_reconcile_after_an_edit_works_on_the_change_only(tmp_path: Path) -
         assert work["serialised"] == len(changed), work  # the others joined from fragments
         assert work["checked"] == 0, work  # the file just written: known, not checked
         assert work["converted"] <= 2, work  # the previous run's new allocations only
+        assert memo.patched  # told by assign_ids which allocations changed
