@@ -177,6 +177,10 @@ class BalanceResult:
     in both results, or is in neither, so a later stage that kept what it made of the last
     result needs to look at these ids only."""
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without ``since`` (a weak reference, and only meaningful in this process)."""
+        return dict(self.__dict__, since=None)
+
     def __post_init__(self) -> None:
         if not self.by_id and self.placements:
             object.__setattr__(self, "by_id", {p.instance_id: p for p in self.placements})

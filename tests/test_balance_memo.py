@@ -5,6 +5,8 @@ result), and an edit of one service must be answered without re-placing the othe
 
 from __future__ import annotations
 
+import copy
+import pickle
 from dataclasses import replace
 from pathlib import Path
 
@@ -358,3 +360,16 @@ def test_uids_after_an_instance_left_a_node() -> None:
         assert memo.incremental
         ids.assign(got, tampered=False)
     assert ids.patched == 4
+
+
+def test_a_result_naming_its_changes_pickles_without_them() -> None:
+    nodes = [make_node("n0")]
+    memo = BalanceMemo()
+    first = balance(None, nodes, [make_service("a")], {}, "stable", memo=memo)
+    got = balance(
+        None, nodes, [make_service("a"), make_service("b")], previous_of(first), memo=memo
+    )
+    assert got.since is not None
+    again = pickle.loads(pickle.dumps(got))
+    assert again == got and again.since is None
+    assert copy.deepcopy(got) == got
