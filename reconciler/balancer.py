@@ -1293,6 +1293,8 @@ class BalanceMemo:
         """The last ``previous`` found to be exactly ``_result`` (see _incremental), but for the
         instances in ``_dirty``: placed anew, or removed, by the calls since."""
         self._dirty: set[str] = set()
+        self._node_list: list[Node] = []  # the nodes of the call that set _nodes, in order
+        self._service_list: list[Service] = []  # the services of the call that set _services
         self.incremental = False  # whether the last call was answered from the memo
         self.replaced = 0  # instances the last call released and placed again (incremental)
 
@@ -1308,10 +1310,11 @@ class BalanceMemo:
     ) -> BalanceResult:
         if mode is None:
             mode = unit.placement if unit is not None else "stable"
-        by_key = {s.key: s for s in services}
+        by_key, changed = self._keyed(services)
         if mode == "stable" and not overload and not exhaustive:
-            got = self._incremental(unit, nodes, by_key, previous or {})
+            got = self._incremental(unit, nodes, by_key, previous or {}, changed)
             if got is not None:
+                self._service_list = list(services)
                 return got
         instances = self._instances(by_key)
         made: Made = {}
@@ -1324,10 +1327,34 @@ class BalanceMemo:
             self._run = None  # not a state the next stable call may start from
             return result
         self._unit, self._nodes, self._services = unit, {n.id: n for n in nodes}, by_key
+        self._node_list, self._service_list = list(nodes), list(services)
         self._run, self._result, self._made = run, result, made
         self._segments = {}
         self._validated = None
         return result
+
+    def _keyed(
+        self, services: Sequence[Service]
+    ) -> tuple[dict[tuple[str, str], Service], set[tuple[str, str]] | None]:
+        """The services by key, and the keys whose service is not the memo's object (None:
+        not known). When ``services`` are the memo's last ones position by position but for
+        a few, each with the same key there (no key added, removed or repeated), the memo's
+        mapping is copied and those few put in: no pass over every service's key."""
+        last, old = self._service_list, self._services
+        if last and len(services) == len(last) and len(old) == len(last):
+            differ = list(compress(range(len(last)), map(is_not, services, last)))
+            if 8 * len(differ) <= len(last):
+                by_key = dict(old)
+                changed: set[tuple[str, str]] = set()
+                for k in differ:
+                    key = services[k].key
+                    if key != last[k].key:
+                        break
+                    by_key[key] = services[k]
+                    changed.add(key)
+                else:
+                    return by_key, changed
+        return {s.key: s for s in services}, None
 
     def _instances(self, by_key: Mapping[tuple[str, str], Service]) -> list[Instance]:
         """Every instance in instance order (the instances of one service are consecutive),
@@ -1409,20 +1436,26 @@ class BalanceMemo:
         nodes: Sequence[Node],
         by_key: Mapping[tuple[str, str], Service],
         previous: Mapping[str, PreviousAllocation],
+        changed_keys: set[tuple[str, str]] | None = None,
     ) -> BalanceResult | None:
         run, result = self._run, self._result
         if run is None or result is None or run.cause is not None:
             return None
         if not (unit is self._unit or unit == self._unit) or len(nodes) != len(self._nodes):
             return None
-        known = self._nodes
-        if not all(map(is_, map(known.get, map(_NODE_ID, nodes)), nodes)):
-            return None
+        listed = self._node_list
+        if len(nodes) != len(listed) or not all(map(is_, nodes, listed)):
+            known = self._nodes  # (the same nodes in another order will do)
+            if not all(map(is_, map(known.get, map(_NODE_ID, nodes)), nodes)):
+                return None
         if not self._previous_is_result(result, previous):
             return None
         old = self._services
-        changed = {k for k, s in by_key.items() if old.get(k) is not s}
-        changed.update(k for k in old if k not in by_key)
+        if changed_keys is not None:
+            changed = changed_keys
+        else:
+            changed = {k for k, s in by_key.items() if old.get(k) is not s}
+            changed.update(k for k in old if k not in by_key)
         if not changed and not result.failures:
             # the full run keeps every instance where it is (pass 1) and evicts nobody
             self.incremental, self.replaced = True, 0

@@ -373,3 +373,36 @@ def test_a_result_naming_its_changes_pickles_without_them() -> None:
     again = pickle.loads(pickle.dumps(got))
     assert again == got and again.since is None
     assert copy.deepcopy(got) == got
+
+
+@pytest.mark.parametrize(
+    "edit", ["instances", "priority", "two", "swap", "other-key", "removed", "added"]
+)
+def test_an_edit_among_many_services_is_found_by_position(edit: str) -> None:
+    """With many services, the memo finds the edited ones by position (the caller passes them
+    sorted, as ``reconcile`` does); anything but an edit in place (a service removed, added,
+    or another key at a position) takes the plain key-by-key look. (Keys are unique, as the
+    loader makes them.)"""
+    nodes = [make_node(f"n{i}", dmips=4000) for i in range(3)]
+    svcs = [make_service(f"s{i:02d}", instances=2, cpu=50) for i in range(24)]
+    memo = BalanceMemo()
+    first = balance(None, nodes, svcs, {}, "stable", memo=memo)
+    now = list(svcs)
+    if edit == "instances":
+        now[5] = make_service("s05", instances=4, cpu=50)
+    elif edit == "priority":
+        now[7] = make_service("s07", instances=2, cpu=50, priority=3)
+    elif edit == "two":
+        now[1] = make_service("s01", instances=1, cpu=50)
+        now[20] = make_service("s20", instances=3, cpu=60)
+    elif edit == "swap":  # the same services in another order: nothing changed
+        now[2], now[3] = now[3], now[2]
+    elif edit == "other-key":  # another service where s04 was (s04 removed, s04b added)
+        now[4] = make_service("s04b", instances=5, cpu=50)
+    elif edit == "removed":
+        del now[9]
+    else:
+        now.append(make_service("s99", instances=2, cpu=50))
+    got = balance(None, nodes, now, previous_of(first), "stable", memo=memo)
+    assert got == balance(None, nodes, now, previous_of(first), "stable")
+    assert memo.incremental
