@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -177,6 +177,9 @@ class PlanMemo:
         # plan_bytes: each action's and each node's pretty JSON, by the object it came from
         self._node_ids: set[str] = set()  # the last call's nodes (existing, actual, with actions)
         self._node_order: list[str] = []  # the same, sorted
+        self._docs: dict[str, ActualState] = {}  # the last call's actual documents
+        self._active: set[str] = set()  # the last call's nodes with actions
+        self._patch_map: dict[str, tuple[dict[str, Any], ...]] = {}  # its Plan.patches
         self._action_fragments: dict[int, tuple[Action, bytes]] = {}
         self._node_fragments: dict[str, tuple[tuple[dict[str, Any], ...], bytes]] = {}
         self._actions_joined = Joined()
@@ -350,9 +353,20 @@ def make_plan(
     built = 0
     every = set(nodes)
     every.update(actual, by_node)
+    look_at: Iterable[str] = m._node_order
     if every != m._node_ids:  # else the same ids, sorted last call
         m._node_ids, m._node_order = every, sorted(every)
-    for node_id in m._node_order:
+        look_at = m._node_order
+    elif remember and len(m._patch_map) == len(every):
+        # the same nodes: a node's patch can differ only where its document is not the last
+        # call's object or it has actions now or had some then (C-level passes over the ids)
+        order = m._node_order
+        docs_now, docs_then = map(actual.get, order), map(m._docs.get, order)
+        look_at = set(itertools.compress(order, map(operator.is_not, docs_now, docs_then)))
+        look_at.update(by_node, m._active)
+        patches = dict(m._patch_map)  # (the same keys in the same order: values replaced)
+        patches_now = dict(old_patches)
+    for node_id in look_at:
         actual_doc = actual.get(node_id)
         revision = actual_doc.revision if actual_doc else 0
         node_stops, node_starts = by_node.get(node_id, none)
@@ -381,6 +395,8 @@ def make_plan(
         patches[node_id] = ops_tuple
     m._patches = patches_now
     m.patches_built = built
+    if remember:
+        m._docs, m._active, m._patch_map = dict(actual), set(by_node), patches
     return Plan(fingerprint, tuple(stops + starts), result.failures, patches)
 
 
