@@ -3,6 +3,7 @@
 the watcher, whose warm-path caches stay in memory between runs.
 
 .venv/bin/python -m benchmarks.oneshot_rss [--nodes 5000] [--instances 20000] [--seed 1]
+    [--dir DIR]
 
 The state directory is generated in a child process; this process imports the package, runs one
 cold reconcile with OCI configs and prints ``ru_maxrss``.
@@ -29,8 +30,9 @@ def main() -> None:
     parser.add_argument("--instances", type=int, default=20000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--node-format", choices=("yaml", "json"), default="yaml")
+    parser.add_argument("--dir", type=Path, help="where to create the state dir (default: /tmp)")
     args = parser.parse_args()
-    base = Path(tempfile.mkdtemp(prefix="oneshot-rss-"))
+    base = Path(tempfile.mkdtemp(prefix="oneshot-rss-", dir=args.dir))
     try:
         root = base / "state"
         _generate(root, args)
