@@ -31,7 +31,14 @@ from typing import Any, Literal, cast
 
 from .fsio import FileReadError, WriteHook, atomic_write, fsync_dir, read_bytes_at
 from .models import ActualState
-from .placement import BalanceResult, Cause, DeviceIds, Placement, PreviousAllocation
+from .placement import (
+    BalanceResult,
+    Cause,
+    DeviceIds,
+    Placement,
+    PreviousAllocation,
+    placement_order,
+)
 
 __all__ = [
     "FORMAT_VERSION",
@@ -835,7 +842,7 @@ def _patched_ids(
         ps = staying.get(node_id, []) + arrived
         if not ps:
             continue
-        ps.sort(key=_PLACEMENT_ORDER)  # placement order, as in the result
+        ps.sort(key=placement_order)  # as in the result
         made = _node_ids(ps, old, gids)
         if not all(type(a) is Allocation for a in made):
             return None
@@ -854,12 +861,6 @@ def _patched_ids(
     return allocations
 
 
-def _placement_order(p: Placement) -> tuple[int, str, str, int]:
-    """SPEC §7.1: priority descending, then itemId, subjectId, index (a result's order)."""
-    return (-p.priority, p.item_id, p.subject_id, p.index)
-
-
-_PLACEMENT_ORDER = _placement_order
 _ITEM_ID = attrgetter("item_id")
 _INSTANCE_ID = attrgetter("instance_id")
 

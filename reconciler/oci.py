@@ -853,8 +853,8 @@ class BuildMemo:
 
     def asking(self) -> set[str]:
         """The ids whose last build asked the host something (a group, a device): a caller
-        that passes back only some jobs (``build_all(..., keep=...)``) must pass these, whose
-        answers are checked again on each call."""
+        that passes back only some jobs (``build_all(..., removed=...)``) must pass these,
+        whose answers are checked again on each call."""
         return set(self._asking)
 
     def job(self, instance_id: str) -> ConfigJob | None:
@@ -969,7 +969,7 @@ def build_all(
         built = {iid: out for iid, out in built.items() if not isinstance(out, str)}
     if memo is not None:
         asking = set(compress(entries, map(_ASKED, entries.values())))
-        if removed is not None and same_lookups:  # the other ids' entries, as they were
+        if removed is not None:  # the other ids' entries, as they were (same lookups: above)
             kept = dict(previous)
             gone = set(removed)
             for iid in gone:

@@ -24,6 +24,7 @@ __all__ = [
     "new_instance",
     "new_placement",
     "new_requested",
+    "placement_order",
     "service_order",
 ]
 
@@ -61,6 +62,12 @@ class Instance:
     def order_key(self) -> tuple[int, str, str, int]:
         """SPEC §7.1: priority descending, then itemId, subjectId, index ascending."""
         return (-self.service.priority, self.item_id, self.subject_id, self.index)
+
+
+def placement_order(p: Placement | Failure) -> tuple[int, str, str, int]:
+    """SPEC §7.1 for a placement or a failure: priority descending, then itemId, subjectId,
+    index ascending (the order of a result's placements and failures)."""
+    return (-p.priority, p.item_id, p.subject_id, p.index)
 
 
 def service_order(service: Service) -> tuple[int, str, str]:

@@ -49,7 +49,7 @@ from .loader import Diagnostic, LoadOptions, StateView, load_state, mass_deletio
 from .lock import StateLock
 from .oci import BuildResult, BuiltConfig
 from .oci_writer import PendingManifest, WriteMemo, write_instance_outputs
-from .placement import BalanceResult, Failure, Mode
+from .placement import BalanceResult, Failure, Mode, placement_order
 from .planner import Plan, PlanMemo, make_plan, plan_bytes
 from .status import NodeStatusCache, status_bytes
 from .values import validate_id
@@ -289,7 +289,7 @@ def _without(result: BalanceResult, errors: Mapping[str, str]) -> BalanceResult:
                     ((CONFIG_FAILURE, 1),),
                 )
             )
-    failures.sort(key=lambda f: (-f.priority, f.item_id, f.subject_id, f.index))
+    failures.sort(key=placement_order)
     kept = tuple(p for p in result.placements if p.instance_id not in errors)
     return BalanceResult(kept, tuple(failures), result.preempted)
 
