@@ -52,8 +52,12 @@ from reconciler.values import instance_id
 
 # ---------------------------------------------------------------- schema
 
-SPEC_DIR = Path(__file__).resolve().parents[2] / "shared" / "oci-runtime-spec-v1.0.2"
-SCHEMA_DIR = SPEC_DIR / "schema"
+# the schemas, copied into the repository (see its README); the project's shared copy, to check
+# the copy against when it is there
+SCHEMA_DIR = Path(__file__).resolve().parent / "oci-runtime-spec-v1.0.2" / "schema"
+SHARED_SCHEMA_DIR = (
+    Path(__file__).resolve().parents[2] / "shared" / "oci-runtime-spec-v1.0.2" / "schema"
+)
 
 
 def _make_validator() -> Draft4Validator | None:
@@ -278,6 +282,14 @@ def test_schema_is_available() -> None:
     assert VALIDATOR is not None, f"OCI runtime-spec schema not found at {SCHEMA_DIR}"
     for sibling in ("defs.json", "defs-linux.json", "config-linux.json"):
         assert (SCHEMA_DIR / sibling).is_file(), sibling
+
+
+def test_the_copied_schema_is_the_shared_one() -> None:
+    if not SHARED_SCHEMA_DIR.is_dir():
+        pytest.skip(f"no shared schema at {SHARED_SCHEMA_DIR} to compare the copy with")
+    shared = {p.name: p.read_bytes() for p in sorted(SHARED_SCHEMA_DIR.glob("*.json"))}
+    copied = {p.name: p.read_bytes() for p in sorted(SCHEMA_DIR.glob("*.json"))}
+    assert copied == shared
 
 
 def test_schema_validator_resolves_refs_and_rejects_bad_configs() -> None:
