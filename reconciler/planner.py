@@ -174,6 +174,7 @@ class PlanMemo:
             str, tuple[int, list[Action], list[Action], tuple[dict[str, Any], ...]]
         ] = {}
         self.patches_built = 0  # in the last call: nodes whose patch was built again
+        self.rematched = -1  # in the last call: nodes matched again by the delta path (-1: none)
         # plan_bytes: each action's and each node's pretty JSON, by the object it came from
         self._node_ids: set[str] = set()  # the last call's nodes (existing, actual, with actions)
         self._node_order: list[str] = []  # the same, sorted
@@ -184,6 +185,13 @@ class PlanMemo:
         self._node_fragments: dict[str, tuple[tuple[dict[str, Any], ...], bytes]] = {}
         self._actions_joined = Joined()
         self._nodes_joined = Joined()
+        # the delta path (see _delta_matches): the last call's result and what it made of it,
+        # while no instance was listed by two actual documents (else None: the full pass)
+        self._result: BalanceResult | None = None
+        self._listing: dict[str, str] | None = None  # instance id -> the node whose doc lists it
+        self._kept: set[str] = set()  # the instances running where they are placed
+        self._others: dict[str, list[tuple[str, ActualInstance]]] = {}  # nodes with any
+        self._actual_order: list[str] = []  # the actual documents' node ids, sorted
 
 
 def _match(
@@ -205,6 +213,124 @@ def _match(
         else:
             others.append((iid, inst))
     return matches, others
+
+
+_Match = tuple[
+    ActualState, tuple[Placement | None, ...], list[str], list[tuple[str, ActualInstance]]
+]
+
+
+def _full_matches(
+    m: PlanMemo, actual: Mapping[str, ActualState], get: Any, remember: bool
+) -> tuple[set[str], list[tuple[str, str, ActualInstance]]]:
+    """Every node's instances as they are placed (kept: an id matches on the node it is placed
+    on only) and the others, in node id order, reusing a node's match from the last call while
+    its document and the placements it names are the same objects. ``remember`` fills the
+    memo, the delta path's index included (see :func:`_delta_matches`)."""
+    kept: set[str] = set()
+    running: list[tuple[str, str, ActualInstance]] = []
+    old_matches = m._matches
+    matches_now: dict[str, _Match] = {}
+    others_now: dict[str, list[tuple[str, ActualInstance]]] = {}
+    order = sorted(actual)
+    for node_id in order:
+        doc = actual[node_id]
+        got = old_matches.get(node_id)
+        placed = tuple(map(get, doc.instances)) if remember else ()
+        if got is not None and got[0] is doc and got[1] == placed:
+            matched, others = got[2], got[3]
+            matches_now[node_id] = got
+        else:
+            matched, others = _match(node_id, doc, get)
+            if remember:
+                matches_now[node_id] = (doc, placed, matched, others)
+        kept.update(matched)  # (an id matches on the node it is placed on only)
+        if others:
+            others_now[node_id] = others
+            running += [(node_id, iid, inst) for iid, inst in others]
+    m._matches = matches_now
+    m._listing = None
+    if remember:
+        listing: dict[str, str] = {}
+        listed = 0
+        for node_id in order:
+            ids = actual[node_id].instances
+            listed += len(ids)
+            listing.update(dict.fromkeys(ids, node_id))
+        if listed == len(listing):  # no instance listed by two documents
+            m._listing, m._kept, m._others, m._actual_order = listing, kept, others_now, order
+    return kept, running
+
+
+def _delta_matches(
+    m: PlanMemo, result: BalanceResult, actual: Mapping[str, ActualState], get: Any
+) -> tuple[set[str], list[tuple[str, str, ActualInstance]], set[str]] | None:
+    """:func:`_full_matches` from the last call's, when ``result`` names what changed since the
+    last call's result (:attr:`BalanceResult.since`), the same nodes have actual documents and
+    no instance was listed by two of them: only the nodes whose document is not the last
+    call's object, or that list a named id, are matched again. Also returns the ids that can
+    be waiting to start (the last call's, the named ones and those no longer kept). None: take
+    the full pass (which is what this gives, the running list in node id order)."""
+    listing, last = m._listing, m._result
+    if listing is None or last is None:
+        return None
+    if result is last:
+        named: frozenset[str] = frozenset()
+    elif result.since is not None and result.since[0]() is last:
+        named = result.since[1]
+    else:
+        return None
+    docs_then = m._docs
+    if len(actual) != len(docs_then) or actual.keys() != docs_then.keys():
+        return None
+    order = m._actual_order
+    docs_now = map(actual.__getitem__, order)
+    edited = list(
+        itertools.compress(order, map(operator.is_not, docs_now, map(docs_then.get, order)))
+    )
+    touched = {listing[iid] for iid in named if iid in listing}
+    touched.update(edited)
+    old_matches = m._matches
+    matches_now = old_matches
+    kept, others_now = m._kept, m._others
+    left: set[str] = set()
+    redone: list[list[str]] = []
+    if edited:  # the documents list other ids: check first that no id is listed twice
+        listing = dict(listing)
+        for node_id in edited:  # (each id the last documents list is in the index once)
+            for iid in docs_then[node_id].instances:
+                del listing[iid]
+        for node_id in edited:
+            for iid in actual[node_id].instances:
+                if listing.setdefault(iid, node_id) != node_id:
+                    return None
+    for node_id in sorted(touched):
+        doc = actual[node_id]
+        got = old_matches[node_id]
+        placed = tuple(map(get, doc.instances))
+        if got[0] is doc and got[1] == placed:
+            continue
+        if matches_now is old_matches:
+            matches_now, kept, others_now = dict(old_matches), set(kept), dict(others_now)
+        matched, others = _match(node_id, doc, get)
+        matches_now[node_id] = (doc, placed, matched, others)
+        kept.difference_update(got[2])
+        left.update(got[2])
+        redone.append(matched)
+        if others:
+            others_now[node_id] = others
+        else:
+            others_now.pop(node_id, None)
+    for matched in redone:  # (after every removal: an id may move from one to another)
+        kept.update(matched)
+    running = [
+        (node_id, iid, inst) for node_id in sorted(others_now) for iid, inst in others_now[node_id]
+    ]
+    waiting = set(m._starts)
+    waiting.update(named, left)
+    m._matches, m._listing, m._kept, m._others = matches_now, listing, kept, others_now
+    m.rematched = len(redone)
+    return kept, running, waiting
 
 
 def _identical(old: list[Action], new: list[Action]) -> bool:
@@ -233,40 +359,16 @@ def make_plan(
     m = memo if memo is not None else PlanMemo()
     desired = result.by_id
     get = desired.get
-    kept: set[str] = set()
     moved_reason: dict[str, Reason] = {}
-    # nodes in id order: an instance running on two nodes is kept on the first (the order
-    # within a node does not matter: actions are sorted below)
-    running: list[tuple[str, str, ActualInstance]] = []
-    old_matches = m._matches
-    matches_now: dict[
-        str,
-        tuple[
-            ActualState, tuple[Placement | None, ...], list[str], list[tuple[str, ActualInstance]]
-        ],
-    ] = {}
     remember = memo is not None  # a throwaway memo need not be filled (the oneshot path)
-    for node_id in sorted(actual):
-        doc = actual[node_id]
-        got = old_matches.get(node_id)
-        placed = tuple(map(get, doc.instances)) if remember else ()
-        if got is not None and got[0] is doc and got[1] == placed:
-            matched, others = got[2], got[3]
-            matches_now[node_id] = got
-        else:
-            matched, others = _match(node_id, doc, get)
-            if remember:
-                matches_now[node_id] = (doc, placed, matched, others)
-        if kept.isdisjoint(matched):  # (the usual case: an instance runs on one node)
-            kept.update(matched)
-        else:
-            for iid in matched:
-                if iid in kept:
-                    running.append((node_id, iid, doc.instances[iid]))
-                else:
-                    kept.add(iid)
-        running += [(node_id, iid, inst) for iid, inst in others]
-    m._matches = matches_now
+    m.rematched = -1
+    delta = _delta_matches(m, result, actual, get) if remember else None
+    if delta is not None:
+        kept, running, waiting_ids = delta
+    else:
+        kept, running = _full_matches(m, actual, get, remember)
+        waiting_ids = None
+    m._result = result if remember else None
     stops: list[Action] = []
     old_stops = m._stops
     stops_now: dict[tuple[str, str], tuple[ActualInstance, Reason, Action]] = {}
@@ -308,10 +410,14 @@ def make_plan(
     starts: list[Action] = []
     old_starts = m._starts
     starts_now: dict[str, tuple[Placement, Reason, Action]] = {}
-    placements = result.placements
-    # the placements not running where placed (C-level passes: in a steady state, none)
-    waiting = map(operator.not_, map(kept.__contains__, map(_INSTANCE_ID, placements)))
-    for p in itertools.compress(placements, waiting):
+    waiting: Iterable[Placement]
+    if waiting_ids is not None:  # the delta path named the ids that can be waiting
+        waiting = [p for p in map(get, waiting_ids - kept) if p is not None]
+    else:  # the placements not running where placed (C-level passes: in a steady state, none)
+        placements = result.placements
+        not_kept = map(operator.not_, map(kept.__contains__, map(_INSTANCE_ID, placements)))
+        waiting = itertools.compress(placements, not_kept)
+    for p in waiting:
         iid = p.instance_id
         reason = moved_reason.get(iid, "new")
         known = old_starts.get(iid)
