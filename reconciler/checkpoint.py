@@ -358,7 +358,7 @@ class CheckpointMemo:
         self._decoded = self._lists = None
         self.patched = False
         if since is not None and last is not None and lists is not None and since[0] is last[0]:
-            patched = self._patched_chunks(cp, since[1], lists)
+            patched = self._patched_chunks(cp, since[1], lists, last)
             if patched is not None:
                 self.patched = True
                 return patched
@@ -419,10 +419,13 @@ class CheckpointMemo:
         cp: Checkpoint,
         ids: frozenset[str],
         lists: tuple[tuple[str, ...], list[bytes], list[Allocation], list[PreviousAllocation]],
+        last: tuple[Mapping[str, Allocation], dict[str, Allocation], dict[str, PreviousAllocation]],
     ) -> list[bytes] | None:
         """:meth:`data_chunks` for allocations that are the last call's but at ``ids``: the
         last call's fragments, allocations and previous placements in id order, edited at those
-        ids. None (the caller takes the whole pass) when one is not in decoded form, or when
+        ids, and its decoded and previous mappings (``last``) copied and edited when no id is
+        added (an added id must be inserted in id order: they are built again). None (the
+        caller takes the whole pass) when one is not in decoded form, or when
         :meth:`sorted_ids` was given other ids since."""
         if lists[0] is not self._order:
             return None
@@ -469,8 +472,20 @@ class CheckpointMemo:
             self._version += 1
             self._fragments_version = self._version
             self.placed += len(added)
-        decoded = dict(zip(order, allocs, strict=True))
-        self._decoded = (allocations, decoded, dict(zip(order, prevs, strict=True)))
+        if added:
+            decoded = dict(zip(order, allocs, strict=True))
+            previous = dict(zip(order, prevs, strict=True))
+        else:  # (a copy keeps the order, an edit or a removal too: C-level, no rehashing)
+            decoded, previous = dict(last[1]), dict(last[2])
+            for iid in ids:
+                a = allocations.get(iid)
+                if a is None:
+                    decoded.pop(iid, None)
+                    previous.pop(iid, None)
+                else:
+                    decoded[iid] = a
+                    previous[iid] = known[iid][2]
+        self._decoded = (allocations, decoded, previous)
         self._lists = (self._order, frags, allocs, prevs)
         return self._framed(cp, [b"", *frags])
 
@@ -572,7 +587,7 @@ def _plain(cp: Checkpoint) -> bool:
         and bool(cp.lineage)
         and type(cp.generation) is int
         and cp.generation >= 0
-        and all(type(k) is str for k in cp.allocations)
+        and set(map(type, cp.allocations)) <= _STR
     )
 
 
@@ -581,12 +596,14 @@ def _exact_str(value: object) -> bool:
 
 
 _STR = {str}
+_INT = {int}
 
 
 def _plain_gids(gids: Mapping[str, int]) -> bool:
     """Exact ``str`` keys and exact ``int`` values (not ``bool``): what decoding gives, and
     equal as values exactly when equal as canonical JSON."""
-    return all(type(k) is str and type(v) is int for k, v in gids.items())
+    # (C-level passes: it runs several times a run over every item's gid)
+    return set(map(type, gids)) <= _STR and set(map(type, gids.values())) <= _INT
 
 
 def _decoded_form(a: Allocation) -> bool:
@@ -805,7 +822,7 @@ def _patched_ids(
     if last is None or out is None or last_gids is None:
         return None
     # an item added or removed since has all its instances named; any other keeps its gid
-    if any(gids.get(item, gid) != gid for item, gid in last_gids.items()):
+    if gids != last_gids and any(gids.get(item, gid) != gid for item, gid in last_gids.items()):
         return None
     if result is last:
         named: frozenset[str] = frozenset()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import operator
 import os
 import stat
 import time
@@ -180,6 +181,9 @@ class ReconcileReport:
         return self.computed.plan
 
 
+_INSTANCES = operator.attrgetter("instances")
+
+
 def compute_once(
     state_dir: Path,
     opts: ReconcileOptions,
@@ -215,7 +219,7 @@ def compute_once(
     if alerts.rebalance and mode != "fresh":
         mode = "rebalance"  # SPEC §8: a raise, and each minTimeout while raised
     overload = alerts.overload if mode == "rebalance" else None
-    n_instances = sum(s.instances for s in view.services.values())
+    n_instances = sum(map(_INSTANCES, view.services.values()))
     stage(f"placing {n_instances} instances on {len(view.nodes)} nodes")
     result = balance(
         view.unit,

@@ -20,6 +20,7 @@ from reconciler.checkpoint import (
     CheckpointMemo,
     IdsMemo,
     assign_ids,
+    decode_checkpoint,
     encode_checkpoint,
 )
 from reconciler.loader import load_state
@@ -165,9 +166,16 @@ class _Ids:
         assert (since is not None) is self.memo.patched
         written = Checkpoint("lin", cp.generation + 1, got[0], got[1], since=since)
         # as save_checkpoint (the encoder given what changed since), then read back
-        assert encode_checkpoint(written, self.encoder) == encode_checkpoint(written)
+        raw = encode_checkpoint(written, self.encoder)
+        assert raw == encode_checkpoint(written)
         self.encoded_patched += self.encoder.patched
         back = self.encoder.decoded(got[0])
+        if back is not None:  # what decoding the bytes gives: values, types and order
+            want_back = decode_checkpoint(raw, "lin").allocations
+            assert list(back.items()) == list(want_back.items())
+            assert list(self.encoder.previous(back).items()) == [
+                (iid, a.previous()) for iid, a in want_back.items()
+            ]
         self.cp = Checkpoint(
             "lin",
             written.generation,

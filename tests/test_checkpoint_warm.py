@@ -656,3 +656,38 @@ def test_warm_reconcile_after_an_edit_works_on_the_change_only(tmp_path: Path) -
         assert work["checked"] == 0, work  # the file just written: known, not checked
         assert work["converted"] <= 2, work  # the previous run's new allocations only
         assert memo.patched  # told by assign_ids which allocations changed
+
+
+@SETTINGS
+@given(st.data())
+def test_an_encoder_told_what_changed_gives_the_plain_results(data: st.DataObject) -> None:
+    """A checkpoint naming the ids at which its allocations differ from the mapping the memo
+    encoded last (``Checkpoint.since``, as ``assign_ids`` sets it): its bytes, what decoding
+    them gives (values and order) and its previous placements are the plain ones, whether ids
+    were replaced, removed or added (the memo edits its last lists and mappings)."""
+    memo = CheckpointMemo()
+    ids = [f"id-{k:02d}" for k in range(12)]
+    allocs: dict[str, Allocation] = {
+        iid: data.draw(allocations()) for iid in data.draw(st.lists(st.sampled_from(ids)))
+    }
+    encode_checkpoint(Checkpoint("lin", 1, allocs), memo)
+    patched = 0
+    for generation in range(2, data.draw(st.integers(3, 6), label="checkpoints")):
+        now = dict(allocs)
+        for iid in data.draw(st.lists(st.sampled_from(ids), max_size=4), label="changed"):
+            if data.draw(st.booleans(), label="remove") and iid in now:
+                del now[iid]
+            else:
+                now[iid] = data.draw(allocations())
+        named = {i for i in ids if now.get(i) is not allocs.get(i)}
+        named |= set(data.draw(st.lists(st.sampled_from(ids), max_size=2), label="named too"))
+        cp = Checkpoint("lin", generation, now, since=(allocs, frozenset(named)))
+        raw = encode_checkpoint(cp, memo)
+        assert raw == encode_checkpoint(cp)
+        patched += memo.patched
+        want = decode_checkpoint(raw, "lin").allocations
+        back = memo.decoded(now)
+        assert back is not None and list(back.items()) == list(want.items())
+        assert list(memo.previous(back).items()) == [(i, a.previous()) for i, a in want.items()]
+        allocs = now
+    assert patched == generation - 1  # each one after the first edited the last one's lists
