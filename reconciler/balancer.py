@@ -456,6 +456,9 @@ Made = dict[str, tuple[Reservation, Placement]]
 """Per instance id, a placement and the reservation it was made from (``_Run.placements``)."""
 
 
+_STALE_MAX = 256  # nodes moved since the index was built beyond which it is built again
+
+
 class _Run:
     """The working state of one balance call.
 
@@ -550,6 +553,9 @@ class _Run:
         self.index: list[list[Entry]] = [[] for _ in self.members]
         self.entries: list[Entry] = [0] * count  # each node's entry in the index, by rank
         self.index_valid = False
+        # while the index is valid: the nodes reserved on or released since it was built (or
+        # last brought up to date), by rank; _ensure_index moves these only
+        self.stale: dict[int, NodeSlot] = {}
         # per static key (a service's labels, runtime types and platform): each class's static
         # runtimes, and the classes with any by priority level, highest first
         self.static: dict[object, tuple[list[tuple[int, ...]], list[Level]]] = {}
@@ -649,13 +655,23 @@ class _Run:
             ask.instance, runtime_index, req, names, ids, ask.devices, ask.cause
         )
         self.where[ask.instance.id] = slot
-        self.index_valid = False
+        self._moved(slot)
 
     def release(self, slot: NodeSlot, iid: str) -> None:
         release_reservation(slot, iid)
         del self.where[iid]
-        self.index_valid = False
+        self._moved(slot)
         self.forget_refusals()  # something became free
+
+    def _moved(self, slot: NodeSlot) -> None:
+        """``slot``'s entry may have moved: noted while few have, else the index is rebuilt."""
+        if self.index_valid:
+            stale = self.stale
+            if len(stale) < _STALE_MAX:
+                stale[self.order_base[slot.id] % self.count] = slot
+            else:
+                self.index_valid = False
+                stale.clear()
 
     def forget_refusals(self) -> None:
         """Forget which nodes refused what (after a release)."""
@@ -672,6 +688,12 @@ class _Run:
 
     def _ensure_index(self) -> None:
         if self.index_valid:
+            if self.stale:  # a few nodes moved since: each to its place (as a rebuild puts it)
+                for moved in self.stale.values():
+                    self._reposition(moved)
+                self.stale.clear()
+                for passed in self.passed.values():  # as after a rebuild (a reserve only
+                    passed.clear()  # moves a node later; a release cleared these already)
             return
         entries, slots, basics, base = self.entries, self.slots, self.basics, self.order_base
         cpu_step, ram_step = self.cpu_step, self.ram_step
@@ -690,6 +712,7 @@ class _Run:
             self.index[cid] = keys
         for passed in self.passed.values():  # entries are places in the index just rebuilt
             passed.clear()
+        self.stale.clear()
         self.index_valid = True
 
     def _reposition(self, slot: NodeSlot) -> None:
@@ -737,7 +760,7 @@ class _Run:
         iid = instance.id
         slot.placed[iid] = Reservation(instance, at, req, group.names, ids, devices, prev.cause)
         self.where[iid] = slot
-        self.index_valid = False
+        self._moved(slot)
         return True
 
     # -- pass 2
