@@ -15,6 +15,8 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
+import operator
 import os
 import stat
 import time
@@ -363,8 +365,9 @@ def load_state(
     same = previous is not None and previous.root == root and previous.files.keys() == files.keys()
     patched = _patched(previous, files) if same and previous is not None else None
     if patched is not None:
-        diagnostics = [d for rec in files.values() if rec.diagnostics for d in rec.diagnostics]
-        return patched, diagnostics
+        # (C-level passes over every record: a warm run's few diagnostics)
+        with_any = filter(None, map(_DIAGNOSTICS, files.values()))
+        return patched, list(itertools.chain.from_iterable(with_any))
     return _assembled(root, files)
 
 
@@ -460,8 +463,9 @@ def _hinted_files(
                 updates[rel] = rec
     except _FullPass:
         return None
-    for rel, old in prev_files.items():
-        if old.deps and rel not in updates and not _deps_unchanged(old.deps):
+    with_deps = itertools.compress(prev_files.items(), map(_DEPS, prev_files.values()))
+    for rel, old in with_deps:  # (a C-level pass over the records: few have deps)
+        if rel not in updates and not _deps_unchanged(old.deps):
             kind = "unit" if rel == "unit.yaml" else rel.split("/", 1)[0]
             updates[rel] = _load_one(root, rel, kind, _regular_key(root / rel), old, opts)
     files = dict(prev_files)
@@ -473,6 +477,10 @@ def _hinted_files(
     if all(rel in prev_files for rel in updates):
         return files  # the same paths: the order of ``prev_files`` (sorted) holds
     return {rel: files[rel] for rel in sorted(files)}  # the full pass's order: sorted paths
+
+
+_DEPS = operator.attrgetter("deps")
+_DIAGNOSTICS = operator.attrgetter("diagnostics")
 
 
 def _hash_line(rel: str, rec: FileRecord) -> bytes:
@@ -528,9 +536,14 @@ def _patched(previous: StateView, files: dict[str, FileRecord]) -> StateView | N
     (same kind and key) before and after; else None (build it from nothing). The result equals
     :func:`_assembled`'s, dictionary order included: every key keeps its place."""
     old_files = previous.files
-    changed = [
-        (n, rel, rec) for n, (rel, rec) in enumerate(files.items()) if rec is not old_files[rel]
-    ]
+    # (C-level passes: positions of the records that are not the previous view's objects)
+    moved = map(operator.is_not, files.values(), map(old_files.__getitem__, files))
+    at = list(itertools.compress(itertools.count(), moved))
+    if at:
+        rels, recs = list(files), list(files.values())
+        changed = [(n, rels[n], recs[n]) for n in at]
+    else:
+        changed = []
     lines = list(previous.hash_lines)
     if len(lines) != len(files) or previous.duplicates:
         return None  # a service defined twice: the full assembly reports it
