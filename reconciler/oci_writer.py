@@ -393,15 +393,20 @@ def write_instance_outputs(
     manifest = _read_manifest(root) if prev is None else {}
     new_manifest: dict[str, Any] = {}  # when prev is None
     # when memo is not None; made here at its full size, before this call's short-lived objects
-    # (a table allocated among them, and kept, can keep the C heap from shrinking after them)
-    entries = cast(dict[str, _Written], dict.fromkeys(ids) if memo is not None else {})
+    # (a table allocated among them, and kept, can keep the C heap from shrinking after them);
+    # a trusting call told which instances can differ copies the last call's instead
+    patching = prev is not None and not verify and named is not None
+    entries = cast(
+        dict[str, _Written], dict.fromkeys(ids) if memo is not None and not patching else {}
+    )
     compared: list[str] = []  # instances whose files were compared (and written if different)
     kept = 0  # instances known unchanged without reading their files
     # without a manifest every instance is compared: one listing of the directory, not an
     # lstat per instance (None: look at each instance's directory)
     listing = _list_dir(root_str) if prev is None and not manifest else None
     todo = ids
-    if prev is not None and not verify and named is not None:
+    if patching:
+        assert prev is not None and named is not None
         # trusted, and told which instances can differ: the others are the last call's
         looked = {i for i in named if i in built}
         looked.update(irregular & built.keys())
@@ -409,7 +414,11 @@ def write_instance_outputs(
         entries = dict(prev)  # (the ids in todo are set below, the gone ones dropped)
         for iid in gone:
             del entries[iid]
-        trusted = list(itertools.compress(ids, map(operator.not_, map(looked.__contains__, ids))))
+        trusted = list(ids)  # (sorted: the few looked at taken out by bisection)
+        for iid in todo:
+            at = bisect.bisect_left(trusted, iid)
+            if at < len(trusted) and trusted[at] == iid:
+                del trusted[at]
         unchanged += trusted  # both files of each
         kept += len(trusted)
     elif prev is not None and not verify:
