@@ -164,14 +164,15 @@ def default_config_builder(
         if view.services is not last_services:
             # the balancer placed from these services: ``since`` names every instance of an
             # edited one already; named again here, from its instance counts, to be sure
-            for key in view.services.keys() | last_services.keys():
+            keys = view.services.keys() | last_services.keys()
+            now_then = map(is_not, map(view.services.get, keys), map(last_services.get, keys))
+            for key in compress(keys, now_then):  # (a C-level pass finds the edited ones)
                 now, then = view.services.get(key), last_services.get(key)
-                if now is not then:
-                    count = max(s.instances for s in (now, then) if s is not None)
-                    redo.update(instance_ids(key[0], key[1], 0, count))
-        keys = allocations.keys()
-        redo.update(compress(keys, map(is_not, map(last_allocs.get, keys), allocations.values())))
-        redo.update(last_allocs.keys() - keys)
+                count = max(s.instances for s in (now, then) if s is not None)
+                redo.update(instance_ids(key[0], key[1], 0, count))
+        ids = allocations.keys()
+        redo.update(compress(ids, map(is_not, map(last_allocs.get, ids), allocations.values())))
+        redo.update(last_allocs.keys() - ids)
         redo |= memo.asking()
         by_id = result.by_id
         jobs: list[ConfigJob] = []
