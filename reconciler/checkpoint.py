@@ -1000,6 +1000,8 @@ class LoadReport:
     checkpoint: Checkpoint
     source: Source  # where the allocations came from
     problems: tuple[str, ...] = ()  # what was quarantined and why
+    # the current file's bytes, when the checkpoint is that file's (for save_checkpoint)
+    current: bytes | None = field(default=None, repr=False, compare=False)
 
 
 def _read(path: Path) -> bytes | None:
@@ -1050,7 +1052,7 @@ def load_checkpoint(
                 problems[-1] += f"; moved to {moved}"
             continue
         src: Source = "current" if name == CURRENT else "previous"
-        return LoadReport(cp, src, tuple(problems))
+        return LoadReport(cp, src, tuple(problems), raw if name == CURRENT else None)
     lineage = expected or new_lineage()
     rebuilt = rebuild_from_actual(actual)
     origin: Source = "actual" if (problems or rebuilt) else "new"
@@ -1097,23 +1099,26 @@ def save_checkpoint(
     *,
     hook: WriteHook | None = None,
     cache: CheckpointCache | None = None,
+    current: bytes | None = None,
 ) -> Path:
-    """Write ``cp`` as the current generation, keeping the current file as the previous one."""
+    """Write ``cp`` as the current generation, keeping the current file as the previous one.
+    ``current``: the current file's bytes as :func:`load_checkpoint` read them under the same
+    lock (:attr:`LoadReport.current`), so that they are not read again; None: read them."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     lineage_path = directory / LINEAGE
     if not lineage_path.exists():
         atomic_write(lineage_path, cp.lineage.encode() + b"\n", hook=hook)
-    current = directory / CURRENT
-    raw = _read(current)
+    path = directory / CURRENT
+    raw = current if current is not None else _read(path)
     if raw:
         with contextlib.suppress(CheckpointError):  # never keep a bad file as the previous one
             _decode(raw, cp.lineage, cache)
-            _keep_as_previous(current, directory / PREVIOUS, raw, hook)
+            _keep_as_previous(path, directory / PREVIOUS, raw, hook)
     encoded = encode_checkpoint(cp, cache.memo if cache is not None else None)
-    atomic_write(current, encoded, hook=hook)
+    atomic_write(path, encoded, hook=hook)
     if cache is not None:
         cache.wrote(encoded, cp)
-    return current
+    return path
 
 
 def next_generation(old: Checkpoint, **changes: Any) -> Checkpoint:

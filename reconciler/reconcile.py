@@ -494,6 +494,7 @@ def reconcile(
                     c.checkpoint,
                     hook=opts.write_hook,
                     cache=opts.cache.checkpoint if opts.cache is not None else None,
+                    current=c.loaded.current,  # read under this lock: not read again
                 )
                 cp_written = True
             written += _write_outputs(state_dir, c, opts)

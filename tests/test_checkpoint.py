@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+import reconciler.checkpoint as checkpoint_module
 from reconciler.checkpoint import (
     CURRENT,
     PREVIOUS,
@@ -325,6 +326,31 @@ class TestRecovery:
         quarantined = list((cpdir / "quarantine").iterdir())
         assert len(quarantined) == 1 and quarantined[0].read_bytes() == bad
         assert report.problems and "quarantine" in report.problems[0]
+
+    def test_the_bytes_loaded_are_kept_as_the_previous_generation_without_a_second_read(
+        self, two_generations: tuple[Path, Checkpoint, Checkpoint], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        state, _, second = two_generations
+        cpdir = state / "checkpoint"
+        on_disk = (cpdir / CURRENT).read_bytes()
+        view, _ = load_state(state)
+        report = load_checkpoint(cpdir, view.actual)
+        assert report.source == "current" and report.current == on_disk
+        reads: list[Path] = []
+        real_read = checkpoint_module._read
+
+        def counted(path: Path) -> bytes | None:
+            reads.append(path)
+            return real_read(path)
+
+        monkeypatch.setattr(checkpoint_module, "_read", counted)
+        third = replace(second, generation=second.generation + 1)
+        save_checkpoint(cpdir, third, current=report.current)
+        assert (cpdir / PREVIOUS).read_bytes() == on_disk
+        assert (cpdir / CURRENT).read_bytes() == encode_checkpoint(third)
+        assert cpdir / CURRENT not in reads
+        (cpdir / CURRENT).write_bytes(b"")  # a bad current: loaded from previous, no bytes
+        assert load_checkpoint(cpdir, view.actual).current is None
 
     def test_both_corrupt_rebuilds_from_actual_with_its_device_ids(self, demo_copy: Path) -> None:
         reconciled(demo_copy)
