@@ -183,6 +183,14 @@ class PlanMemo:
         self._patch_map: dict[str, tuple[dict[str, Any], ...]] = {}  # its Plan.patches
         self._action_fragments: dict[int, tuple[Action, bytes]] = {}
         self._node_fragments: dict[str, tuple[tuple[dict[str, Any], ...], bytes]] = {}
+        # the last call's patch map and the nodes it looked at, when it was made from the one
+        # before (the same nodes: every other node's patch is that one's object)
+        self._patched_from: tuple[Mapping[str, Any], Iterable[str]] | None = None
+        # plan_bytes: the patch map its node pieces were made for, the pieces in node id
+        # order, and each node's position in them
+        self._pieces_for: Mapping[str, Any] | None = None
+        self._node_pieces: list[bytes] = []
+        self._node_pos: dict[str, int] = {}
         self._actions_joined = Joined()
         self._nodes_joined = Joined()
         # the delta path (see _delta_matches): the last call's result and what it made of it,
@@ -460,6 +468,7 @@ def make_plan(
     every = set(nodes)
     every.update(actual, by_node)
     look_at: Iterable[str] = m._node_order
+    patched_from: tuple[Mapping[str, Any], Iterable[str]] | None = None
     if every != m._node_ids:  # else the same ids, sorted last call
         m._node_ids, m._node_order = every, sorted(every)
         look_at = m._node_order
@@ -472,6 +481,7 @@ def make_plan(
         look_at.update(by_node, m._active)
         patches = dict(m._patch_map)  # (the same keys in the same order: values replaced)
         patches_now = dict(old_patches)
+        patched_from = (m._patch_map, look_at)
     for node_id in look_at:
         actual_doc = actual.get(node_id)
         revision = actual_doc.revision if actual_doc else 0
@@ -503,7 +513,12 @@ def make_plan(
     m.patches_built = built
     if remember:
         m._docs, m._active, m._patch_map = dict(actual), set(by_node), patches
+    m._patched_from = patched_from if remember else None
     return Plan(fingerprint, tuple(stops + starts), result.failures, patches)
+
+
+def _node_piece(node_id: str, ops: tuple[dict[str, Any], ...]) -> bytes:
+    return member(node_id, fragment({"patch": list(ops)}, 2), 1)
 
 
 def plan_bytes(plan: Plan, inputs: Mapping[str, Any], memo: PlanMemo) -> bytes:
@@ -519,13 +534,35 @@ def plan_bytes(plan: Plan, inputs: Mapping[str, Any], memo: PlanMemo) -> bytes:
             got = (a, item(fragment(a.to_json(), 2), 1))
         actions[id(a)] = got
         action_frags.append(got[1])
-    nodes: dict[str, tuple[tuple[dict[str, Any], ...], bytes]] = {}
-    for node_id, ops in plan.patches.items():
-        known = old_nodes.get(node_id)
-        if known is None or known[0] is not ops:
-            known = (ops, member(node_id, fragment({"patch": list(ops)}, 2), 1))
-        nodes[node_id] = known
+    nodes: dict[str, tuple[tuple[dict[str, Any], ...], bytes]]
+    since = memo._patched_from
+    if (
+        since is not None
+        and since[0] is memo._pieces_for
+        and plan.patches is memo._patch_map
+        and memo._pieces_for is not None
+    ):
+        # the planner made these patches from the last ones, looking at these nodes only:
+        # every other node's patch is the very object whose piece is kept
+        nodes, pieces, pos = dict(old_nodes), list(memo._node_pieces), memo._node_pos
+        for node_id in since[1]:
+            ops = plan.patches[node_id]
+            known = old_nodes.get(node_id)
+            if known is None or known[0] is not ops:
+                known = nodes[node_id] = (ops, _node_piece(node_id, ops))
+                pieces[pos[node_id]] = known[1]
+    else:
+        nodes = {}
+        for node_id, ops in plan.patches.items():
+            known = old_nodes.get(node_id)
+            if known is None or known[0] is not ops:
+                known = (ops, _node_piece(node_id, ops))
+            nodes[node_id] = known
+        order = sorted(nodes)
+        pieces = [nodes[n][1] for n in order]
+        pos = {n: k for k, n in enumerate(order)}
     memo._action_fragments, memo._node_fragments = actions, nodes
+    memo._pieces_for, memo._node_pieces, memo._node_pos = plan.patches, pieces, pos
     members = [
         ("actions", memo._actions_joined.array(action_frags, 1)),
         ("changesPresent", fragment(plan.changes_present, 1)),
@@ -533,6 +570,6 @@ def plan_bytes(plan: Plan, inputs: Mapping[str, Any], memo: PlanMemo) -> bytes:
         ("failures", fragment([failure_json(f) for f in plan.failures], 1)),
         ("formatVersion", fragment(PLAN_FORMAT_VERSION, 1)),
         ("inputs", fragment(dict(inputs), 1)),
-        ("nodes", memo._nodes_joined.object([nodes[n][1] for n in sorted(nodes)], 1)),
+        ("nodes", memo._nodes_joined.object(pieces, 1)),
     ]
     return document(members)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from reconciler.models import ActualState
 from reconciler.placement import BalanceResult, Placement
-from reconciler.planner import PlanMemo, make_plan
+from reconciler.planner import PlanMemo, make_plan, plan_bytes
 from reconciler.values import instance_id
 from tests.test_planner import actual_doc, placement, record
 
@@ -108,6 +108,9 @@ def test_a_memo_gives_the_plan_made_without_it(naming: bool, data: st.DataObject
         want = make_plan(result, dict(actual), nodes, fingerprint=f"f{step}")
         assert got == want, f"step {step}"
         assert got.actions == want.actions  # the order too
+        inputs = {"fingerprint": f"f{step}"}
+        if data.draw(st.integers(0, 3), label="plan bytes made") > 0:  # (sometimes skipped)
+            assert plan_bytes(got, inputs, memo) == plan_bytes(want, inputs, PlanMemo())
         delta_taken = delta_taken or memo.rematched >= 0
         last = result
     if naming:
