@@ -170,12 +170,10 @@ class _Ids:
         assert raw == encode_checkpoint(written)
         self.encoded_patched += self.encoder.patched
         back = self.encoder.decoded(got[0])
-        if back is not None:  # what decoding the bytes gives: values, types and order
+        if back is not None:  # what decoding the bytes gives (an added id last: decoded())
             want_back = decode_checkpoint(raw, "lin").allocations
-            assert list(back.items()) == list(want_back.items())
-            assert list(self.encoder.previous(back).items()) == [
-                (iid, a.previous()) for iid, a in want_back.items()
-            ]
+            assert back == want_back
+            assert self.encoder.previous(back) == {i: a.previous() for i, a in want_back.items()}
         self.cp = Checkpoint(
             "lin",
             written.generation,
