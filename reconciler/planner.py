@@ -201,6 +201,18 @@ class PlanMemo:
         self._others: dict[str, list[tuple[str, ActualInstance]]] = {}  # nodes with any
         self._actual_order: list[str] = []  # the actual documents' node ids, sorted
 
+    @property
+    def patch_map(self) -> Mapping[str, tuple[dict[str, Any], ...]]:
+        """The last call's ``Plan.patches`` (the mapping itself)."""
+        return self._patch_map
+
+    @property
+    def patched_from(self) -> tuple[Mapping[str, Any], Iterable[str]] | None:
+        """When the last call made its patches from the call before's (the same nodes): that
+        call's ``Plan.patches`` and the nodes looked at; every other node's patch is the very
+        object of that mapping. None otherwise."""
+        return self._patched_from
+
 
 def _match(
     node_id: str, doc: ActualState, get: Any

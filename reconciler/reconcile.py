@@ -16,7 +16,7 @@ import operator
 import os
 import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,6 +105,8 @@ class ReconcileCache:
     """out/instances as the last run left it (the manifest, in memory)."""
     encoded: dict[str, tuple[Path, object, bytes]] = field(default_factory=dict)
     """Per node, its patch file, the patch (the planner's tuple, by identity) and its bytes."""
+    encoded_for: Mapping[str, object] | None = None
+    """The plan's patch map (by identity) whose every file a run left as ``encoded`` says."""
     outputs: dict[Path, tuple[bytes, StatKey | None]] = field(default_factory=dict)
     """out/ files (node patches, status, plan) with the content found in them and their settled
     stat keys: an unchanged output costs an lstat, not a read."""
@@ -387,7 +389,20 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
     # a trusting run (see ``verify``) knows the node patch files are the ones it last wrote
     trusted = {} if opts.verify or known is None or encoded is None else encoded
     absent: tuple[bytes | None, object] = (None, None)
-    for node_id, ops in c.plan.patches.items():
+    patches: Iterable[tuple[str, tuple[dict[str, Any], ...]]] = c.plan.patches.items()
+    since = opts.cache.plan.patched_from if opts.cache is not None else None
+    if (
+        trusted
+        and since is not None
+        and opts.cache is not None
+        and since[0] is opts.cache.encoded_for
+        and c.plan.patches is opts.cache.plan.patch_map
+    ):
+        # the planner made these patches from the ones whose files the last run left, looking
+        # at these nodes only: every other node's patch is the very object, its file as written
+        patches = [(node_id, c.plan.patches[node_id]) for node_id in since[1]]
+        encoded_now = dict(trusted)
+    for node_id, ops in patches:
         got = encoded.get(node_id) if encoded is not None else None
         if got is not None and got[1] is ops and trusted.get(node_id) is got:
             assert known is not None
@@ -415,6 +430,8 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
     if encoded is not None:
         encoded.clear()
         encoded.update(encoded_now)
+    if opts.cache is not None:
+        opts.cache.encoded_for = c.plan.patches
     for name in names:
         if name[: -len(".json")] not in c.plan.patches:
             stale = out / "nodes" / name

@@ -8,6 +8,7 @@ import dataclasses
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 from reconciler import watch
 from reconciler.oci_glue import default_config_builder
 from reconciler.reconcile import ReconcileCache, ReconcileOptions, reconcile
+from tests.agent_sim import apply_all
 
 
 def test_trusted_between_resyncs_repaired_on_a_verifying_run(demo_copy: Path) -> None:
@@ -67,6 +69,78 @@ def test_a_trusting_run_publishes_node_patches_as_a_verifying_run_does(demo_copy
     want = {p.name: p.read_bytes() for p in (fresh / "out" / "nodes").glob("*.json")}
     got = {p.name: p.read_bytes() for p in nodes_dir.glob("*.json")}
     assert got.keys() == want.keys() == before.keys()
+
+
+def _published(state: Path) -> dict[str, bytes]:
+    out = state / "out"
+    return {
+        p.relative_to(out).as_posix(): p.read_bytes()
+        for p in [out / "plan.json", *sorted((out / "nodes").glob("*.json"))]
+    }
+
+
+def test_trusting_runs_across_edits_publish_what_a_run_without_cache_does(
+    demo_copy: Path, tmp_path: Path
+) -> None:
+    """A watcher's trusting runs (the node patches made from the last ones, only the nodes the
+    planner looked at written): after service edits, agents applying the plans, a node going
+    away and coming back, the plan and the node patch files are the ones a run without any
+    cache leaves in a copy of the directory."""
+    cache = ReconcileCache()
+    opts = ReconcileOptions(cache=cache)
+    trusting = dataclasses.replace(opts, verify=False)
+    view = reconcile(demo_copy, opts).computed.view
+    svc = demo_copy / "desired" / "apps" / "logger.yaml"
+    node = demo_copy / "nodes" / "edge-3.yaml"
+    spare = node.read_text()
+
+    def failed_run() -> None:
+        """A run that plans, then fails before writing anything (its plan is not published)."""
+
+        def hook(step: str) -> None:
+            raise OSError("injected")
+
+        with pytest.raises(OSError, match="injected"):
+            reconcile(demo_copy, dataclasses.replace(trusting, write_hook=hook), view)
+
+    def edit(old: str, new: str, *, then_fail: bool = False) -> None:
+        svc.write_text(svc.read_text().replace(old, new))
+        if then_fail:
+            failed_run()
+
+    def agents(*, then_fail: bool = False) -> None:
+        apply_all(demo_copy)
+        if then_fail:
+            failed_run()  # new revisions planned, not published
+
+    def gone() -> None:
+        """A node the last run's planner did not look at goes away, with its actual state."""
+        since = cache.plan.patched_from
+        assert since is not None  # (the last run made its patches from the one before's)
+        node_id = min({"edge-1", "edge-2", "edge-3"} - set(since[1]))
+        for path in demo_copy.glob(f"*/{node_id}.yaml"):
+            path.unlink()
+
+    steps: list[Callable[[], object]] = [
+        lambda: edit("instances: 3", "instances: 2"),
+        lambda: agents(then_fail=True),
+        lambda: edit("instances: 2", "instances: 4"),  # starts published
+        lambda: edit("instances: 4", "instances: 2", then_fail=True),  # no starts, not published
+        agents,
+        node.unlink,
+        lambda: node.write_text(spare),
+        agents,
+        lambda: edit("instances: 2", "instances: 3"),
+        lambda: edit("instances: 3", "instances: 4"),  # one start: the delta path
+        gone,
+    ]
+    for k, step in enumerate(steps):
+        step()
+        view = reconcile(demo_copy, trusting, view).computed.view
+        fresh = tmp_path / f"fresh-{k}"
+        shutil.copytree(demo_copy, fresh)
+        reconcile(fresh, ReconcileOptions())
+        assert _published(demo_copy) == _published(fresh), f"step {k}"
 
 
 def test_a_killed_writers_temp_files_are_removed_by_a_verifying_run(demo_copy: Path) -> None:
