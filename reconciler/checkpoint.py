@@ -827,11 +827,8 @@ def _patched_ids(
     # an item added or removed since has all its instances named; any other keeps its gid
     if gids != last_gids and any(gids.get(item, gid) != gid for item, gid in last_gids.items()):
         return None
-    if result is last:
-        named: frozenset[str] = frozenset()
-    elif result.since is not None and result.since[0]() is last:
-        named = result.since[1]
-    else:
+    named = result.changed_since(last)
+    if named is None:
         return None
     now_by_id, then_by_id = result.by_id, last.by_id
     touched: dict[str, list[Placement]] = {}  # node -> its placements named by ``since``

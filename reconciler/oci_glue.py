@@ -95,12 +95,9 @@ def default_config_builder(
         was, done = last_result, last_built
         last_result = last_built = None
         if reuse and nodes is last[0] and was is not None and done is not None:
-            if result is was:  # (an edited service's placements are not known: built in full)
-                since: frozenset[str] | None = frozenset() if view.services is last[2] else None
-            elif result.since is not None and result.since[0]() is was:
-                since = result.since[1]
-            else:
-                since = None
+            since = result.changed_since(was)
+            if result is was and view.services is not last[2]:
+                since = None  # (an edited service's placements are not known: built in full)
             if since is not None:
                 built = _patched(since, done, view, result, allocations, rootfs_of, base)
                 last_base, last_result, last_built = base, result, built

@@ -184,6 +184,17 @@ class BalanceResult:
     in both results, or is in neither, so a later stage that kept what it made of the last
     result needs to look at these ids only."""
 
+    def changed_since(self, last: BalanceResult | None) -> frozenset[str] | None:
+        """The ids whose placement may not be ``last``'s very object: none when this is
+        ``last``, :attr:`since`'s when it names ``last``; None when not known (a stage that
+        kept what it made of ``last`` then takes its full pass)."""
+        if last is None:
+            return None
+        if self is last:
+            return frozenset()
+        since = self.since
+        return since[1] if since is not None and since[0]() is last else None
+
     def __getstate__(self) -> dict[str, Any]:
         """Pickled without ``since`` (a weak reference, and only meaningful in this process)."""
         return dict(self.__dict__, since=None)

@@ -291,14 +291,8 @@ def _delta_matches(
     call's object, or that list a named id, are matched again. Also returns the ids that can
     be waiting to start (the last call's, the named ones and those no longer kept). None: take
     the full pass (which is what this gives, the running list in node id order)."""
-    listing, last = m._listing, m._result
-    if listing is None or last is None:
-        return None
-    if result is last:
-        named: frozenset[str] = frozenset()
-    elif result.since is not None and result.since[0]() is last:
-        named = result.since[1]
-    else:
+    listing, named = m._listing, result.changed_since(m._result)
+    if listing is None or named is None:
         return None
     docs_then = m._docs
     if len(actual) != len(docs_then) or actual.keys() != docs_then.keys():
