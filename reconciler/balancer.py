@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import weakref
 from bisect import bisect_left, insort
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from heapq import heappop, heappush, heapreplace
@@ -1170,11 +1171,22 @@ def balance(
     ``memo`` (a long-running caller's, see :class:`BalanceMemo`) lets a stable run whose inputs
     differ from the memo's last call only in some services re-place only those services'
     instances; the result is the same as without it.
+
+    Raises ``ValueError`` when two services have the same key (item and subject): their
+    instances would have the same ids (the loader reports such a file and keeps one).
     """
     with collector_paused():
         if memo is None:
+            if len({s.key for s in services}) != len(services):
+                raise ValueError(_twice(services))
             return _balance_run(unit, nodes, services, previous, mode, overload, exhaustive)[0]
         return memo.balance(unit, nodes, services, previous, mode, overload, exhaustive)
+
+
+def _twice(services: Sequence[Service]) -> str:
+    counts = Counter(s.key for s in services)
+    twice = sorted(key for key, n in counts.items() if n > 1)
+    return "services defined twice: " + ", ".join(f"{i}:{s}" for i, s in twice)
 
 
 def _balance_run(
@@ -1334,6 +1346,8 @@ class BalanceMemo:
         if mode is None:
             mode = unit.placement if unit is not None else "stable"
         by_key, changed = self._keyed(services)
+        if len(by_key) != len(services):
+            raise ValueError(_twice(services))
         if mode == "stable" and not overload and not exhaustive:
             got = self._incremental(unit, nodes, by_key, previous or {}, changed)
             if got is not None:

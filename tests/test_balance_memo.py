@@ -412,3 +412,14 @@ def test_an_edit_among_many_services_is_found_by_position(edit: str) -> None:
     got = balance(None, nodes, now, previous_of(first), "stable", memo=memo)
     assert got == balance(None, nodes, now, previous_of(first), "stable")
     assert memo.incremental
+
+
+@pytest.mark.parametrize("with_memo", [False, True], ids=["plain", "memo"])
+def test_two_services_with_one_key_are_refused(with_memo: bool) -> None:
+    """Their instances would have the same ids: refused with or without a memo (the loader
+    never hands such services over: it reports the second file)."""
+    nodes = [make_node("n0"), make_node("n1")]
+    services = [make_service("a"), make_service("b"), make_service("a", instances=3)]
+    memo = BalanceMemo() if with_memo else None
+    with pytest.raises(ValueError, match="services defined twice: a:default"):
+        balance(None, nodes, services, {}, "stable", memo=memo)
