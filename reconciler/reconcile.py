@@ -478,6 +478,7 @@ def reconcile(
         if opts.verify or opts.cache is None:  # a watcher's event runs: see ``verify``
             for directory in (
                 state_dir / "checkpoint",
+                state_dir / "checkpoint" / LAST_GOOD,
                 state_dir / "out",
                 state_dir / "out" / "nodes",
             ):

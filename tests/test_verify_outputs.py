@@ -150,6 +150,7 @@ def test_a_killed_writers_temp_files_are_removed_by_a_verifying_run(demo_copy: P
         demo_copy / "out" / "nodes" / ".edge-1.json.tmp-99999",
         demo_copy / "out" / ".plan.json.tmp-99999",
         demo_copy / "checkpoint" / ".allocations.json.tmp-99999",
+        demo_copy / "checkpoint" / "last-good" / ".shard-0a.json.tmp-99999",
     ]
     for t in temps:
         t.write_text("torn")
