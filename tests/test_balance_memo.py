@@ -156,7 +156,9 @@ class _Ids:
         got = assign_ids(result, cp.allocations, cp.gids, self.memo, old_is_last=is_last)
         want = assign_ids(result, cp.allocations, cp.gids)
         assert got[1:] == want[1:]
-        assert list(got[0]) == list(want[0])
+        assert got[0] == want[0]
+        if not self.memo.patched:  # (a patched mapping puts the touched nodes' last)
+            assert list(got[0]) == list(want[0])
         for iid, a in want[0].items():
             assert got[0][iid] == a and (got[0][iid] is cp.allocations.get(iid)) == (
                 a is cp.allocations.get(iid)
