@@ -457,6 +457,10 @@ Made = dict[str, tuple[Reservation, Placement]]
 """Per instance id, a placement and the reservation it was made from (``_Run.placements``)."""
 
 
+PreviousSince = tuple[Mapping[str, PreviousAllocation], frozenset[str]]
+"""A mapping of previous placements and the ids at which another one (a copy of it, edited)
+may differ from it."""
+
 _STALE_MAX = 256  # nodes moved since the index was built beyond which it is built again
 
 
@@ -1162,6 +1166,7 @@ def balance(
     *,
     exhaustive: bool = False,
     memo: BalanceMemo | None = None,
+    previous_since: PreviousSince | None = None,
 ) -> BalanceResult:
     """Place every desired instance (SPEC §7); see the module docstring for the passes.
 
@@ -1170,7 +1175,10 @@ def balance(
 
     ``memo`` (a long-running caller's, see :class:`BalanceMemo`) lets a stable run whose inputs
     differ from the memo's last call only in some services re-place only those services'
-    instances; the result is the same as without it.
+    instances; the result is the same as without it. ``previous_since`` (with a memo): a
+    mapping ``previous`` is a copy of and the ids at which it may differ from it (what the
+    checkpoint's memo tells, see :attr:`~reconciler.checkpoint.CheckpointMemo.previous_since`),
+    so that the memo checks those only when that mapping is the one it checked last call.
 
     Raises ``ValueError`` when two services have the same key (item and subject): their
     instances would have the same ids (the loader reports such a file and keeps one).
@@ -1180,7 +1188,9 @@ def balance(
             if len({s.key for s in services}) != len(services):
                 raise ValueError(_twice(services))
             return _balance_run(unit, nodes, services, previous, mode, overload, exhaustive)[0]
-        return memo.balance(unit, nodes, services, previous, mode, overload, exhaustive)
+        return memo.balance(
+            unit, nodes, services, previous, mode, overload, exhaustive, previous_since
+        )
 
 
 def _twice(services: Sequence[Service]) -> str:
@@ -1327,6 +1337,8 @@ class BalanceMemo:
         self._validated: dict[str, PreviousAllocation] | None = None
         """The last ``previous`` found to be exactly ``_result`` (see _incremental), but for the
         instances in ``_dirty``: placed anew, or removed, by the calls since."""
+        self._validated_from: Mapping[str, PreviousAllocation] | None = None
+        """The mapping ``_validated`` is a copy of (what a ``previous_since`` names)."""
         self._dirty: set[str] = set()
         self._node_list: list[Node] = []  # the nodes of the call that set _nodes, in order
         self._service_list: list[Service] = []  # the services of the call that set _services
@@ -1342,6 +1354,7 @@ class BalanceMemo:
         mode: Mode | None,
         overload: Overload | None,
         exhaustive: bool,
+        previous_since: PreviousSince | None = None,
     ) -> BalanceResult:
         if mode is None:
             mode = unit.placement if unit is not None else "stable"
@@ -1349,7 +1362,7 @@ class BalanceMemo:
         if len(by_key) != len(services):
             raise ValueError(_twice(services))
         if mode == "stable" and not overload and not exhaustive:
-            got = self._incremental(unit, nodes, by_key, previous or {}, changed)
+            got = self._incremental(unit, nodes, by_key, previous or {}, changed, previous_since)
             if got is not None:
                 self._service_list = list(services)
                 return got
@@ -1367,7 +1380,7 @@ class BalanceMemo:
         self._node_list, self._service_list = list(nodes), list(services)
         self._run, self._result, self._made = run, result, made
         self._segments = {}
-        self._validated = None
+        self._validated = self._validated_from = None
         return result
 
     def _keyed(
@@ -1431,13 +1444,17 @@ class BalanceMemo:
         return list(chain.from_iterable(expanded[key][1] for key in self._order))
 
     def _previous_is_result(
-        self, result: BalanceResult, previous: Mapping[str, PreviousAllocation]
+        self,
+        result: BalanceResult,
+        previous: Mapping[str, PreviousAllocation],
+        previous_since: PreviousSince | None = None,
     ) -> bool:
         """Whether ``previous`` holds exactly the node, runtime, devices and cause of each of
         ``result``'s placements (the checkpoint the last run wrote). Only the instances whose
         previous is not the object found right last time (by identity), or whose placement
         was made or removed since, are compared: every other pair was compared then, and
-        neither side changed (a PreviousAllocation is frozen)."""
+        neither side changed (a PreviousAllocation is frozen). ``previous_since`` naming the
+        mapping checked last time tells the first ones without a pass over every entry."""
         placements = result.placements
         if len(previous) != len(placements):
             return False
@@ -1445,6 +1462,8 @@ class BalanceMemo:
         validated = self._validated
         if validated is None:
             suspects: Iterable[str] = by_id.keys()
+        elif previous_since is not None and previous_since[0] is self._validated_from:
+            suspects = self._dirty | previous_since[1]
         else:
             ids = previous.keys()
             suspects = set(compress(ids, map(is_not, map(validated.get, ids), previous.values())))
@@ -1463,7 +1482,7 @@ class BalanceMemo:
                 return False
         # (with equal sizes, every placement's id is in previous: a key of previous not in
         # result is a suspect, found above)
-        self._validated = dict(previous)
+        self._validated, self._validated_from = dict(previous), previous
         self._dirty = set()
         return True
 
@@ -1474,6 +1493,7 @@ class BalanceMemo:
         by_key: Mapping[tuple[str, str], Service],
         previous: Mapping[str, PreviousAllocation],
         changed_keys: set[tuple[str, str]] | None = None,
+        previous_since: PreviousSince | None = None,
     ) -> BalanceResult | None:
         run, result = self._run, self._result
         if run is None or result is None or run.cause is not None:
@@ -1485,7 +1505,7 @@ class BalanceMemo:
             known = self._nodes  # (the same nodes in another order will do)
             if not all(map(is_, map(known.get, map(_NODE_ID, nodes)), nodes)):
                 return None
-        if not self._previous_is_result(result, previous):
+        if not self._previous_is_result(result, previous, previous_since):
             return None
         old = self._services
         if changed_keys is not None:

@@ -319,6 +319,16 @@ class CheckpointMemo:
         self.converted = 0  # PreviousAllocations built
         self.placed = 0  # ids sorted or inserted by sorted_ids (not kept from the last order)
         self.patched = False  # whether the last data_chunks call edited the last one's lists
+        # the previous mapping a patched data_chunks call copied and the ids it edited; the
+        # last mapping previous() copied and the copy it handed out
+        self._prev_edit: tuple[dict[str, PreviousAllocation], frozenset[str]] | None = None
+        self._handed: tuple[dict[str, PreviousAllocation], dict[str, PreviousAllocation]] | None
+        self._handed = None
+        self.previous_since: tuple[Mapping[str, PreviousAllocation], frozenset[str]] | None = None
+        """After :meth:`previous`: the mapping the call before handed out and the ids at which
+        this one may differ from it (they are copies of the encoder's mappings, one edited
+        from the other), for :func:`~reconciler.balancer.balance`'s ``previous_since``; None
+        when that does not hold."""
 
     def sorted_ids(self, allocations: Mapping[str, object]) -> tuple[str, ...] | None:
         """``tuple(sorted(allocations))``; None when an id is not exactly a ``str`` (the
@@ -357,6 +367,7 @@ class CheckpointMemo:
         last, lists, since = self._decoded, self._lists, cp.since
         self._decoded = self._lists = None
         self.patched = False
+        self._prev_edit = None
         if since is not None and last is not None and lists is not None and since[0] is last[0]:
             patched = self._patched_chunks(cp, since[1], lists, last)
             if patched is not None:
@@ -474,6 +485,7 @@ class CheckpointMemo:
         # the last mappings copied (C-level, no rehashing) and edited: an edit or a removal
         # keeps the id order, an added id comes last (see decoded())
         decoded, previous = dict(last[1]), dict(last[2])
+        self._prev_edit = (last[2], ids)
         for iid in ids:
             a = allocations.get(iid)
             if a is None:
@@ -518,8 +530,15 @@ class CheckpointMemo:
     def previous(self, allocations: Mapping[str, Allocation]) -> dict[str, PreviousAllocation]:
         """``{iid: a.previous() for iid, a in allocations.items()}``."""
         last = self._decoded
+        handed, edit = self._handed, self._prev_edit
+        self._handed = self.previous_since = None
         if last is not None and allocations is last[1]:  # what decoded() handed out
-            return dict(last[2])
+            copy = dict(last[2])
+            if handed is not None and edit is not None and edit[0] is handed[0]:
+                # last[2] is the mapping the call before copied, edited at these ids
+                self.previous_since = (handed[1], edit[1])
+            self._handed = (last[2], copy)
+            return copy
         fragments = self._fragments
         known = self._previous
         out: dict[str, PreviousAllocation] = {}

@@ -223,14 +223,17 @@ def compute_once(
     overload = alerts.overload if mode == "rebalance" else None
     n_instances = sum(map(_INSTANCES, view.services.values()))
     stage(f"placing {n_instances} instances on {len(view.nodes)} nodes")
+    previous = cp.previous()
     result = balance(
         view.unit,
         list(view.nodes.values()),
         view.services_sorted(),
-        cp.previous(),
+        previous,
         mode,
         overload,
         memo=opts.cache.balance if opts.cache is not None else None,
+        # (the checkpoint memo's: this mapping is the last one it handed out but at these ids)
+        previous_since=cp.memo.previous_since if cp.memo is not None else None,
     )
     ids = opts.cache.ids if opts.cache is not None else None
     allocations, gids, id_errors = assign_ids(

@@ -97,6 +97,7 @@ def test_a_memo_gives_what_a_full_balance_gives(scenario: Scenario, data: st.Dat
     older: dict[str, PreviousAllocation] = {}
     last: dict[str, PreviousAllocation] | None = None  # previous_of(the last result)
     last_got: BalanceResult | None = None
+    given: dict[str, PreviousAllocation] = {}  # the previous of the last call
     ids = _Ids()
     for step in range(data.draw(st.integers(1, 6), label="steps")):
         mode: Mode = data.draw(
@@ -108,7 +109,9 @@ def test_a_memo_gives_what_a_full_balance_gives(scenario: Scenario, data: st.Dat
             nodes[i] = Node.model_validate(data.draw(node_docs(node_ids[i]), label="node doc"))
         if data.draw(st.integers(0, 6), label="previous kept") == 0:
             previous = {}  # a lost checkpoint: not the memo's result
-        got = balance(unit, nodes, svcs, previous, mode, memo=memo)
+        told = _previous_since(data, previous, given)
+        got = balance(unit, nodes, svcs, previous, mode, memo=memo, previous_since=told)
+        given = previous
         want = balance(unit, nodes, svcs, previous, mode)
         assert got == want, f"step {step}"
         if previous != last:  # a previous other than the last result: never from the memo
@@ -122,10 +125,13 @@ def test_a_memo_gives_what_a_full_balance_gives(scenario: Scenario, data: st.Dat
         _assert_holds_exactly(memo, unit, nodes, svcs, got)
         older, previous = previous, _as_the_checkpoint_gives(got, previous)
         _tamper(data, previous, node_ids, step)
-        if data.draw(st.integers(0, 5), label="stale previous") == 0:
+        stale = data.draw(st.integers(0, 9), label="stale previous")
+        if stale == 0:
             # the checkpoint before the last one (a run that crashed before saving): its
             # objects are the ones the memo checked last time
             previous = dict(older)
+        elif stale == 1:  # the very checkpoint of the last call again (a save that failed)
+            previous = dict(given)
         _edit(data, svcs, node_ids, step)
 
 
@@ -198,6 +204,25 @@ def _assert_since_holds(got: BalanceResult, last: BalanceResult | None, incremen
     assert base is last
     for iid in (got.by_id.keys() | last.by_id.keys()) - ids:
         assert got.by_id.get(iid) is last.by_id.get(iid), iid
+
+
+def _previous_since(
+    data: st.DataObject,
+    previous: dict[str, PreviousAllocation],
+    given: dict[str, PreviousAllocation],
+) -> tuple[dict[str, PreviousAllocation], frozenset[str]] | None:
+    """What the checkpoint's memo may tell with ``previous`` (see ``balance``): nothing, or the
+    mapping given last call and a superset of the ids whose entry is not its object there, or
+    the same about another mapping (the memo must then check in full)."""
+    how = data.draw(st.sampled_from(("none", "told", "told", "other")), label="previous since")
+    if how == "none":
+        return None
+    # other: a copy of previous itself (previous is that copy unedited), not what the memo
+    # checked last call: an entry tampered with since must still be found
+    base = given if how == "told" else dict(previous)
+    ids = {i for i in previous.keys() | base.keys() if previous.get(i) is not base.get(i)}
+    extra = data.draw(st.lists(st.sampled_from(sorted(previous) or ["x"]), max_size=2))
+    return base, frozenset(ids | set(extra))
 
 
 def _as_the_checkpoint_gives(
@@ -425,3 +450,51 @@ def test_two_services_with_one_key_are_refused(with_memo: bool) -> None:
     memo = BalanceMemo() if with_memo else None
     with pytest.raises(ValueError, match="services defined twice: a:default"):
         balance(None, nodes, services, {}, "stable", memo=memo)
+
+
+class TestPreviousSince:
+    """``previous_since`` (what the checkpoint's memo tells) spares the memo its identity pass
+    over ``previous``, never its checks: an entry the result changed since the mapping it
+    checked last, or a mapping other than that one, is still compared."""
+
+    def setup_method(self) -> None:
+        self.nodes = [make_node(f"n{i}") for i in range(3)]
+        self.services = [make_service(f"s{i}", instances=2, cpu=100) for i in range(3)]
+        self.memo = BalanceMemo()
+        first = balance(None, self.nodes, self.services, {}, "stable", memo=self.memo)
+        self.checked = previous_of(first)  # checked by the next call (nothing changed)
+        balance(None, self.nodes, self.services, self.checked, "stable", memo=self.memo)
+        assert self.memo.incremental
+
+    def _call(
+        self,
+        previous: dict[str, PreviousAllocation],
+        since: frozenset[str],
+        base: dict[str, PreviousAllocation] | None = None,
+    ) -> BalanceResult:
+        told = (self.checked if base is None else base, since)
+        return balance(
+            None, self.nodes, self.services, previous, "stable", memo=self.memo, previous_since=told
+        )
+
+    def test_an_unchanged_previous_named_so_is_taken(self) -> None:
+        self._call(dict(self.checked), frozenset())
+        assert self.memo.incremental
+
+    def test_a_placement_made_since_is_compared_though_not_named(self) -> None:
+        self.services[0] = make_service("s0", instances=3, cpu=100)  # one more
+        self.services[1] = make_service("s1", instances=1, cpu=100)  # one less
+        moved = balance(None, self.nodes, self.services, self.checked, "stable", memo=self.memo)
+        assert self.memo.incremental and len(moved.placements) == len(self.checked)
+        # the checkpoint of that call was not saved: the one checked before, unedited
+        self._call(dict(self.checked), frozenset())
+        assert not self.memo.incremental
+
+    def test_a_mapping_other_than_the_one_checked_is_checked_in_full(self) -> None:
+        tampered = dict(self.checked)
+        iid = min(tampered)
+        prev = tampered[iid]
+        other = "n0" if prev.node_id != "n0" else "n1"
+        tampered[iid] = PreviousAllocation(other, prev.runtime_id, prev.devices, prev.cause)
+        self._call(tampered, frozenset(), base=dict(tampered))  # true of its own base
+        assert not self.memo.incremental

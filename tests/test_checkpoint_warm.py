@@ -45,7 +45,7 @@ from reconciler.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from reconciler.placement import BalanceResult, Placement, Requested
+from reconciler.placement import BalanceResult, Placement, PreviousAllocation, Requested
 from reconciler.reconcile import ReconcileCache, ReconcileOptions, reconcile
 
 SETTINGS = settings(
@@ -672,6 +672,7 @@ def test_an_encoder_told_what_changed_gives_the_plain_results(data: st.DataObjec
     }
     encode_checkpoint(Checkpoint("lin", 1, allocs), memo)
     patched = 0
+    handed: dict[str, PreviousAllocation] | None = None  # by previous() right before
     for generation in range(2, data.draw(st.integers(3, 6), label="checkpoints")):
         now = dict(allocs)
         for iid in data.draw(st.lists(st.sampled_from(ids), max_size=4), label="changed"):
@@ -689,6 +690,17 @@ def test_an_encoder_told_what_changed_gives_the_plain_results(data: st.DataObjec
         back = memo.decoded(now)  # (in id order but for the ids added: see decoded())
         assert back is not None and back == want
         assert all(back[iid] is now[iid] for iid in want)  # the very objects
-        assert memo.previous(back) == {i: a.previous() for i, a in want.items()}
         allocs = now
+        if not data.draw(st.booleans(), label="previous asked"):  # (a run that failed)
+            handed = None
+            continue
+        previous = memo.previous(back)
+        assert previous == {i: a.previous() for i, a in want.items()}
+        since = memo.previous_since  # (what the balancer's memo is told: see balance())
+        assert (since is not None) == (handed is not None)  # after a previous() right before
+        if since is not None:
+            assert since[0] is handed
+            for iid in (previous.keys() | since[0].keys()) - since[1]:
+                assert previous.get(iid) is since[0].get(iid), iid
+        handed = previous
     assert patched == generation - 1  # each one after the first edited the last one's lists
