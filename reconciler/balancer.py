@@ -1583,13 +1583,16 @@ class BalanceMemo:
             if key in affected:
                 insts = expanded[key][1]
                 redone += insts
-                seg = run.placements_of(insts, made)
+                seg = _same_where_equal(run.placements_of(insts, made), old_seg)
+                now = {p.instance_id: p for p in seg}
                 for p in old_seg:
-                    del by_id[p.instance_id]
-                    dirty.add(p.instance_id)
+                    if now.get(p.instance_id) is not p:  # (else placed again exactly so)
+                        del by_id[p.instance_id]
+                        dirty.add(p.instance_id)
                 for p in seg:
-                    by_id[p.instance_id] = p
-                    dirty.add(p.instance_id)
+                    if by_id.get(p.instance_id) is not p:
+                        by_id[p.instance_id] = p
+                        dirty.add(p.instance_id)
             else:
                 seg = old_seg
             new_segments[key] = seg
@@ -1610,6 +1613,24 @@ class BalanceMemo:
         self._segments = new_segments
         self.incremental, self.replaced = True, replaced
         return result
+
+
+def _same_where_equal(
+    seg: tuple[Placement, ...], old_seg: tuple[Placement, ...]
+) -> tuple[Placement, ...]:
+    """``seg`` with each placement equal to the last result's for the same instance replaced
+    by that very object: an affected service's instances are released and placed again, most
+    of them where they were, and every later stage takes an object it has seen as unchanged
+    (``BalanceResult.since`` need not name it). (``made`` keeps the new, equal object: it is
+    only consulted for a reservation that was not released since.)"""
+    if not old_seg:
+        return seg
+    before = {p.instance_id: p for p in old_seg}
+    out = []
+    for p in seg:
+        q = before.get(p.instance_id)
+        out.append(q if q is not None and q == p else p)
+    return tuple(out)
 
 
 def _segments_of(result: BalanceResult) -> dict[tuple[str, str], tuple[Placement, ...]]:

@@ -279,6 +279,18 @@ class TestTheMemoIsUsed:
         assert got == balance(None, self.nodes, edited, self.previous, "stable")
         assert len(got.placements) == 17
 
+    def test_an_instance_placed_again_where_it_was_is_the_very_object(self) -> None:
+        """The edited service's instances are released and placed again; those placed exactly
+        where they were are the last result's objects, so the result names only the others."""
+        first = balance(None, self.nodes, self.services, self.previous, "stable", memo=self.memo)
+        more = [*self.services[:2], make_service("s2", instances=4, cpu=100), *self.services[3:]]
+        got = balance(None, self.nodes, more, previous_of(first), "stable", memo=self.memo)
+        assert self.memo.incremental and self.memo.replaced == 4
+        assert got == balance(None, self.nodes, more, previous_of(first), "stable")
+        assert got.since is not None and got.since[1] == {instance_id("s2", "default", 3)}
+        for iid in got.by_id.keys() - got.since[1]:
+            assert got.by_id[iid] is first.by_id[iid]
+
     def test_other_nodes_run_in_full(self) -> None:
         nodes = [*self.nodes[:3], make_node("n3")]  # equal, but not the objects the memo saw
         got = balance(None, nodes, self.services, self.previous, "stable", memo=self.memo)
