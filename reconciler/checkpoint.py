@@ -298,17 +298,15 @@ class CheckpointMemo:
         self._fragments: dict[str, tuple[Allocation, bytes, PreviousAllocation]] = {}
         self._previous: dict[str, tuple[Allocation, PreviousAllocation]] = {}  # not in decoded form
         # the last data_chunks call's allocations (the mapping it was given), as decoding gives
-        # them (id order) and their PreviousAllocations, when every one was in decoded form
+        # them (see decoded() on the order) and their PreviousAllocations, when every one was
+        # in decoded form
         self._decoded: (
             tuple[Mapping[str, Allocation], dict[str, Allocation], dict[str, PreviousAllocation]]
             | None
         ) = None
-        # with _decoded: the ids in order (the _order tuple itself), and the fragments (each
-        # with its leading comma), allocations and previous placements aligned with them (a
-        # patched call edits copies of these)
-        self._lists: (
-            tuple[tuple[str, ...], list[bytes], list[Allocation], list[PreviousAllocation]] | None
-        ) = None
+        # with _decoded: the ids in order (the _order tuple itself) and the fragments aligned
+        # with them, each with its leading comma (a patched call edits copies of these)
+        self._lists: tuple[tuple[str, ...], list[bytes]] | None = None
         self._order: tuple[str, ...] = ()  # sorted
         self._ids: set[str] = set()  # the same ids
         self._version = 0  # of _order and _ids, counted up when they change
@@ -405,7 +403,7 @@ class CheckpointMemo:
                 previous[iid] = got[2]
         if every:
             self._decoded = (allocations, decoded, previous)
-            self._lists = (order, chunks[1:], list(decoded.values()), list(previous.values()))
+            self._lists = (order, chunks[1:])
         return self._framed(cp, chunks)
 
     def _framed(self, cp: Checkpoint, chunks: list[bytes]) -> list[bytes]:
@@ -429,19 +427,19 @@ class CheckpointMemo:
         self,
         cp: Checkpoint,
         ids: frozenset[str],
-        lists: tuple[tuple[str, ...], list[bytes], list[Allocation], list[PreviousAllocation]],
+        lists: tuple[tuple[str, ...], list[bytes]],
         last: tuple[Mapping[str, Allocation], dict[str, Allocation], dict[str, PreviousAllocation]],
     ) -> list[bytes] | None:
         """:meth:`data_chunks` for allocations that are the last call's but at ``ids``: the
-        last call's fragments, allocations and previous placements in id order, edited at those
-        ids, and its decoded and previous mappings (``last``) copied and edited. None (the
+        last call's fragments in id order, edited at those ids, and its decoded and previous
+        mappings (``last``) copied and edited. None (the
         caller takes the whole pass) when one is not in decoded form, or when
         :meth:`sorted_ids` was given other ids since."""
         if lists[0] is not self._order:
             return None
         allocations = cp.allocations
         order = list(lists[0])
-        frags, allocs, prevs = list(lists[1]), list(lists[2]), list(lists[3])
+        frags = list(lists[1])
         known = self._fragments
         added: list[str] = []
         removed: list[str] = []
@@ -453,7 +451,7 @@ class CheckpointMemo:
             a = allocations.get(iid)
             if a is None:
                 if present:
-                    del order[pos], frags[pos], allocs[pos], prevs[pos]
+                    del order[pos], frags[pos]
                     known.pop(iid, None)
                     removed.append(iid)
                 continue
@@ -466,12 +464,10 @@ class CheckpointMemo:
                 part = b"," + canonical(iid) + b":" + canonical(a.to_json())
                 got = known[iid] = (a, part, a.previous())
             if present:
-                frags[pos], allocs[pos], prevs[pos] = got[1], a, got[2]
+                frags[pos] = got[1]
             else:
                 order.insert(pos, iid)
                 frags.insert(pos, got[1])
-                allocs.insert(pos, a)
-                prevs.insert(pos, got[2])
                 added.append(iid)
         if len(order) != len(allocations):  # (not expected: ``ids`` names every change)
             return None
@@ -495,7 +491,7 @@ class CheckpointMemo:
                 decoded[iid] = a
                 previous[iid] = known[iid][2]
         self._decoded = (allocations, decoded, previous)
-        self._lists = (self._order, frags, allocs, prevs)
+        self._lists = (self._order, frags)
         return self._framed(cp, [b"", *frags])
 
     def decoded(self, allocations: Mapping[str, Allocation]) -> dict[str, Allocation] | None:
@@ -743,7 +739,7 @@ class IdsMemo:
     def given_last(self, cp: Checkpoint) -> bool:
         """Whether ``cp``'s allocations are exactly the ones the last call returned: the
         checkpoint file written from them, read back through the :class:`CheckpointCache`
-        that wrote it (the very objects, in id order)."""
+        that wrote it (the very objects)."""
         out = self._out
         return out is not None and cp.memo is not None and cp.memo.decoded(out) is cp.allocations
 

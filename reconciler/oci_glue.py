@@ -159,8 +159,8 @@ def default_config_builder(
         _nodes, last_allocs, last_services = last
         redo = set(since)
         if view.services is not last_services:
-            # the balancer placed from these services: ``since`` names every instance of an
-            # edited one already; named again here, from its instance counts, to be sure
+            # an edited service's configs can change while its placements do not (``since``
+            # names changed placements only): every instance of one, from its instance counts
             keys = view.services.keys() | last_services.keys()
             now_then = map(is_not, map(view.services.get, keys), map(last_services.get, keys))
             for key in compress(keys, now_then):  # (a C-level pass finds the edited ones)
