@@ -20,7 +20,6 @@ first run and every resync check them all (a file edited in out/ by hand is repa
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import threading
 import time
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import watchfiles
 
+from .gcpause import collect_idle
 from .loader import StateView, load_state
 from .lock import LockTimeout
 from .reconcile import (
@@ -108,10 +108,14 @@ def run_logged(
     last_view: list[StateView],
     reason: str,
     on_run: Callable[[ReconcileReport | None], None] | None,
+    *,
+    full_collect: bool = True,
 ) -> ReconcileReport | None:
     """One reconcile of a long-running loop: ``last_view`` (the view of the last run, its
     parse cache and last good versions) is passed in and replaced; a failure is logged and
-    reported as ``on_run(None)``, never raised."""
+    reported as ``on_run(None)``, never raised. After a run the collector runs, over every
+    object with ``full_collect``, else over those allocated since the last collection
+    (:func:`gcpause.collect_idle`)."""
     try:
         report = reconcile(state_dir, opts, last_view[0] if last_view else None)
     except (ReconcileError, LockTimeout, OSError) as e:
@@ -120,7 +124,7 @@ def run_logged(
             on_run(None)
         return None
     last_view[:] = [report.computed.view]
-    gc.collect()  # reconcile runs with the collector paused: collect now, while idle
+    collect_idle(full=full_collect)  # reconcile runs with the collector paused: now, while idle
     return report
 
 
@@ -150,7 +154,9 @@ def watch_loop(
         run_opts = opts if verify else dataclasses.replace(opts, verify=False)
         if changed is not None:
             run_opts = dataclasses.replace(run_opts, changed=changed)
-        report = run_logged(state_dir, run_opts, last_view, reason, on_run)
+        # an event's run collects only what was allocated since the last collection; the
+        # runs that verify everything collect everything (gcpause.collect_idle)
+        report = run_logged(state_dir, run_opts, last_view, reason, on_run, full_collect=verify)
         if report is None:
             return
         for d in report.computed.diagnostics:

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import gc
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,14 @@ from tests.etcd_support import (  # fixtures shared by the suite
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "state"
 EXAMPLES = sorted(p for p in (ROOT / "examples").iterdir() if (p / "unit.yaml").exists())
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_frozen() -> Iterator[None]:
+    """A test that ran a watcher leaves what its runs froze (``gcpause.collect_idle``) to the
+    collector again: no test depends on objects an earlier one froze."""
+    yield
+    gc.unfreeze()
 
 
 @pytest.fixture

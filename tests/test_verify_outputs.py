@@ -169,11 +169,13 @@ def test_watch_verifies_on_start_and_resync_and_trusts_on_events(
     demo_copy: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: list[tuple[str, bool]] = []
+    collected: list[tuple[str, bool]] = []  # per run: whether it collected every object
     real = watch.run_logged
 
-    def recording(state: Path, opts: ReconcileOptions, *rest: Any) -> Any:
+    def recording(state: Path, opts: ReconcileOptions, *rest: Any, **kw: Any) -> Any:
         seen.append((rest[1], opts.verify))
-        return real(state, opts, *rest)
+        collected.append((rest[1], kw.get("full_collect", True)))
+        return real(state, opts, *rest, **kw)
 
     monkeypatch.setattr(watch, "run_logged", recording)
     stop = threading.Event()
@@ -201,3 +203,6 @@ def test_watch_verifies_on_start_and_resync_and_trusts_on_events(
     assert all(not v for r, v in seen if r.startswith("changed")), seen
     assert any(r.startswith("changed") for r, _ in seen), seen
     assert all(v for r, v in seen if r == "periodic resync") and ("periodic resync", True) in seen
+    # the runs that verify everything also collect every object; an event's run only what
+    # was allocated since (gcpause.collect_idle)
+    assert collected == seen
