@@ -1,5 +1,6 @@
-"""The warm-path benchmark still measures what it says (a small run): reconcile's stage
-functions are found by the names it wraps, and plan.json is written before the run ends."""
+"""The warm-path benchmarks still measure what they say (small runs): reconcile's stage
+functions are found by the names ``benchmarks.warm`` wraps, plan.json is written before the run
+ends, and ``benchmarks.watch`` sees the real watcher's runs begin and write the plan."""
 
 from __future__ import annotations
 
@@ -31,4 +32,21 @@ def test_the_warm_benchmark_times_every_stage(tmp_path: Path) -> None:
         "status_bytes",
         "write_instance_outputs",
     }
+    assert list(tmp_path.iterdir()) == []  # the state directory is removed
+
+
+def test_the_watch_benchmark_times_edits_through_the_real_watcher(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "benchmarks.watch", "--nodes", "20", "--instances", "60"]
+    cmd += ["--edits", "2", "--debounce", "0.05", "--dir", str(tmp_path), "--json"]
+    out = subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True).stdout
+    report = json.loads(out)
+    assert report["steady_before_edits"] is True  # the agents' reports reached a plan of nothing
+    assert len(report["edits"]) == 2
+    for e in report["edits"]:
+        # the watcher waited at least its debounce, then wrote plan.json before its run ended
+        assert e["wait_ms"] >= 50
+        assert 0 < e["plan_out_ms"] < e["run_ms"]
+        assert abs(e["edit_to_plan_ms"] - (e["wait_ms"] + e["plan_out_ms"])) < 1e-6
+        assert 0 <= e["collector_ms"] <= e["run_ms"] + e["wait_ms"]
+    assert set(report["summary_ms"]) == set(report["edits"][0])
     assert list(tmp_path.iterdir()) == []  # the state directory is removed
