@@ -191,10 +191,9 @@ def parse_yaml(
         elif not _shallow(text):
             engine = "ruamel"  # only the pure-Python parser sees deeply nested input
     if engine == "libyaml":
-        assert _LIBYAML is not None
-        data = _compose(
-            text, _libyaml_events(text), _LIBYAML.MarkedYAMLError, _LIBYAML.YAMLError, None
-        )
+        data = _plain_libyaml(text)
+        if data is _LOOK_CLOSER:  # not plainly acceptable: the reference composer says why
+            data = _compose_libyaml(text)
         return Parsed(data, source=raw)  # positions are found again only if an error needs them
     value_pos: dict[Path, tuple[int, int]] = {}
     key_pos: dict[Path, tuple[int, int]] = {}
@@ -265,6 +264,97 @@ def _libyaml_events(text: str) -> Iterator[Any]:
     try:
         while loader.check_event():
             yield loader.get_event()
+    finally:
+        loader.dispose()
+
+
+def _compose_libyaml(text: str) -> Any:
+    """:func:`_compose` over libyaml's events, without positions."""
+    assert _LIBYAML is not None
+    return _compose(text, _libyaml_events(text), _LIBYAML.MarkedYAMLError, _LIBYAML.YAMLError, None)
+
+
+_LOOK_CLOSER: Any = object()
+
+
+def _plain_libyaml(text: str) -> Any:
+    """The value :func:`_compose_libyaml` gives for a document that breaks no rule, by a
+    tighter loop over the same events and scalar resolution (no positions, no per-event
+    closures; about 40 % less time over a unit's machine-written YAML). Anything else (an
+    anchor, alias or tag, a directive, a duplicate or merge key, a key that is not a scalar,
+    nesting deeper than ``MAX_DEPTH``, a second or no document, a null document, a parser
+    error, a scalar that cannot be resolved) returns ``_LOOK_CLOSER``: the reference composer
+    then reads the file again and gives its verdict, so every rejection is its own, message
+    and position included."""
+    assert _LIBYAML is not None
+    events = _LIBYAML.events
+    scalar = events.ScalarEvent
+    map_start, seq_start = events.MappingStartEvent, events.SequenceStartEvent
+    map_end, seq_end = events.MappingEndEvent, events.SequenceEndEvent
+    resolve = _resolve_plain
+    loader = _LIBYAML.CSafeLoader(text)
+    try:
+        get = loader.get_event
+        if type(get()) is not events.StreamStartEvent:
+            return _LOOK_CLOSER
+        start = get()
+        if type(start) is not events.DocumentStartEvent or start.version or start.tags:
+            return _LOOK_CLOSER
+        parents: list[tuple[Any, bool, str | None]] = []  # the open containers but the last
+        current: Any = None  # the innermost open container (None: the root is not open yet)
+        is_map = False
+        key: str | None = None  # the current mapping's key waiting for its value
+        result: Any = None
+        while True:
+            event = get()
+            kind = type(event)
+            if kind is scalar:
+                if event.anchor is not None or event.tag is not None:
+                    return _LOOK_CLOSER
+                style = event.style
+                if is_map and key is None:
+                    name = event.value
+                    if name in current or (name == "<<" and not style):
+                        return _LOOK_CLOSER  # a duplicate key, a merge key
+                    key = name
+                    continue
+                value = event.value if style else resolve(event.value)
+                if current is None:
+                    result = value  # a scalar document
+                    break
+                if is_map:
+                    current[key] = value
+                    key = None
+                else:
+                    current.append(value)
+            elif kind is map_start or kind is seq_start:
+                if event.anchor is not None or event.tag is not None:
+                    return _LOOK_CLOSER
+                if current is not None:
+                    if is_map and key is None:
+                        return _LOOK_CLOSER  # a mapping or sequence as a key
+                    if len(parents) + 1 >= MAX_DEPTH:
+                        return _LOOK_CLOSER
+                    parents.append((current, is_map, key))
+                current, is_map, key = ({}, True, None) if kind is map_start else ([], False, None)
+            elif kind is map_end or kind is seq_end:
+                done = current
+                if not parents:
+                    result = done
+                    break
+                current, is_map, key = parents.pop()
+                if is_map:
+                    current[key] = done
+                    key = None
+                else:
+                    current.append(done)
+            else:  # an alias, or an event out of place
+                return _LOOK_CLOSER
+        if type(get()) is not events.DocumentEndEvent or type(get()) is not events.StreamEndEvent:
+            return _LOOK_CLOSER  # a second document
+        return _LOOK_CLOSER if result is None else result
+    except Exception:  # a parser error, a scalar int() refuses: the reference reports it
+        return _LOOK_CLOSER
     finally:
         loader.dispose()
 

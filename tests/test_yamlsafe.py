@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import math
+from typing import Any
 
 import pytest
+import yaml
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
+from reconciler import yamlsafe
 from reconciler.yamlsafe import Engine, YamlRejected, parse_yaml
 
 
@@ -104,3 +110,121 @@ def test_json_special_constants_are_not_json() -> None:
 
 def test_utf8_bom_is_accepted() -> None:
     assert parse_yaml(b"\xef\xbb\xbfa: 1\n").data == {"a": 1}
+
+
+# The libyaml engine answers a plainly acceptable document with a tight loop
+# (yamlsafe._plain_libyaml) and leaves everything else to the reference composer over the same
+# events (yamlsafe._compose_libyaml). The loop may say "look closer" too often, never accept
+# what the reference rejects, nor give another value.
+
+_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**20), 10**20)
+    | st.floats(allow_nan=False)
+    | st.text(st.characters(blacklist_categories=("Cc", "Cs")), max_size=12)
+    | st.sampled_from(["yes", "no", "0o17", "0x1F", "~", "<<", "1e3", ".inf", "-", "a: b", "#"])
+)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.text(st.characters(blacklist_categories=("Cc", "Cs")), max_size=8), inner, max_size=4
+        )
+    ),
+    max_leaves=25,
+)
+_BREAKS = st.sampled_from(
+    [
+        "&a ",
+        "*a",
+        "!!str ",
+        "!x ",
+        "<<: {}\n",
+        "%YAML 1.1\n---\n",
+        "---\n",
+        "...\n",
+        "? ",
+        "[",
+        "]",
+        "{",
+        "}",
+        ": ",
+        "- ",
+        "\n",
+        "  ",
+        "'",
+        '"',
+        "#c\n",
+        "k: 1\nk: 2\n",
+        "x: [1, {y: 2}]\n",
+        "1" * 5000,
+    ]
+)
+
+
+def _outcome(parse: Any, text: str) -> Any:
+    try:
+        return ("value", json.dumps(parse(text)))  # json: key order and int/float/bool kept apart
+    except YamlRejected as e:
+        return ("rejected", str(e))
+
+
+def _break(text: str, where: tuple[bool, int], fragment: str) -> str:
+    """``fragment`` put in ``text``: at a line's start with its indentation, or at any char."""
+    at_line, n = where
+    if not at_line:
+        n %= len(text) + 1
+        return text[:n] + fragment + text[n:]
+    lines = text.splitlines(keepends=True)
+    n %= len(lines) + 1
+    indent = lines[n][: len(lines[n]) - len(lines[n].lstrip(" -"))] if n < len(lines) else ""
+    return "".join([*lines[:n], indent + fragment, *lines[n:]])
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    value=_VALUES,
+    flow=st.sampled_from([False, True, None]),
+    breaks=st.lists(
+        st.tuples(st.tuples(st.booleans(), st.integers(0, 10**6)), _BREAKS), max_size=3
+    ),
+)
+@example(value={"a": 1, "b": {"c": 2}}, flow=False, breaks=[((True, 1), "k: 1\nk: 2\n")])
+@example(value={"a": 1, "b": {"c": 2}}, flow=False, breaks=[((True, 2), "a: 1\n")])
+@example(value={"a": 1}, flow=False, breaks=[((True, 0), "<<: {}\n")])
+@example(value={"a": [1, 2]}, flow=False, breaks=[((False, 0), "&a ")])
+@example(value={"a": 1}, flow=False, breaks=[((True, 0), "? [x]\n: 1\n")])
+def test_the_plain_loop_agrees_with_the_reference_composer(
+    value: Any, flow: bool | None, breaks: list[tuple[tuple[bool, int], str]]
+) -> None:
+    text = yaml.safe_dump(value, default_flow_style=flow, allow_unicode=True, sort_keys=False)
+    for where, fragment in breaks:  # text that may break a rule
+        text = _break(text, where, fragment)
+    reference = _outcome(yamlsafe._compose_libyaml, text)
+    fast = yamlsafe._plain_libyaml(text)
+    if fast is not yamlsafe._LOOK_CLOSER:
+        assert ("value", json.dumps(fast)) == reference  # never another value, never laxer
+    elif not breaks and reference[0] == "value":
+        pytest.fail(f"a plain document was left to the reference: {text!r}")
+    # and what parse_yaml answers is the reference's outcome
+    assert _outcome(lambda t: parse_yaml(t.encode(), engine="libyaml").data, text) == reference
+
+
+@pytest.mark.parametrize(
+    "depth", [yamlsafe.MAX_DEPTH - 1, yamlsafe.MAX_DEPTH, yamlsafe.MAX_DEPTH + 1]
+)
+@pytest.mark.parametrize("style", ["block", "flow", "mapping"])
+def test_the_plain_loop_and_the_reference_agree_at_the_depth_limit(depth: int, style: str) -> None:
+    if style == "block":
+        text = "- " * depth + "x\n"
+    elif style == "flow":
+        text = "[" * depth + "]" * depth + "\n"
+    else:
+        text = "".join(f"{'  ' * n}k{n}:\n" for n in range(depth)) + "  " * depth + "x\n"
+    reference = _outcome(yamlsafe._compose_libyaml, text)
+    assert reference[0] == ("value" if depth <= yamlsafe.MAX_DEPTH else "rejected")
+    fast = yamlsafe._plain_libyaml(text)
+    got = reference if fast is yamlsafe._LOOK_CLOSER else ("value", json.dumps(fast))
+    assert got == reference
