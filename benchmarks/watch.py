@@ -21,7 +21,9 @@ figure; the edit to ``plan.json`` in all; the whole run, until the watcher is re
 next event (the status report and the watcher's collection come after the plan); and the time
 the cyclic collector ran in it. Medians and ranges follow. Compare runs taken together: this
 machine's speed varies, and the parse floor (PyYAML's C loader over the same inputs, measured
-in the same run) shows how fast it is at the time.
+in the same run) shows how fast it is at the time. The process's RSS before and after the edits
+shows whether event runs leave memory behind (the watcher freezes what survives its
+collections: see ``reconciler.gcpause``).
 """
 
 from __future__ import annotations
@@ -126,6 +128,18 @@ def _write_actual_as_agents(root: Path, actual: dict[str, ActualState]) -> None:
         os.replace(tmp, path)
 
 
+def _rss_mib() -> float:
+    """This process's resident set size now (VmRSS), MiB; 0 where /proc has none."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def _summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -145,6 +159,7 @@ def _bench(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         _at, settled = w.next_run(timeout=600)  # the agents' files: at least one run
         settled = w.quiet(seconds=max(2.0, 5 * args.debounce), timeout=600) or settled
         steady = not settled.plan.starts() and not settled.plan.stops()
+        rss_before = _rss_mib()  # after the steady run and its full collection
         edits: list[dict[str, float]] = []
         for k in range(args.edits):
             edited = time.perf_counter()
@@ -164,6 +179,8 @@ def _bench(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 }
             )
             w.quiet(seconds=1.0, timeout=60)  # its gc.collect, any second run
+            edits[-1]["rss_mib"] = _rss_mib()
+        rss_after = _rss_mib()
     finally:
         w.stop.set()
         w.thread.join(timeout=60)
@@ -176,8 +193,13 @@ def _bench(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "floor_ms": floor * 1000,
         "cold_run_ms": cold_ms,
         "steady_before_edits": steady,
+        "rss_mib": {"before_edits": rss_before, "after_edits": rss_after},
         "edits": edits,
-        "summary_ms": {key: _summary([e[key] for e in edits]) for key in edits[0]} if edits else {},
+        "summary_ms": {
+            key: _summary([e[key] for e in edits]) for key in edits[0] if key != "rss_mib"
+        }
+        if edits
+        else {},
     }
 
 
@@ -225,6 +247,12 @@ def main() -> None:
         f"{report['floor_ms']:.0f} ms; debounce {report['debounce_ms']:.0f} ms; "
         f"cold first run {report['cold_run_ms'] / 1000:.2f} s; steady before the edits: "
         f"{'yes' if report['steady_before_edits'] else 'NO (the plan had actions)'}"
+    )
+    rss = report["rss_mib"]
+    each = [e["rss_mib"] for e in report["edits"]]
+    print(
+        f"RSS: {rss['before_edits']:.0f} MiB before the edits, {min(each):.0f}-{max(each):.0f} "
+        f"after each, {rss['after_edits']:.0f} at the end"
     )
     print("edit  wait (ms)  run start -> plan.json  edit -> plan.json  run (ms)  collector (ms)")
     for k, e in enumerate(report["edits"]):

@@ -48,5 +48,6 @@ def test_the_watch_benchmark_times_edits_through_the_real_watcher(tmp_path: Path
         assert 0 < e["plan_out_ms"] < e["run_ms"]
         assert abs(e["edit_to_plan_ms"] - (e["wait_ms"] + e["plan_out_ms"])) < 1e-6
         assert 0 <= e["collector_ms"] <= e["run_ms"] + e["wait_ms"]
-    assert set(report["summary_ms"]) == set(report["edits"][0])
+        assert e["rss_mib"] > 0
+    assert set(report["summary_ms"]) == set(report["edits"][0]) - {"rss_mib"}
     assert list(tmp_path.iterdir()) == []  # the state directory is removed
