@@ -107,9 +107,10 @@ class ReconcileCache:
     """Per node, its patch file, the patch (the planner's tuple, by identity) and its bytes."""
     encoded_for: Mapping[str, object] | None = None
     """The plan's patch map (by identity) whose every file a run left as ``encoded`` says."""
-    outputs: dict[Path, tuple[bytes, StatKey | None]] = field(default_factory=dict)
-    """out/ files (node patches, status, plan) with the content found in them and their settled
-    stat keys: an unchanged output costs an lstat, not a read."""
+    outputs: dict[Path, tuple[ContentKey, StatKey | None]] = field(default_factory=dict)
+    """out/ files (node patches, status, plan) with the content found in them (a big one by its
+    digest: :func:`content_key`) and their settled stat keys: an unchanged output costs an
+    lstat, not a read."""
 
 
 @dataclass(frozen=True)
@@ -312,19 +313,37 @@ def fingerprint(view: StateView, generation: int) -> str:
     return f"sha256:{digest}"
 
 
+ContentKey = bytes | tuple[str, bytes]
+"""What a long-running caller remembers of an out/ file's content: the bytes themselves, or
+for a big file (``status.json``: 15 MB at 20,000 instances) their sha256."""
+
+DIGEST_OVER = 1 << 20
+
+
+def content_key(data: bytes) -> ContentKey:
+    """``data`` itself below :data:`DIGEST_OVER` bytes (small files are compared, and a node
+    patch recognised by identity), else ``("sha256", digest)``: a watcher does not hold a
+    15 MB report, and the one before it while writing the next, only to compare them."""
+    return data if len(data) < DIGEST_OVER else ("sha256", hashlib.sha256(data).digest())
+
+
 def _changed(
     path: Path,
     data: bytes,
-    known: dict[Path, tuple[bytes, StatKey | None]] | None,
+    known: dict[Path, tuple[ContentKey, StatKey | None]] | None,
     verify: bool = True,
+    ident: ContentKey | None = None,
 ) -> bool:
     """Whether ``path`` does not hold ``data``. ``known``: per path, content this process
-    found or wrote there with the file's settled stat key (see :func:`fsio.settled_key`; None:
-    not settled); while the key is unchanged the file is not read again, and without ``verify``
-    the content is trusted without a look at the file."""
+    found or wrote there (its :func:`content_key`, ``ident`` when the caller has it) with the
+    file's settled stat key (see :func:`fsio.settled_key`; None: not settled); while the key is
+    unchanged the file is not read again, and without ``verify`` the content is trusted
+    without a look at the file."""
     if known is not None:
+        if ident is None:
+            ident = content_key(data)
         got = known.get(path)
-        if got is not None and got[0] == data:
+        if got is not None and got[0] == ident:
             if not verify:
                 return False
             try:
@@ -342,7 +361,8 @@ def _changed(
     if known is not None:
         settled = settled_key(key, now) if key is not None and current == data else None
         if settled is not None:
-            known[path] = (data, settled)
+            assert ident is not None
+            known[path] = (ident, settled)
         else:
             known.pop(path, None)
     return current != data
@@ -375,23 +395,29 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
     known = opts.cache.outputs if opts.cache is not None else None
     encoded = opts.cache.encoded if opts.cache is not None else None
 
+    idents: dict[Path, ContentKey] = {}
+
     def put(path: Path, data: bytes, mode: int = 0o600) -> None:
-        if _changed(path, data, known, opts.verify):
+        ident = content_key(data) if known is not None else None
+        if _changed(path, data, known, opts.verify, ident):
             batch.append((path, data, mode))
             written.append(str(path.relative_to(state_dir)))
+            if ident is not None:
+                idents[path] = ident
 
     def flush() -> None:
         atomic_write_many(batch, hook=opts.write_hook)
         if known is not None:
             for path, data, _mode in batch:  # what this process just wrote there
-                known[path] = (data, None)
+                ident = idents.pop(path, None)  # (None: put in the batch without put())
+                known[path] = (content_key(data) if ident is None else ident, None)
         batch.clear()
 
     nodes_dir = out / "nodes"
     encoded_now: dict[str, tuple[Path, object, bytes]] = {}
     # a trusting run (see ``verify``) knows the node patch files are the ones it last wrote
     trusted = {} if opts.verify or known is None or encoded is None else encoded
-    absent: tuple[bytes | None, object] = (None, None)
+    absent: tuple[ContentKey | None, object] = (None, None)
     patches: Iterable[tuple[str, tuple[dict[str, Any], ...]]] = c.plan.patches.items()
     since = opts.cache.plan.patched_from if opts.cache is not None else None
     if (

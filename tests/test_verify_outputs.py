@@ -5,6 +5,7 @@ repairs an output edited behind its back, and a changed output is written either
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import shutil
 import threading
 import time
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from reconciler import reconcile as rec
 from reconciler import watch
 from reconciler.oci_glue import default_config_builder
 from reconciler.reconcile import ReconcileCache, ReconcileOptions, reconcile
@@ -79,13 +81,16 @@ def _published(state: Path) -> dict[str, bytes]:
     }
 
 
+@pytest.mark.parametrize("digest_over", [rec.DIGEST_OVER, 64])
 def test_trusting_runs_across_edits_publish_what_a_run_without_cache_does(
-    demo_copy: Path, tmp_path: Path
+    demo_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, digest_over: int
 ) -> None:
     """A watcher's trusting runs (the node patches made from the last ones, only the nodes the
     planner looked at written): after service edits, agents applying the plans, a node going
     away and coming back, the plan and the node patch files are the ones a run without any
-    cache leaves in a copy of the directory."""
+    cache leaves in a copy of the directory. (With a tiny ``DIGEST_OVER``, every output is
+    remembered by its digest, as status.json is at scale.)"""
+    monkeypatch.setattr(rec, "DIGEST_OVER", digest_over)
     cache = ReconcileCache()
     opts = ReconcileOptions(cache=cache)
     trusting = dataclasses.replace(opts, verify=False)
@@ -141,6 +146,41 @@ def test_trusting_runs_across_edits_publish_what_a_run_without_cache_does(
         shutil.copytree(demo_copy, fresh)
         reconcile(fresh, ReconcileOptions())
         assert _published(demo_copy) == _published(fresh), f"step {k}"
+
+
+@pytest.mark.parametrize("digest_over", [rec.DIGEST_OVER, 64])
+def test_a_big_output_is_remembered_by_its_digest_and_still_kept_right(
+    demo_copy: Path, monkeypatch: pytest.MonkeyPatch, digest_over: int
+) -> None:
+    """A long-running caller remembers an out/ file of ``DIGEST_OVER`` bytes or more by its
+    sha256, not its bytes (status.json: 15 MB at 20,000 instances); it is still written only
+    when its content changes, and a verifying run still repairs it."""
+    monkeypatch.setattr(rec, "DIGEST_OVER", digest_over)
+    opts = ReconcileOptions(cache=ReconcileCache())
+    assert opts.cache is not None
+    view = reconcile(demo_copy, opts).computed.view
+    status = demo_copy / "out" / "status.json"
+    good = status.read_bytes()
+    remembered = opts.cache.outputs[status][0]
+    if len(good) >= digest_over:
+        assert remembered == ("sha256", hashlib.sha256(good).digest())
+    else:
+        assert remembered == good
+    report = reconcile(demo_copy, opts, view)  # unchanged: not written again
+    assert "out/status.json" not in report.written
+    status.write_bytes(good[:-3] + b"!}\n")  # edited behind its back, the same size
+    report = reconcile(demo_copy, opts, report.computed.view)
+    assert "out/status.json" in report.written and status.read_bytes() == good
+    svc = demo_copy / "desired" / "apps" / "logger.yaml"
+    svc.write_text(svc.read_text().replace("instances: 3", "instances: 2"))
+    trusting = dataclasses.replace(opts, verify=False)
+    report = reconcile(demo_copy, trusting, report.computed.view)
+    assert "out/status.json" in report.written and status.read_bytes() != good
+    fresh = demo_copy.parent / "fresh"
+    shutil.copytree(demo_copy, fresh, ignore=shutil.ignore_patterns("out", "checkpoint"))
+    shutil.copytree(demo_copy / "checkpoint", fresh / "checkpoint")
+    reconcile(fresh, ReconcileOptions())
+    assert status.read_bytes() == (fresh / "out" / "status.json").read_bytes()
 
 
 def test_a_killed_writers_temp_files_are_removed_by_a_verifying_run(demo_copy: Path) -> None:
