@@ -280,7 +280,7 @@ _LOOK_CLOSER: Any = object()
 def _plain_libyaml(text: str) -> Any:
     """The value :func:`_compose_libyaml` gives for a document that breaks no rule, by a
     tighter loop over the same events and scalar resolution (no positions, no per-event
-    closures; about 40 % less time over a unit's machine-written YAML). Anything else (an
+    closures; about a third less time over a unit's machine-written YAML). Anything else (an
     anchor, alias or tag, a directive, a duplicate or merge key, a key that is not a scalar,
     nesting deeper than ``MAX_DEPTH``, a second or no document, a null document, a parser
     error, a scalar that cannot be resolved) returns ``_LOOK_CLOSER``: the reference composer
