@@ -69,18 +69,18 @@ def _timer(times: dict[str, list[float]], name: str, fn: Callable[..., Any]) -> 
     return timed
 
 
-def main() -> None:
+def edit_parser(doc: str, edits_help: str) -> argparse.ArgumentParser:
+    """The options of the benchmarks that edit a desired file (this one and
+    ``benchmarks.watch``); ``doc``: the module's docstring."""
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
+        description=doc.split("\n\n")[0],
         epilog="Figures are milliseconds on this machine now; compare runs taken together.",
     )
     parser.add_argument("--nodes", type=int, default=5000, help="nodes (default: 5000)")
     parser.add_argument(
         "--instances", type=int, default=20000, help="instances over all services (default: 20000)"
     )
-    parser.add_argument(
-        "--edits", type=int, default=8, help="desired-file edits, each reconciled (default: 8)"
-    )
+    parser.add_argument("--edits", type=int, default=8, help=f"{edits_help} (default: 8)")
     parser.add_argument("--seed", type=int, default=1, help="the generator's seed (default: 1)")
     parser.add_argument(
         "--node-format",
@@ -90,12 +90,23 @@ def main() -> None:
     )
     parser.add_argument("--dir", type=Path, help="where to create the state dir (default: /tmp)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    args = parser.parse_args()
-    base = Path(tempfile.mkdtemp(prefix="warm-bench-", dir=args.dir))
+    return parser
+
+
+def in_scratch_dir(
+    prefix: str, directory: Path | None, bench: Callable[[Path], dict[str, Any]]
+) -> dict[str, Any]:
+    """``bench`` on a state directory path in a new scratch directory, removed afterwards."""
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir=directory))
     try:
-        report = _bench(args, base / "state")
+        return bench(base / "state")
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def main() -> None:
+    args = edit_parser(__doc__, "desired-file edits, each reconciled").parse_args()
+    report = in_scratch_dir("warm-bench-", args.dir, functools.partial(_bench, args))
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
         return

@@ -29,13 +29,12 @@ collections: see ``reconciler.gcpause``).
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
 import queue
-import shutil
 import statistics
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -48,6 +47,7 @@ from reconciler.watch import WatchOptions, watch_loop
 
 from .reconcile import _generate, _steady_actual, floor_parse, machine_description
 from .statedir import bump_instances, iter_input_files
+from .warm import edit_parser, in_scratch_dir
 
 __all__ = ["main"]
 
@@ -204,40 +204,17 @@ def _bench(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog="Figures are milliseconds on this machine now; compare runs taken together.",
-    )
-    parser.add_argument("--nodes", type=int, default=5000, help="nodes (default: 5000)")
-    parser.add_argument(
-        "--instances", type=int, default=20000, help="instances over all services (default: 20000)"
-    )
-    parser.add_argument(
-        "--edits", type=int, default=8, help="desired-file edits, each one run (default: 8)"
-    )
+    parser = edit_parser(__doc__, "desired-file edits, each one run")
     parser.add_argument(
         "--debounce",
         type=float,
         default=0.2,
         help="the watcher's quiet time before a run, seconds (default: 0.2, as reconciler watch)",
     )
-    parser.add_argument("--seed", type=int, default=1, help="the generator's seed (default: 1)")
-    parser.add_argument(
-        "--node-format",
-        choices=("yaml", "json"),
-        default="yaml",
-        help="how node files are written (default: yaml)",
-    )
-    parser.add_argument("--dir", type=Path, help="where to create the state dir (default: /tmp)")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
     if args.edits < 1:
         parser.error("--edits must be at least 1")
-    base = Path(tempfile.mkdtemp(prefix="watch-bench-", dir=args.dir))
-    try:
-        report = _bench(args, base / "state")
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    report = in_scratch_dir("watch-bench-", args.dir, functools.partial(_bench, args))
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
         return
