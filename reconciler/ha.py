@@ -247,9 +247,12 @@ def _lead(
     guard = [LeaderGuard(lead.identity)]
     last_view: list[StateView] = []
 
-    def run(reason: str) -> None:
+    def run(reason: str, *, full_collect: bool = True) -> None:
+        """``full_collect``: see :func:`watch.run_logged` (False for an event's run)."""
         t0 = time.monotonic()
-        report = run_logged(mirror.workdir, opts, last_view, reason, on_run)
+        report = run_logged(
+            mirror.workdir, opts, last_view, reason, on_run, full_collect=full_collect
+        )
         if report is None:
             return
         if lead.lost.is_set():
@@ -307,7 +310,8 @@ def _lead(
             if changed:
                 names = sorted({Path(r).name for r in changed})
                 more = f" and {len(names) - 5} more" if len(names) > 5 else ""
-                run(reason or f"changed: {', '.join(names[:5])}{more}")
+                # an event's run collects what it allocated; a resync's, everything
+                run(reason or f"changed: {', '.join(names[:5])}{more}", full_collect=bool(reason))
                 last = time.monotonic()
             elif time.monotonic() - last >= wopts.resync:
                 mirror.resync()

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from reconciler import watch as watch_module
 from reconciler.agent import AgentError, container_id
 from reconciler.cli import main
 from reconciler.etcdstore import Compacted, EtcdStore, Leadership
@@ -867,9 +868,11 @@ def watch_loop(
 
 class TestStoreWatchLoop:
     def test_the_leader_replans_on_an_edit_in_the_store_and_resigns_on_stop(
-        self, store: EtcdStore, tmp_path: Path
+        self, store: EtcdStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         copy_unit(FileStore(VEHICLE), store)
+        collected: list[bool] = []  # per run: whether it collected every object
+        monkeypatch.setattr(watch_module, "collect_idle", lambda *, full: collected.append(full))
         runs: list[ReconcileReport | None] = []
         with watch_loop(store, tmp_path / "work", runs):
             wait_for(lambda: plan_versions(store) == {("com.example.hmi", "3.1.0")}, 10, "a plan")
@@ -884,6 +887,8 @@ class TestStoreWatchLoop:
         assert store.leader() is None
         # two runs: on becoming leader and on the edit; its own commits started none
         assert len(runs) == 2 and all(r is not None for r in runs)
+        # the first run collects everything, the edit's only what was allocated since
+        assert collected == [True, False]
 
     def test_the_leader_resyncs_after_its_watch_was_compacted_and_follows_on(
         self, store: EtcdStore, etcd_server: EtcdServer, tmp_path: Path
