@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
+import os
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -98,6 +101,44 @@ required_store_option = click.option(
 )
 
 
+def snapshot_store_option(f: F) -> F:
+    """``--store`` for a read-only command: it runs on one snapshot of the unit in etcd, copied
+    into a private temporary directory (removed afterwards) and made the working directory,
+    so the paths in its messages are the documents' keys under the prefix. Nothing is written
+    to etcd, and --state is not read."""
+
+    @functools.wraps(f)
+    def run(*args: Any, store_url: str | None, state_dir: Path, **kwargs: Any) -> Any:
+        if store_url is None:
+            return f(*args, state_dir=state_dir, **kwargs)
+        store = _etcd(store_url)
+        back = Path.cwd()
+        with tempfile.TemporaryDirectory(prefix="reconciler-snapshot-") as scratch:
+            copy = Path(scratch) / "unit"
+            try:
+                ensure_dir(copy)
+                copy_unit(store, FileStore(copy))
+            except (StoreError, FileReadError, OSError) as e:
+                _err_console().print(f"error: {e}", markup=False)
+                return EXIT_ERROR
+            os.chdir(copy)
+            try:
+                return f(*args, state_dir=Path("."), **kwargs)
+            finally:
+                os.chdir(back)
+
+    return click.option(
+        "--store",
+        "store_url",
+        metavar="URL",
+        envvar="RECONCILER_STORE",
+        default=None,
+        help="Read the unit from etcd (etcd://HOST:PORT/PREFIX; env RECONCILER_STORE) instead "
+        "of --state: one snapshot, copied into a temporary directory; nothing is written to "
+        "etcd, and file names in messages are the documents' keys under PREFIX.",
+    )(run)  # type: ignore[return-value]
+
+
 def _etcd(url: str) -> EtcdStore:
     try:
         return EtcdStore(url)
@@ -149,6 +190,7 @@ def cli(verbose: int) -> None:
 
 @cli.command()
 @state_option
+@snapshot_store_option
 @json_option
 def validate(state_dir: Path, as_json: bool) -> int:
     """Check every input file of the state directory.
@@ -256,6 +298,7 @@ def _report_diagnostics(diags: Sequence[Diagnostic]) -> None:
 
 @cli.command()
 @state_option
+@snapshot_store_option
 @json_option
 @_mode_option
 @_allow_empty_option
@@ -729,6 +772,7 @@ def import_cmd(state_dir: Path, store_url: str, force: bool, as_json: bool) -> i
 
 @cli.command()
 @state_option
+@snapshot_store_option
 @json_option
 def status(state_dir: Path, as_json: bool) -> int:
     """Show nodes, instances, failures, alerts and invalid inputs.
@@ -777,6 +821,7 @@ def _find_instance(services: Sequence[Service], needle: str) -> str | None:
 @cli.command()
 @click.argument("instance")
 @state_option
+@snapshot_store_option
 @json_option
 @_mode_option
 def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> int:

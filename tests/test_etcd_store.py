@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -636,6 +637,53 @@ class TestExportImport:
             assert store.leader() == "ctl-a"  # the leader key is not a document: kept
         finally:
             lead.resign(store)
+
+
+class TestReadOnlyCommandsOnAStore:
+    """plan, status, explain and validate with --store read one snapshot of the unit: they say
+    what they say on an exported copy, write nothing to etcd and leave no copy behind."""
+
+    def test_they_answer_as_on_an_exported_copy(
+        self,
+        etcd_url: str,
+        tmp_path: Path,
+        capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        src = copy_inputs(VEHICLE, tmp_path / "src")
+        assert run_cli(capsys, "import", "--state", str(src), "--store", etcd_url)[0] == 0
+        work = tmp_path / "work"
+        assert run_cli(capsys, "reconcile", "--store", etcd_url, "--state", str(work))[0] == 0
+        store = EtcdStore(etcd_url)
+        store.commit({"desired/odd.yaml": b"odd: [\n"})  # an invalid document: reported by key
+        exported = tmp_path / "exported"
+        assert run_cli(capsys, "export", "--store", etcd_url, "--state", str(exported))[0] == 0
+        scratch = tmp_path / "scratch"
+        scratch.mkdir()
+        monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the snapshots go
+        monkeypatch.chdir(exported)  # on the copy, relative paths as the snapshot's messages
+        before = store.snapshot()
+        for args in (
+            ("status", "--json"),
+            ("plan", "--json"),
+            ("explain", HMI, "--json"),
+            ("validate", "--json"),
+        ):
+            on_copy = run_cli(capsys, *args, "--state", ".")
+            on_store = run_cli(capsys, *args, "--store", etcd_url, "--state", "nowhere")
+            assert on_store == on_copy, args
+            assert Path.cwd() == exported.resolve()  # the working directory given back
+        bad = json.loads(run_cli(capsys, "validate", "--json", "--store", etcd_url)[1])["errors"]
+        assert [e["path"] for e in bad] == ["desired/odd.yaml"]  # the key under the prefix
+        after = store.snapshot()
+        assert after.revision == before.revision  # nothing written to etcd
+        assert list(scratch.iterdir()) == []  # every snapshot copy removed
+
+    def test_an_unreachable_store_is_an_error(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        code, out, err = run_cli(capsys, "status", "--store", "etcd://127.0.0.1:9/unit")
+        assert code == 1 and out == "" and "error" in err
 
 
 # ---------------------------------------------------------------- leader election
