@@ -29,7 +29,13 @@ from .balancer import explain as explain_instance
 from .checkpoint import load_checkpoint
 from .etcdstore import EtcdStore
 from .fsio import FileReadError, ensure_dir
-from .ha import agent_watch_store, reconcile_via_store, run_agent_via_store, store_watch_loop
+from .ha import (
+    INPUT_SCOPES,
+    agent_watch_store,
+    reconcile_via_store,
+    run_agent_via_store,
+    store_watch_loop,
+)
 from .loader import Diagnostic, load_state
 from .lock import LockTimeout, StateLock
 from .models import KINDS, Service
@@ -101,42 +107,52 @@ required_store_option = click.option(
 )
 
 
-def snapshot_store_option(f: F) -> F:
-    """``--store`` for a read-only command: it runs on one snapshot of the unit in etcd, copied
-    into a private temporary directory (removed afterwards) and made the working directory,
-    so the paths in its messages are the documents' keys under the prefix. Nothing is written
-    to etcd, and --state is not read."""
+def snapshot_store_option(scope: Sequence[str]) -> Callable[[F], F]:
+    """``--store`` for a read-only command: it runs on one snapshot of the documents it reads
+    (``scope``: documents, or directories ending in ``/``) of the unit in etcd, copied into a
+    private temporary directory (removed afterwards) made the working directory, so the paths
+    in its messages are the documents' keys under the prefix. Nothing is written to etcd, and
+    --state is not read."""
 
-    @functools.wraps(f)
-    def run(*args: Any, store_url: str | None, state_dir: Path, **kwargs: Any) -> Any:
-        if store_url is None:
-            return f(*args, state_dir=state_dir, **kwargs)
-        store = _etcd(store_url)
-        back = Path.cwd()
-        with tempfile.TemporaryDirectory(prefix="reconciler-snapshot-") as scratch:
-            copy = Path(scratch) / "unit"
-            try:
-                ensure_dir(copy)
-                copy_unit(store, FileStore(copy))
-            except (StoreError, FileReadError, OSError) as e:
-                _err_console().print(f"error: {e}", markup=False)
-                return EXIT_ERROR
-            os.chdir(copy)
-            try:
-                return f(*args, state_dir=Path("."), **kwargs)
-            finally:
-                os.chdir(back)
+    def decorate(f: F) -> F:
+        @functools.wraps(f)
+        def run(*args: Any, store_url: str | None, state_dir: Path, **kwargs: Any) -> Any:
+            if store_url is None:
+                return f(*args, state_dir=state_dir, **kwargs)
+            store = _etcd(store_url)
+            back = Path.cwd()
+            with tempfile.TemporaryDirectory(prefix="reconciler-snapshot-") as scratch:
+                copy = Path(scratch) / "unit"
+                try:
+                    ensure_dir(copy)
+                    snap = store.snapshot(scope)
+                    FileStore(copy).commit({rel: e.data for rel, e in snap.entries.items()})
+                except (StoreError, FileReadError, OSError) as e:
+                    _err_console().print(f"error: {e}", markup=False)
+                    return EXIT_ERROR
+                os.chdir(copy)
+                try:
+                    return f(*args, state_dir=Path("."), **kwargs)
+                finally:
+                    os.chdir(back)
 
-    return click.option(
-        "--store",
-        "store_url",
-        metavar="URL",
-        envvar="RECONCILER_STORE",
-        default=None,
-        help="Read the unit from etcd (etcd://HOST:PORT/PREFIX; env RECONCILER_STORE) instead "
-        "of --state: one snapshot, copied into a temporary directory; nothing is written to "
-        "etcd, and file names in messages are the documents' keys under PREFIX.",
-    )(run)  # type: ignore[return-value]
+        return click.option(
+            "--store",
+            "store_url",
+            metavar="URL",
+            envvar="RECONCILER_STORE",
+            default=None,
+            help="Read the unit from etcd (etcd://HOST:PORT/PREFIX; env RECONCILER_STORE) "
+            "instead of --state: one snapshot of what the command reads, copied into a "
+            "temporary directory; nothing is written to etcd, and file names in messages are "
+            "the documents' keys under PREFIX.",
+        )(run)  # type: ignore[return-value]
+
+    return decorate
+
+
+_READS_INPUTS = (*INPUT_SCOPES, "checkpoint/")
+"""What plan and explain read: the inputs and the checkpoint (with the last good versions)."""
 
 
 def _etcd(url: str) -> EtcdStore:
@@ -190,7 +206,7 @@ def cli(verbose: int) -> None:
 
 @cli.command()
 @state_option
-@snapshot_store_option
+@snapshot_store_option(INPUT_SCOPES)
 @json_option
 def validate(state_dir: Path, as_json: bool) -> int:
     """Check every input file of the state directory.
@@ -298,7 +314,7 @@ def _report_diagnostics(diags: Sequence[Diagnostic]) -> None:
 
 @cli.command()
 @state_option
-@snapshot_store_option
+@snapshot_store_option(_READS_INPUTS)
 @json_option
 @_mode_option
 @_allow_empty_option
@@ -772,7 +788,7 @@ def import_cmd(state_dir: Path, store_url: str, force: bool, as_json: bool) -> i
 
 @cli.command()
 @state_option
-@snapshot_store_option
+@snapshot_store_option(("out/status.json",))
 @json_option
 def status(state_dir: Path, as_json: bool) -> int:
     """Show nodes, instances, failures, alerts and invalid inputs.
@@ -821,7 +837,7 @@ def _find_instance(services: Sequence[Service], needle: str) -> str | None:
 @cli.command()
 @click.argument("instance")
 @state_option
-@snapshot_store_option
+@snapshot_store_option(_READS_INPUTS)
 @json_option
 @_mode_option
 def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> int:

@@ -662,6 +662,14 @@ class TestReadOnlyCommandsOnAStore:
         scratch.mkdir()
         monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the snapshots go
         monkeypatch.chdir(exported)  # on the copy, relative paths as the snapshot's messages
+        copied: list[set[str]] = []  # per command: the documents copied out of etcd
+        real_commit = FileStore.commit
+
+        def recording(self: FileStore, puts: Any, *rest: Any, **kw: Any) -> int:
+            copied.append(set(puts))
+            return real_commit(self, puts, *rest, **kw)
+
+        monkeypatch.setattr(FileStore, "commit", recording)
         before = store.snapshot()
         for args in (
             ("status", "--json"),
@@ -673,6 +681,14 @@ class TestReadOnlyCommandsOnAStore:
             on_store = run_cli(capsys, *args, "--store", etcd_url, "--state", "nowhere")
             assert on_store == on_copy, args
             assert Path.cwd() == exported.resolve()  # the working directory given back
+        # each copies only what it reads: the report; the inputs and checkpoint; the inputs
+        status_docs, plan_docs, explain_docs, validate_docs = copied
+        assert status_docs == {"out/status.json"}
+        assert plan_docs == explain_docs
+        assert any(d.startswith("checkpoint/") for d in plan_docs)
+        assert not any(d.startswith("out/") for d in plan_docs)
+        assert validate_docs == {d for d in plan_docs if not d.startswith("checkpoint/")}
+        assert "desired/odd.yaml" in validate_docs
         bad = json.loads(run_cli(capsys, "validate", "--json", "--store", etcd_url)[1])["errors"]
         assert [e["path"] for e in bad] == ["desired/odd.yaml"]  # the key under the prefix
         after = store.snapshot()
