@@ -111,9 +111,6 @@ def decode_strict(raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> str:
 
 
 # YAML 1.2 core schema (https://yaml.org/spec/1.2.2/#1032-tag-resolution)
-_NULL = re.compile(r"^(?:~|null|Null|NULL|)$")
-_TRUE = re.compile(r"^(?:true|True|TRUE)$")
-_FALSE = re.compile(r"^(?:false|False|FALSE)$")
 _INT10 = re.compile(r"^[-+]?[0-9]+$")
 _INT8 = re.compile(r"^0o[0-7]+$")
 _INT16 = re.compile(r"^0x[0-9a-fA-F]+$")
@@ -122,13 +119,23 @@ _INF = re.compile(r"^[-+]?\.(?:inf|Inf|INF)$")
 _NAN = re.compile(r"^\.(?:nan|NaN|NAN)$")
 
 
+_WORDS: dict[str, Any] = {
+    **dict.fromkeys(("", "~", "null", "Null", "NULL")),
+    **dict.fromkeys(("true", "True", "TRUE"), True),
+    **dict.fromkeys(("false", "False", "FALSE"), False),
+}
+"""The core schema's null and bool words, matched whole (its patterns are anchored at both
+ends, and a plain scalar never ends in a line break)."""
+
+_NUMERIC_START = frozenset("0123456789+-.")
+"""Every int, float, inf and nan of the core schema starts with one of these."""
+
+
 def _resolve_plain(value: str) -> Any:
-    if _NULL.match(value):
-        return None
-    if _TRUE.match(value):
-        return True
-    if _FALSE.match(value):
-        return False
+    if value in _WORDS:
+        return _WORDS[value]
+    if value[0] not in _NUMERIC_START:
+        return value  # most scalars (ids, names, paths): no pattern can match
     if _INT10.match(value):
         return int(value)
     if _INT8.match(value):

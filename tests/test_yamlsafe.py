@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 import pytest
@@ -228,3 +229,38 @@ def test_the_plain_loop_and_the_reference_agree_at_the_depth_limit(depth: int, s
     fast = yamlsafe._plain_libyaml(text)
     got = reference if fast is yamlsafe._LOOK_CLOSER else ("value", json.dumps(fast))
     assert got == reference
+
+
+def _core_schema(value: str) -> Any:
+    """YAML 1.2's core schema tag resolution, straight from its table (a reference for the
+    loader's faster resolver; https://yaml.org/spec/1.2.2/#1032-tag-resolution)."""
+    table: list[tuple[str, Any]] = [
+        (r"null|Null|NULL|~|", lambda v: None),
+        (r"true|True|TRUE", lambda v: True),
+        (r"false|False|FALSE", lambda v: False),
+        (r"[-+]?[0-9]+", int),
+        (r"0o[0-7]+", lambda v: int(v[2:], 8)),
+        (r"0x[0-9a-fA-F]+", lambda v: int(v[2:], 16)),
+        (r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?", float),
+        (r"[-+]?\.(inf|Inf|INF)", lambda v: -math.inf if v.startswith("-") else math.inf),
+        (r"\.(nan|NaN|NAN)", lambda v: math.nan),
+    ]
+    for pattern, make in table:
+        if re.fullmatch(pattern, value):
+            return make(value)
+    return value
+
+
+@settings(max_examples=2000, deadline=None)
+@given(
+    st.text(alphabet="0123456789+-.eExXoOabcdfinlrstuNTFALSEUR~_ /", max_size=8)
+    | st.sampled_from(["null", "Null", "NULL", "~", "", "true", "TRUE", "False", ".inf", "-.Inf"])
+    | st.sampled_from([".nan", ".NaN", "0o17", "0x1F", "1e3", "+12", "-0", ".5", "1.", "nul"])
+)
+def test_plain_scalars_resolve_as_the_core_schema_says(value: str) -> None:
+    got, want = yamlsafe._resolve_plain(value), _core_schema(value)
+    assert type(got) is type(want)
+    if isinstance(want, float) and math.isnan(want):
+        assert math.isnan(got)
+    else:
+        assert got == want
