@@ -18,7 +18,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import click
 from rich.console import Console
@@ -85,25 +85,26 @@ def state_option(f: F) -> F:
     )(f)
 
 
-def store_option(f: F) -> F:
+def _store_flag(help_text: str, *, required: bool = False) -> Callable[[F], F]:
+    """``--store URL`` (env RECONCILER_STORE), as each kind of command explains it."""
     return click.option(
         "--store",
         "store_url",
         metavar="URL",
         envvar="RECONCILER_STORE",
         default=None,
-        help="Keep the unit in etcd (etcd://HOST:PORT/PREFIX; env RECONCILER_STORE) instead of "
-        "in --state; --state is then the local working copy (docs/etcd.md).",
-    )(f)
+        required=required,
+        help=help_text,
+    )
 
 
-required_store_option = click.option(
-    "--store",
-    "store_url",
-    metavar="URL",
-    envvar="RECONCILER_STORE",
-    required=True,
-    help="The unit in etcd: etcd://HOST:PORT/PREFIX (env RECONCILER_STORE).",
+store_option = _store_flag(
+    "Keep the unit in etcd (etcd://HOST:PORT/PREFIX; env RECONCILER_STORE) instead of "
+    "in --state; --state is then the local working copy (docs/etcd.md)."
+)
+
+required_store_option = _store_flag(
+    "The unit in etcd: etcd://HOST:PORT/PREFIX (env RECONCILER_STORE).", required=True
 )
 
 
@@ -136,17 +137,13 @@ def snapshot_store_option(scope: Sequence[str]) -> Callable[[F], F]:
                 finally:
                     os.chdir(back)
 
-        return click.option(
-            "--store",
-            "store_url",
-            metavar="URL",
-            envvar="RECONCILER_STORE",
-            default=None,
-            help="Read the unit from etcd (etcd://HOST:PORT/PREFIX; env RECONCILER_STORE) "
-            "instead of --state: one snapshot of what the command reads, copied into a "
-            "temporary directory; nothing is written to etcd, and file names in messages are "
-            "the documents' keys under PREFIX.",
-        )(run)  # type: ignore[return-value]
+        flag = _store_flag(
+            "Read the unit from etcd (etcd://HOST:PORT/PREFIX; env RECONCILER_STORE) instead "
+            "of --state: one snapshot of what the command reads, copied into a temporary "
+            "directory; nothing is written to etcd, and file names in messages are the "
+            "documents' keys under PREFIX."
+        )
+        return cast(F, flag(run))
 
     return decorate
 
