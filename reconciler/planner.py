@@ -542,12 +542,7 @@ def plan_bytes(plan: Plan, inputs: Mapping[str, Any], memo: PlanMemo) -> bytes:
         action_frags.append(got[1])
     nodes: dict[str, tuple[tuple[dict[str, Any], ...], bytes]]
     since = memo._patched_from
-    if (
-        since is not None
-        and since[0] is memo._pieces_for
-        and plan.patches is memo._patch_map
-        and memo._pieces_for is not None
-    ):
+    if since is not None and since[0] is memo._pieces_for and plan.patches is memo._patch_map:
         # the planner made these patches from the last ones, looking at these nodes only:
         # every other node's patch is the very object whose piece is kept
         nodes, pieces, pos = dict(old_nodes), list(memo._node_pieces), memo._node_pos

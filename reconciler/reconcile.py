@@ -331,17 +331,16 @@ def _changed(
     path: Path,
     data: bytes,
     known: dict[Path, tuple[ContentKey, StatKey | None]] | None,
-    verify: bool = True,
-    ident: ContentKey | None = None,
+    verify: bool,
+    ident: ContentKey | None,
 ) -> bool:
     """Whether ``path`` does not hold ``data``. ``known``: per path, content this process
-    found or wrote there (its :func:`content_key`, ``ident`` when the caller has it) with the
-    file's settled stat key (see :func:`fsio.settled_key`; None: not settled); while the key is
-    unchanged the file is not read again, and without ``verify`` the content is trusted
-    without a look at the file."""
+    found or wrote there (its :func:`content_key`; ``ident`` is ``data``'s, given with
+    ``known``) with the file's settled stat key (see :func:`fsio.settled_key`; None: not
+    settled); while the key is unchanged the file is not read again, and without ``verify``
+    the content is trusted without a look at the file."""
     if known is not None:
-        if ident is None:
-            ident = content_key(data)
+        assert ident is not None
         got = known.get(path)
         if got is not None and got[0] == ident:
             if not verify:
