@@ -46,7 +46,10 @@ from .models import (
     DeviceRequest,
     ImagePlatform,
     Node,
+    Quotas,
+    RequestedResources,
     ResourceRatios,
+    ResourceRequest,
     RuntimePlatform,
     Service,
     UnitConfig,
@@ -77,6 +80,7 @@ from .placement import (
     PreviousAllocation,
     Requested,
     expand_instances,
+    new_instance,
     new_placement,
     new_requested,
     service_order,
@@ -380,6 +384,54 @@ def _shape(service: Service, usage: tuple[int, int] | None) -> Shape:
     )
 
 
+def held_spec(service: Service, prev: PreviousAllocation, node: Node | None) -> Service | None:
+    """``service`` as the instance was given its previous place, for a hold (see
+    :meth:`_Run.hold`): the recorded version, amounts (requested exactly), named resources and
+    devices, on the recorded runtime's type, with no condition of its own (labels, node id,
+    platform). None when the allocation did not record them or its node or runtime is gone, or
+    when a fractional device's share is not known (the current spec must ask the same pool by
+    memory)."""
+    if node is None or prev.version is None or prev.requested is None:
+        return None
+    runtime = next((rt for rt in node.runtimes if rt.id == prev.runtime_id), None)
+    if runtime is None:
+        return None
+    policies = {pool.resource: pool.policy for pool in node.devicePools}
+    asked = {d.resource: d for d in service.devices}
+    devices: list[DeviceRequest] = []
+    for resource, ids in prev.devices:
+        policy = policies.get(resource)
+        if policy is None:
+            return None
+        if policy == "fractional":
+            memory = asked[resource].memory if resource in asked else None
+            if memory is None:
+                return None
+            devices.append(DeviceRequest(resource=resource, memory=memory))
+        else:
+            devices.append(DeviceRequest(resource=resource, count=len(ids)))
+    modes = {r.name: r.mode for r in service.resources}
+    r = prev.requested
+    return service.model_copy(
+        update={
+            "version": prev.version,
+            "labels": (),
+            "nodeId": None,
+            "runtimes": (runtime.type,),
+            "image": service.image.model_copy(update={"platform": None}),
+            "quotas": Quotas(),
+            "requestedResources": RequestedResources(
+                cpu=r.cpu, ram=r.ram, storage=r.storage, state=r.state
+            ),
+            "skipResourceLimits": False,
+            "resources": tuple(
+                ResourceRequest(name=name, mode=modes.get(name, "rwm")) for name in prev.resources
+            ),
+            "devices": tuple(devices),
+        }
+    )
+
+
 class _Group:
     """What the instances of every service with one :func:`_shape` ask, made once from the
     shape and shared by them all (services mostly differ only in name, priority and number
@@ -578,6 +630,9 @@ class _Run:
         # the class for another group of the key starts (see _place_group)
         self.passed: dict[object, dict[int, Entry]] = {}
         self.exhausted: dict[str, set[int]] = {}  # per named resource, nodes with no free slot
+        # instances held where they were (see hold): id -> (the instance as it was given its
+        # place, the previous allocation it keeps)
+        self.held: dict[str, tuple[Instance, PreviousAllocation]] = {}
 
     # -- node states
 
@@ -665,6 +720,8 @@ class _Run:
     def release(self, slot: NodeSlot, iid: str) -> None:
         release_reservation(slot, iid)
         del self.where[iid]
+        if self.held:
+            self.held.pop(iid, None)
         self._moved(slot)
         self.forget_refusals()  # something became free
 
@@ -767,6 +824,33 @@ class _Run:
         self.where[iid] = slot
         self._moved(slot)
         return True
+
+    def hold(self, instance: Instance, prev: PreviousAllocation) -> bool:
+        """Pass 1 for an instance whose current spec cannot keep its previous place: keep it
+        there as it was given that place (its version, reserved amounts, named resources and
+        devices, as the checkpoint recorded them), a *hold*. The hold passes the filters the
+        place needs (node state, runtime, capacity, slots, resources, devices) but not the
+        spec's own conditions (labels, node id, runtime types, platform), which its last spec
+        met there. The current spec is tried at the instance's turn in pass 2
+        (:meth:`try_current`)."""
+        spec = held_spec(instance.service, prev, self.nodes.get(prev.node_id))
+        if spec is None:
+            return False
+        held = new_instance(
+            instance.id, instance.item_id, instance.subject_id, instance.index, spec
+        )
+        if not self.keep(held, prev):
+            return False
+        self.held[instance.id] = (held, prev)
+        return True
+
+    def try_current(self, instance: Instance, causes: Mapping[str, Cause] | None) -> None:
+        """Pass 2 for a held instance: its current spec with the hold given back; held again
+        when that places nowhere (the capacity it gave back is free again, so it fits)."""
+        held, prev = self.held.pop(instance.id)
+        self.release(self.where[instance.id], instance.id)
+        if self.place_all([instance], causes) and self.keep(held, prev):
+            self.held[instance.id] = (held, prev)
 
     # -- pass 2
 
@@ -992,8 +1076,11 @@ class _Run:
         instances of one service (with equal measured usage) are charged alike."""
         charged: dict[object, tuple[str, tuple[tuple[str, int], ...]]] = {}
         out = []
+        held = self.held
         for inst in instances:
             if inst.id in self.where:
+                if held and inst.id in held:
+                    out.append(self._held_failure(inst, held[inst.id][0]))
                 continue
             ask = self.ask(inst)
             group: object = (inst.service.key, ask.usage)
@@ -1005,6 +1092,21 @@ class _Run:
                 f = _failure(inst, len(self.nodes), *known)
             out.append(f)
         return tuple(out)
+
+    def _held_failure(self, instance: Instance, held: Instance) -> Failure:
+        """The failure of a held instance's current spec, against the final node states with
+        its hold given back, said as a hold: ``item:subject:0: new spec unplaceable, keeping
+        1.0.0 on edge-1: 0/3 nodes feasible: 3 Labels``."""
+        home = self.where[instance.id]
+        trial = home.clone()
+        release_reservation(trial, instance.id)
+        ask = self.ask(instance)
+        charges = [evaluate(trial if s is home else s, ask).dropped_by for s in self.all_slots()]
+        f = _summarize(instance, len(self.nodes), (c for c in charges if c is not None))
+        why = f.summary[len(instance.label) + 2 :]
+        spec = "new spec" if held.version == instance.version else f"new spec {instance.version}"
+        keeping = f"{spec} unplaceable, keeping {held.version} on {home.id}"
+        return replace(f, summary=f"{instance.label}: {keeping}: {why}")
 
     def preempt(self, instance: Instance) -> list[str] | None:
         """Pass 3: evict strictly lower-priority instances from the one node where that is
@@ -1091,6 +1193,9 @@ class _Run:
             if inst.service is not service:
                 service = inst.service
                 version, priority = service.version, service.priority
+            if self.held and iid in self.held:  # its version as it was placed
+                service = None
+                version = self.held[iid][0].version
             p = new_placement(
                 iid,
                 inst.item_id,
@@ -1113,12 +1218,13 @@ class _Run:
     def placement(self, instance: Instance) -> Placement:
         slot = self.where[instance.id]
         res = slot.placed[instance.id]
+        held = self.held.get(instance.id)
         return Placement(
             instance.id,
             instance.item_id,
             instance.subject_id,
             instance.index,
-            instance.version,
+            (held[0] if held is not None else instance).version,
             instance.priority,
             slot.id,
             slot.runtimes[res.runtime_index].id,
@@ -1238,7 +1344,12 @@ def _balance_run(
     else:
         run = _Run(unit, nodes, {}, exhaustive=exhaustive)
         preempted = _passes(run, instances, previous, _always, preempt=True)
-    result = BalanceResult(run.placements(instances), run.failures(instances), frozenset(preempted))
+    result = BalanceResult(
+        run.placements(instances),
+        run.failures(instances),
+        frozenset(preempted),
+        held=frozenset(run.held),
+    )
     return result, run
 
 
@@ -1275,10 +1386,12 @@ def _passes(
             if inst.id in where:  # placed before this call (BalanceMemo)
                 continue
             prev = previous.get(inst.id)
-            if prev is not None and keeps(inst) and run.keep(inst, prev):
+            if prev is not None and keeps(inst) and (run.keep(inst, prev) or run.hold(inst, prev)):
+                if inst.id in run.held:
+                    pending.append(inst)  # its current spec is tried at its turn
                 continue
             pending.append(inst)
-    failed = run.place_all(pending)
+    failed = _place_pending(run, pending)
     preempted: set[str] = set()
     if not (preempt and failed):
         return preempted
@@ -1293,8 +1406,27 @@ def _passes(
         unplaced.extend(by_id[v] for v in evicted)
     if preempted:
         causes: dict[str, Cause] = {iid: "preempted" for iid in preempted}
-        run.place_all(sorted(unplaced, key=Instance.order_key), causes)
+        _place_pending(run, sorted(unplaced, key=Instance.order_key), causes)
     return preempted
+
+
+def _place_pending(
+    run: _Run, pending: Sequence[Instance], causes: Mapping[str, Cause] | None = None
+) -> list[Instance]:
+    """Pass 2 for ``pending`` (in instance order); a held instance among them tries its
+    current spec at its turn (:meth:`_Run.try_current`) and is not counted as failed."""
+    held = run.held
+    if not held:
+        return run.place_all(pending, causes)
+    failed: list[Instance] = []
+    start = 0
+    for k, inst in enumerate(pending):
+        if inst.id in held and inst.id in run.where:
+            failed += run.place_all(pending[start:k], causes)
+            run.try_current(inst, causes)
+            start = k + 1
+    failed += run.place_all(pending[start:], causes)
+    return failed
 
 
 # ----------------------------------------------------------------------------- memo
@@ -1373,8 +1505,10 @@ class BalanceMemo:
         )
         self.incremental = False
         self.replaced = len(instances)
-        if mode == "rebalance" or overload or exhaustive:
-            self._run = None  # not a state the next stable call may start from
+        if mode == "rebalance" or overload or exhaustive or result.held:
+            # not a state the next stable call may start from (a held instance tries its
+            # current spec in every full run)
+            self._run = None
             return result
         self._unit, self._nodes, self._services = unit, {n.id: n for n in nodes}, by_key
         self._node_list, self._service_list = list(nodes), list(services)
@@ -1659,6 +1793,11 @@ def _replay(
         instance = instances.get(p.instance_id)
         if instance is None or p.instance_id == skip:
             continue
+        if result.held and p.instance_id in result.held:  # as it was given its place
+            spec = held_spec(instance.service, p.previous(), run.nodes.get(p.node_id))
+            if spec is not None:
+                i = instance
+                instance = new_instance(i.id, i.item_id, i.subject_id, i.index, spec)
         group = run.group(instance)
         slot = run.slot(p.node_id)
         idx = _runtime_index(slot, p.runtime_id)

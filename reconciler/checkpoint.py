@@ -37,6 +37,7 @@ from .placement import (
     DeviceIds,
     Placement,
     PreviousAllocation,
+    new_requested,
     placement_order,
 )
 
@@ -103,7 +104,18 @@ class Allocation:
     cause: Cause | None = None  # a move by a rebalance or a preemption, until the next move
 
     def previous(self) -> PreviousAllocation:
-        return PreviousAllocation(self.node_id, self.runtime_id, self.devices, self.cause)
+        if self.uid < 0:  # rebuilt from actual/: the amounts are not known, nothing to hold
+            return PreviousAllocation(self.node_id, self.runtime_id, self.devices, self.cause)
+        cpu, ram, storage, state = self.reserved
+        return PreviousAllocation(
+            self.node_id,
+            self.runtime_id,
+            self.devices,
+            self.cause,
+            self.version,
+            new_requested(cpu, ram, storage, state),
+            self.resources,
+        )
 
     def to_json(self) -> dict[str, Any]:
         cpu, ram, storage, state = self.reserved

@@ -870,7 +870,14 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
                 "filters": list(exp.filters),
                 "placement": None
                 if exp.placement is None
-                else {"nodeId": exp.placement.node_id, "runtimeId": exp.placement.runtime_id},
+                else {
+                    "nodeId": exp.placement.node_id,
+                    "runtimeId": exp.placement.runtime_id,
+                    "version": exp.placement.version,
+                    # kept where it runs while its current spec places nowhere
+                    "held": exp.failure is not None,
+                },
+                "version": exp.instance.version,
                 "failure": None if exp.failure is None else failure_json(exp.failure),
                 "nodes": [
                     {

@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoint import Allocation, Checkpoint
+from .fsio import FileReadError, read_bytes_at
 from .hostdevices import HostDevices, SystemGroups
 from .loader import StateView
 from .models import Node, Service
 from .oci import (
     BuildMemo,
     BuildResult,
+    BuiltConfig,
     ConfigJob,
     DeviceLookup,
     DevicePolicy,
@@ -94,7 +96,8 @@ def default_config_builder(
 
         was, done = last_result, last_built
         last_result = last_built = None
-        if reuse and nodes is last[0] and was is not None and done is not None:
+        held = result.held
+        if reuse and nodes is last[0] and was is not None and done is not None and not held:
             since = result.changed_since(was)
             if result is was and view.services is not last[2]:
                 since = None  # (an edited service's placements are not known: built in full)
@@ -127,7 +130,8 @@ def default_config_builder(
         ]
         for k in compress(range(len(iids)), map(not_, same)):
             p, iid, alloc, old = placements[k], iids[k], allocs[k], olds[k]
-            if alloc is None:
+            if alloc is None or iid in held:
+                jobs[k] = None
                 continue
             service = services[(p.item_id, p.subject_id)]
             jobs[k] = _job(iid, p, alloc, service, nodes[p.node_id], old, rootfs_of, base)
@@ -138,6 +142,8 @@ def default_config_builder(
             policy=device_policy,
             memo=memo,
         )
+        if held:
+            built = _with_held(built, held, iids, base)
         last_base, last_result, last_built = base, result, built
         last = (nodes, dict(allocations), view.services)
         return built
@@ -199,6 +205,34 @@ def default_config_builder(
         return BuildResult(built, errors, since=(done.built, frozenset(redo)))
 
     return build
+
+
+def _with_held(
+    built: BuildResult, held: frozenset[str], order: list[str], base: str
+) -> BuildResult:
+    """``built`` with each held instance's config as it is on disk: a held instance keeps the
+    config of its last placement (its spec is not the current one, which places nowhere). One
+    whose config is gone (out/ was wiped) cannot be started again until its spec places."""
+    configs, errors = dict(built.built), dict(built.errors)
+    for iid in sorted(held):
+        try:
+            data, _ = read_bytes_at(f"{base}/{iid}/config.json", HELD_MAX_BYTES)
+            hosts, _ = read_bytes_at(f"{base}/{iid}/hosts", HELD_MAX_BYTES)
+            configs[iid] = BuiltConfig(data, hosts.decode())
+        except (FileReadError, UnicodeDecodeError) as e:
+            errors[iid] = (
+                f"held where it runs, but the config of its last placement cannot be read "
+                f"(out/instances/{iid}/config.json: {e}); the current spec places nowhere"
+            )
+    rank = {iid: k for k, iid in enumerate(order)}
+    return BuildResult(
+        dict(sorted(configs.items(), key=lambda kv: rank.get(kv[0], -1))),
+        dict(sorted(errors.items(), key=lambda kv: rank.get(kv[0], -1))),
+    )
+
+
+HELD_MAX_BYTES = 16 * 1024 * 1024
+"""The largest config (or hosts file) a held instance's is read back up to."""
 
 
 def _job(

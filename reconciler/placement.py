@@ -122,6 +122,12 @@ class PreviousAllocation:
     runtime_id: str
     devices: DeviceIds = ()
     cause: Cause | None = None
+    # what the instance was given there, when known (from the checkpoint or a placement):
+    # the spec version, the reserved amounts and the named resources. With these an instance
+    # whose current spec no longer places keeps running as it was (a *hold*, see balancer)
+    version: str | None = None
+    requested: Requested | None = None
+    resources: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +154,15 @@ class Placement:
         return dict(self.devices)
 
     def previous(self) -> PreviousAllocation:
-        return PreviousAllocation(self.node_id, self.runtime_id, self.devices, self.cause)
+        return PreviousAllocation(
+            self.node_id,
+            self.runtime_id,
+            self.devices,
+            self.cause,
+            self.version,
+            self.requested,
+            self.resources,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +197,10 @@ class BalanceResult:
     (placed anew, moved, removed, unplaced). Every other id has the same ``Placement`` object
     in both results, or is in neither, so a later stage that kept what it made of the last
     result needs to look at these ids only."""
+
+    held: frozenset[str] = frozenset()
+    """Ids whose current spec places nowhere and that keep their last placement (node,
+    runtime, devices, version and amounts): each is both placed and failed."""
 
     def changed_since(self, last: BalanceResult | None) -> frozenset[str] | None:
         """The ids whose placement may not be ``last``'s very object: none when this is

@@ -33,7 +33,14 @@ __all__ = [
 PLAN_FORMAT_VERSION = 1
 
 Reason = Literal[
-    "new", "moved", "version-changed", "not-desired", "node-lost", "preempted", "rebalanced"
+    "new",
+    "moved",
+    "version-changed",
+    "not-desired",
+    "node-lost",
+    "preempted",
+    "rebalanced",
+    "unplaceable",
 ]
 
 
@@ -386,13 +393,20 @@ def make_plan(
     stops: list[Action] = []
     old_stops = m._stops
     stops_now: dict[tuple[str, str], tuple[ActualInstance, Reason, Action]] = {}
+    # desired instances without a place: a stop of one is never "not-desired"
+    unplaced = {f.instance_id for f in result.failures} if result.failures else set()
     for node_id, iid, inst in running:
         p = get(iid)
         reason: Reason
         if node_id not in nodes:
             reason = "node-lost"
         elif p is None:
-            reason = "not-desired"
+            if iid not in unplaced:
+                reason = "not-desired"
+            elif iid in result.preempted:
+                reason = "preempted"
+            else:
+                reason = "unplaceable"
         elif p.node_id == node_id and p.version != inst.version:
             reason = "version-changed"
         elif p.cause == "preempted":

@@ -301,7 +301,7 @@ def _without(result: BalanceResult, errors: Mapping[str, str]) -> BalanceResult:
             )
     failures.sort(key=placement_order)
     kept = tuple(p for p in result.placements if p.instance_id not in errors)
-    return BalanceResult(kept, tuple(failures), result.preempted)
+    return BalanceResult(kept, tuple(failures), result.preempted, held=result.held - errors.keys())
 
 
 def fingerprint(view: StateView, generation: int) -> str:

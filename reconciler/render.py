@@ -77,7 +77,15 @@ def render_plan(console: Console, plan: Plan) -> None:
 def render_explanation(console: Console, exp: Explanation) -> None:
     inst = exp.instance
     console.print(f"[bold]{inst.label}[/bold] ({inst.id}), priority {inst.priority}")
-    if exp.placement is not None:
+    if exp.placement is not None and exp.failure is not None:  # held
+        p = exp.placement
+        console.print(
+            f"[yellow]held[/yellow] at {p.version} on [green]{p.node_id}[/green] runtime "
+            f"{p.runtime_id}: its current spec ({inst.version}) places nowhere (below), so it "
+            "keeps running as it was placed"
+        )
+        console.print(f"[red]unplaceable[/red]: {exp.failure.summary}")
+    elif exp.placement is not None:
         p = exp.placement
         console.print(f"placed on [green]{p.node_id}[/green] runtime {p.runtime_id}")
     elif exp.failure is not None:

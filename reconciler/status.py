@@ -143,7 +143,7 @@ def node_statuses(
             view.unit,
             stale,
             [s for s in view.services_sorted() if s.key in needed],
-            BalanceResult(placements, (), frozenset()),
+            BalanceResult(placements, (), frozenset(), held=result.held),
         )
         fresh = {node_id: _node_status(slot) for node_id, slot in slots.items()}
     entries = {

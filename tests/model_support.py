@@ -366,18 +366,25 @@ def check_capacity(
     nodes: Mapping[str, Node],
     unit: UnitConfig | None,
     previous_devices: Mapping[str, Mapping[str, tuple[str, ...]]],
+    held: Mapping[str, Mapping[str, int]] | None = None,
 ) -> None:
     """No node is over capacity in anything and no device is held twice (SPEC §6, §7).
+
+    ``held``: per instance kept where it runs while its current spec places nowhere, the
+    amounts the checkpoint recorded for it; it is checked with those (and its recorded named
+    resources and devices), not against its current spec, which it does not run.
 
     ``status`` is ``out/status.json``; the requests are summed here from the service documents
     and compared with capacities computed here from the node documents. ``previous_devices``
     (instance id → resource → ids, of the previous decision) justifies an unhealthy device
     still held: only a device held before may be unhealthy (SPEC §6.3)."""
     per_node: dict[str, list[tuple[str, dict[str, Any], Service]]] = {}
+    holds = held or {}
     for iid, rec in status["instances"].items():
         svc = services.get(rec["itemId"])
         assert svc is not None, f"{iid} is placed but {rec['itemId']} is not desired"
-        assert rec["version"] == svc.version, (iid, rec["version"], svc.version)
+        if iid not in holds:
+            assert rec["version"] == svc.version, (iid, rec["version"], svc.version)
         assert iid == instance_uuid(rec["itemId"], rec["index"], rec["subjectId"])
         assert 0 <= rec["index"] < svc.instances, (iid, rec["index"], svc.instances)
         per_node.setdefault(rec["nodeId"], []).append((iid, rec, svc))
@@ -405,12 +412,18 @@ def check_capacity(
         memory_use: dict[tuple[str, str], int] = {}
         pools = {p.resource: p for p in node.devicePools}
         for iid, rec, svc in placed:
-            assert set(svc.labels) <= node_labels, (iid, svc.labels, node_labels)
+            hold = holds.get(iid)
             rt = runtimes.get(rec["runtimeId"])
             assert rt is not None, f"{iid}: runtime {rec['runtimeId']} not on {node_id}"
-            assert rt.type in svc.runtimes, (iid, rt.type, svc.runtimes)
-            req = svc.requestedResources
-            want_cpu, want_ram = req.cpu or 0, req.ram or 0
+            if hold is None:
+                assert set(svc.labels) <= node_labels, (iid, svc.labels, node_labels)
+                assert rt.type in svc.runtimes, (iid, rt.type, svc.runtimes)
+                req = svc.requestedResources
+                want_cpu, want_ram = req.cpu or 0, req.ram or 0
+                want_storage, want_state = req.storage or 0, req.state or 0
+            else:
+                want_cpu, want_ram = hold["cpu"], hold["ram"]
+                want_storage, want_state = hold["storage"], hold["state"]
             if rt.allowedDMIPS is not None:
                 rt_cpu[rt.id] = rt_cpu.get(rt.id, 0) + want_cpu
             else:
@@ -420,22 +433,25 @@ def check_capacity(
             else:
                 ram += want_ram
             rt_count[rt.id] = rt_count.get(rt.id, 0) + 1
-            for kind, amount in (("storages", req.storage or 0), ("states", req.state or 0)):
+            for kind, amount in (("storages", want_storage), ("states", want_state)):
                 if amount:
                     assert kind in part_of, f"{iid} asks {kind} on {node_id}, which has none"
                     part_use[part_of[kind]] = part_use.get(part_of[kind], 0) + amount
-            assert rec["resources"] == [r.name for r in svc.resources], iid
+            if hold is None:
+                assert rec["resources"] == [r.name for r in svc.resources], iid
             for name in rec["resources"]:
                 resource_use[name] = resource_use.get(name, 0) + 1
             asked = {d.resource: d for d in svc.devices}
-            assert set(rec["devices"]) == set(asked), (iid, rec["devices"], asked)
+            if hold is None:
+                assert set(rec["devices"]) == set(asked), (iid, rec["devices"], asked)
             for resource, ids in rec["devices"].items():
                 pool = pools.get(resource)
                 assert pool is not None, f"{iid}: no pool {resource} on {node_id}"
                 by_id = {d.id: d for d in pool.devices}
-                d_req = asked[resource]
+                d_req = asked.get(resource)
                 if pool.policy == "exclusive":
-                    assert len(ids) == d_req.count == len(set(ids)), (iid, ids, d_req)
+                    count = d_req.count if d_req is not None and hold is None else len(ids)
+                    assert len(ids) == count == len(set(ids)), (iid, ids, d_req)
                 else:
                     assert len(ids) == 1, (iid, ids)
                 for dev in ids:
@@ -447,6 +463,8 @@ def check_capacity(
                         exclusive_holders.setdefault((resource, dev), []).append(iid)
                     else:
                         key = (resource, dev)
+                        # (a hold keeps its share: its current spec asks the same by memory)
+                        assert d_req is not None, (iid, resource)
                         memory_use[key] = memory_use.get(key, 0) + (d_req.memory or 0)
         where = f"node {node_id}"
         assert cpu <= cpu_cap, f"{where}: cpu {cpu} > {cpu_cap}"

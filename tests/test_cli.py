@@ -214,7 +214,12 @@ class TestPlanAndExplain:
         code, out, _ = run(capsys, "explain", "needs2:default:1", "--state", str(state), "--json")
         assert code == 0
         doc = json.loads(out)
-        assert doc["placement"] == {"nodeId": "B", "runtimeId": "runc"}
+        assert doc["placement"] == {
+            "nodeId": "B",
+            "runtimeId": "runc",
+            "version": "1.0.0",
+            "held": False,
+        }
         assert doc["failure"] is None
         dropped = {n["nodeId"]: n["droppedBy"] for n in doc["nodes"]}
         assert dropped == {"A": "Labels", "B": None, "C": "Labels", "D": "Labels"}

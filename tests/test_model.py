@@ -281,8 +281,16 @@ class ControllerMachine(RuleBasedStateMachine):
         placed = {p.instance_id for p in c.result.placements}
         failed = [f.instance_id for f in c.result.failures]
         assert len(failed) == len(set(failed)), "an instance failed twice"
-        assert not placed & set(failed), f"placed and failed: {placed & set(failed)}"
+        # only a held instance (kept where it runs while its spec places nowhere) is both
+        assert placed & set(failed) == c.result.held, f"placed and failed: {placed & set(failed)}"
         assert placed | set(failed) == wanted, (placed | set(failed)) ^ wanted
+        # no desired instance is ever stopped as not desired
+        wrongly = [
+            a for a in c.plan.stops() if a.reason == "not-desired" and a.instance_id in wanted
+        ]
+        assert not wrongly, f"desired instances stopped as not-desired: {wrongly}"
+        if c.result.held:
+            _event("hold: an instance kept where it runs while its spec places nowhere")
         for f in c.result.failures:
             assert f.reason and f.summary.startswith(f"{f.item_id}:{f.subject_id}:{f.index}: ")
             assert f.counts, f
@@ -329,13 +337,17 @@ class ControllerMachine(RuleBasedStateMachine):
             rec = status["instances"][p.instance_id]
             assert (rec["nodeId"], rec["runtimeId"]) == (p.node_id, p.runtime_id)
             assert rec["devices"] == {r: list(ids) for r, ids in p.devices}
-        check_capacity(status, services, nodes, unit, previous)
-        # the checkpoint holds what was decided, with the requested amounts
+        # the checkpoint holds what was decided, with the requested amounts (a held instance:
+        # those it was placed with, checked when it was)
         cp = decoded_checkpoint(self.state)
         assert cp is not None
         allocs = cp["data"]["instances"]
+        held = {iid: allocs[iid]["reserved"] for iid in c.result.held}
+        check_capacity(status, services, nodes, unit, previous, held)
         assert set(allocs) == set(status["instances"])
         for iid, a in allocs.items():
+            if iid in held:
+                continue
             req = services[a["itemId"]].requestedResources
             want = {"cpu": req.cpu, "ram": req.ram, "storage": req.storage, "state": req.state}
             assert a["reserved"] == {k: v or 0 for k, v in want.items()}, (iid, a)
@@ -558,14 +570,12 @@ class ControllerMachine(RuleBasedStateMachine):
             f"corrupt: {rel.split('/')[0]}, last good {good is not None}, {len(running)} running"
         )
         known = rel not in self.seen_deleted  # the controller planned from a valid version
-        failed = {f.instance_id for f in c.result.failures}
+        self.check_placed_xor_failed(c)
         if rel.startswith("desired/"):
             item = rel.removeprefix("desired/").removesuffix(".yaml")
             for a in c.plan.stops():
                 if a.item_id != item or a.reason != "not-desired" or a.instance_id not in running:
                     continue
-                if a.instance_id in failed:
-                    continue  # desired but unplaceable now: stopped for that, not the corruption
                 if good is not None:
                     assert isinstance(good, Service)
                     assert a.index >= good.instances, f"stopped {a} of a broken {rel}"
