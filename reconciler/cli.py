@@ -27,6 +27,7 @@ from . import __version__
 from .agent import AgentError, agent_watch, run_agent_once
 from .balancer import explain as explain_instance
 from .checkpoint import load_checkpoint
+from .crosscheck import cross_checks, file_locator
 from .etcdstore import EtcdStore
 from .fsio import FileReadError, ensure_dir
 from .ha import (
@@ -209,13 +210,18 @@ def validate(state_dir: Path, as_json: bool) -> int:
     """Check every input file of the state directory.
 
     Reads unit.yaml, desired/**/*.yaml, nodes/*.yaml (with their resources files) and
-    actual/*.yaml with the same safe loader the controller uses, and prints every problem as
-    FILE:LINE:COL: MESSAGE. Nothing is written.
+    actual/*.yaml (or .yml) with the same safe loader the controller uses, then checks the
+    files against one another: a service label no node has (warning), a runtime type no node
+    offers (error), a node type with no entry in unit.yaml (warning), an image with neither
+    entrypoint nor cmd (error), a request above its quota (warning). Prints every problem as
+    FILE:LINE:COL: error|warning: MESSAGE. Nothing is written.
 
     Exit codes: 0 all files valid (warnings allowed), 1 at least one error.
     """
     _require_state(state_dir)
-    view, diags = load_state(state_dir)
+    view, loaded = load_state(state_dir)
+    found = cross_checks(view, file_locator(state_dir))
+    diags = sorted([*loaded, *found], key=lambda d: (d.path, d.line, d.col))
     errors = [d for d in diags if d.severity == "error"]
     warnings = [d for d in diags if d.severity == "warning"]
     counts = {
@@ -315,19 +321,34 @@ def _report_diagnostics(diags: Sequence[Diagnostic]) -> None:
 @json_option
 @_mode_option
 @_allow_empty_option
-def plan(state_dir: Path, as_json: bool, mode: str | None, allow_empty: bool) -> int:
+@click.option(
+    "--allow-invalid",
+    is_flag=True,
+    help="Plan even when input files are invalid, with their objects' last good versions.",
+)
+def plan(
+    state_dir: Path, as_json: bool, mode: str | None, allow_empty: bool, allow_invalid: bool
+) -> int:
     """Compute and print the plan, read-only.
 
     Loads the state directory, places every desired instance (keeping previous placements in
     stable mode), and diffs the placements against actual/ into start and stop actions per
-    node. Nothing is written: not out/, not the checkpoint. Invalid input files are reported on
-    stderr and their objects keep their last good version.
+    node. Nothing is written: not out/, not the checkpoint.
+
+    A plan is a gate: when any input file is invalid, each is named on stderr with
+    FILE:LINE:COL and the exit code is 1, so a pull-request check fails on a broken file. With
+    --allow-invalid the plan is computed anyway, each invalid file's object keeping its last
+    good version (a first-ever invalid file's object does not exist yet).
 
     With --json the output is the plan document of out/plan.json (formatVersion, inputs,
-    changesPresent, complete, actions, failures, nodes with their JSON Patch).
+    changesPresent, complete, actions, failures, nodes with their JSON Patch). When the
+    inputs have problems it also holds invalidFiles (the input files with errors) and
+    invalidInputs (every problem, warnings included), and complete is false while any input
+    file is invalid.
 
     Exit codes: 0 no changes, 2 changes and every instance placed, 3 some instance
-    unplaceable, 1 error (including the mass-deletion guard's refusal).
+    unplaceable, 1 error (an invalid input file without --allow-invalid, the mass-deletion
+    guard's refusal).
     """
     _require_state(state_dir)
     opts = ReconcileOptions(
@@ -341,16 +362,33 @@ def plan(state_dir: Path, as_json: bool, mode: str | None, allow_empty: bool) ->
     except ReconcileError as e:
         _err_console().print(f"error: {e}", markup=False)
         return EXIT_ERROR
-    _report_diagnostics(comp.diagnostics)
+    invalid = sorted({d.path for d in comp.diagnostics if d.severity == "error"})
+    gated = bool(invalid) and not allow_invalid
+    if gated:
+        _print_diagnostics(_err_console(), comp.diagnostics)
+    else:
+        _report_diagnostics(comp.diagnostics)
     for problem in comp.loaded.problems:
         log.error("checkpoint: %s", problem)
     if as_json:
-        sys.stdout.write(json.dumps(comp.plan_document(), indent=2, sort_keys=True) + "\n")
-    else:
+        doc = comp.plan_document()
+        if comp.diagnostics:  # else exactly the document out/plan.json would hold
+            doc["invalidFiles"] = invalid
+            doc["invalidInputs"] = [d.to_json() for d in comp.diagnostics]
+            doc["complete"] = doc["complete"] and not invalid
+        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    elif not gated:
         console = _console()
         render_placements(console, comp.result)
         console.print()
         render_plan(console, comp.plan)
+    if gated:
+        _err_console().print(
+            f"error: {len(invalid)} invalid input file(s): {', '.join(invalid)}; fix them, or "
+            "pass --allow-invalid to plan with their last good versions",
+            markup=False,
+        )
+        return EXIT_ERROR
     return _plan_exit(comp.plan)
 
 

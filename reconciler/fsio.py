@@ -76,8 +76,11 @@ class FoundFile(NamedTuple):  # a tuple: made once per input file per run
     key: StatKey | None  # None: not a regular file (reported on read)
 
 
-def iter_files(root: Path, suffix: str, *, recursive: bool) -> Iterator[FoundFile]:
-    """Regular files ending in ``suffix`` below ``root``, sorted, hidden names skipped.
+def iter_files(
+    root: Path, suffix: str | tuple[str, ...], *, recursive: bool
+) -> Iterator[FoundFile]:
+    """Regular files ending in ``suffix`` (or one of them) below ``root``, sorted, hidden
+    names skipped.
 
     Directory symlinks are never descended into; a file symlink is yielded with ``key=None``
     so that the caller reports it instead of silently ignoring it.

@@ -293,7 +293,7 @@ def _load_one(
     deps: tuple[tuple[str, StatKey | None], ...] = ()
     deps_sha = ""
     obj: Doc = result
-    stem = rel.rsplit("/", 1)[-1].removesuffix(".yaml")
+    stem = rel.rsplit("/", 1)[-1].removesuffix(".yaml").removesuffix(".yml")
     if isinstance(obj, Node):
         if obj.id != stem:
             msg = f"id: the node id {obj.id!r} must equal the file name {stem!r}"
@@ -379,7 +379,7 @@ def _all_files(
     # in sorted order of the relative paths ("actual/" < "desired/" < "nodes/" < "unit.yaml";
     # each directory's files sorted), so ``files`` is sorted as it is built
     for dir_kind, recursive in _INPUT_DIRS:
-        for found in iter_files(root / dir_kind, ".yaml", recursive=recursive):
+        for found in iter_files(root / dir_kind, YAML_SUFFIXES, recursive=recursive):
             rel = f"{dir_kind}/{found.rel}"
             files[rel] = _load_one(root, rel, dir_kind, found.key, prev_files.get(rel), opts)
     unit_path = root / "unit.yaml"
@@ -392,6 +392,8 @@ def _all_files(
 
 
 _INPUT_DIRS = (("actual", False), ("desired", True), ("nodes", False))
+YAML_SUFFIXES = (".yaml", ".yml")
+"""Input documents in desired/, nodes/ and actual/ end in either."""
 
 
 class _FullPass(Exception):
@@ -436,7 +438,7 @@ def _input_kind(root: Path, parts: list[str]) -> str | None:
     if parts == ["unit.yaml"]:
         return "unit"
     recursive = next((r for kind, r in _INPUT_DIRS if kind == parts[0]), None)
-    if recursive is None or len(parts) < 2 or not parts[-1].endswith(".yaml"):
+    if recursive is None or len(parts) < 2 or not parts[-1].endswith(YAML_SUFFIXES):
         return None
     if len(parts) > 2 and not recursive:
         return None

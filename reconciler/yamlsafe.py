@@ -462,10 +462,7 @@ def _compose(
     except YamlRejected:
         raise
     except marked_error as e:
-        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-        line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
-        problem = getattr(e, "problem", None) or getattr(e, "context", None) or "invalid YAML"
-        raise YamlRejected(line, col, f"invalid YAML: {problem}") from None
+        raise _syntax_error(text, e) from None
     except yaml_error as e:
         raise YamlRejected(1, 1, f"invalid YAML: {e}") from None
     except (RecursionError, MemoryError, ValueError, TypeError) as e:
@@ -475,3 +472,153 @@ def _compose(
     if result is None:
         raise YamlRejected(1, 1, "the document is empty (null)")
     return result
+
+
+# ---------------------------------------------------------------- where a syntax error is
+
+_Pos = tuple[int, int]  # 0-based line and column, as the parsers' marks give them
+
+
+def _syntax_error(text: str, error: Any) -> YamlRejected:
+    """A parser's error as a rejection at the place to fix, the parser's own words kept.
+
+    The parsers report where they noticed the problem: for a bracket or a quote that is never
+    closed that is often several lines later, where the next token turned out not to fit (or at
+    the end of the file). The error is then moved to the end of the content on the last line
+    that still belongs to the unclosed bracket or quote, where the closing character is
+    missing; the parser's words follow with the place it noticed. A tab where the parser
+    stopped is named as such. The parser's context ("while parsing a flow sequence") is kept
+    with the place it started."""
+    problem_mark = getattr(error, "problem_mark", None)
+    context_mark = getattr(error, "context_mark", None)
+    problem = getattr(error, "problem", None)
+    context = getattr(error, "context", None)
+    mark = problem_mark or context_mark
+    if mark is None:
+        return YamlRejected(1, 1, f"invalid YAML: {problem or context or error}")
+    noticed: _Pos = (mark.line, mark.column)
+    words = str(problem or context)
+    notes: list[str] = []
+    if context and context_mark is not None and (context_mark.line, context_mark.column) != noticed:
+        notes.append(f"{context} started at {context_mark.line + 1}:{context_mark.column + 1}")
+    lines = text.split("\n")
+    quote_at = (
+        (context_mark.line, context_mark.column)
+        if context == "while scanning a quoted scalar" and context_mark is not None
+        else None
+    )
+    moved = _unclosed(lines, noticed, quote_at)
+    if moved is not None:
+        at, what = moved
+        notes.insert(0, f"noticed at {noticed[0] + 1}:{noticed[1] + 1}")
+        message = f"{what} ({words}; {', '.join(notes)})"
+    else:
+        at = noticed
+        if _char_at(lines, at) == "\t":
+            message = f"a tab character: YAML indents with spaces, never tabs ({words}"
+            message += f"; {', '.join(notes)})" if notes else ")"
+        else:
+            message = f"{words} ({', '.join(notes)})" if notes else words
+    return YamlRejected(at[0] + 1, at[1] + 1, f"invalid YAML: {message}")
+
+
+def _char_at(lines: list[str], at: _Pos) -> str:
+    line = lines[at[0]] if at[0] < len(lines) else ""
+    return line[at[1]] if at[1] < len(line) else ""
+
+
+_COMMENT = re.compile(r"(?:^|\s)#.*$")
+_OPENERS = {"FlowSequenceStartToken": "'['", "FlowMappingStartToken": "'{'"}
+_CLOSERS = frozenset(("FlowSequenceEndToken", "FlowMappingEndToken"))
+
+
+def _unclosed(lines: list[str], noticed: _Pos, quote_at: _Pos | None) -> tuple[_Pos, str] | None:
+    """Where the bracket or quote that a syntax error noticed at ``noticed`` really lacks its
+    closing character, and what is unclosed; None when no such construct explains it.
+
+    A bracket or quote opened on line L must be closed before the next line that is indented
+    no deeper than L (YAML requires its continuation lines to be indented under it), and
+    before the end of the file. The place is the end of the content of the last line before
+    that: right after its last character, a trailing comment left out for a bracket."""
+    spans: list[tuple[_Pos, _Pos, str]] = []  # (opened at, last place it reaches, what)
+    open_flows: list[tuple[_Pos, str]] = []
+    for token in _tokens_until(lines, noticed):
+        kind = type(token).__name__
+        start: _Pos = (token.start_mark.line, token.start_mark.column)
+        if kind in _OPENERS:
+            open_flows.append((start, _OPENERS[kind]))
+        elif kind in _CLOSERS and open_flows:
+            opened, what = open_flows.pop()
+            spans.append((opened, start, what))
+        elif kind == "ScalarToken" and getattr(token, "style", None) in ("'", '"'):
+            spans.append((start, (token.end_mark.line, token.end_mark.column), "the quote"))
+    spans.extend((opened, noticed, what) for opened, what in open_flows)
+    if quote_at is not None:
+        spans.append((quote_at, noticed, "the quote"))
+    at_end = not "\n".join(lines)[_offset(lines, noticed) :].strip()
+    found: list[tuple[_Pos, str]] = []
+    for opened, reach, what in spans:
+        flow = what != "the quote"
+        dedent = next(
+            (
+                n
+                for n in range(opened[0] + 1, min(reach[0], len(lines) - 1) + 1)
+                if _is_content(lines[n], flow) and _indent(lines[n]) <= _indent(lines[opened[0]])
+            ),
+            None,
+        )
+        if dedent is not None:
+            stop: _Pos = (dedent, 0)
+        elif at_end and reach == noticed:
+            stop = noticed
+        else:
+            continue
+        fix = _content_end(lines, opened, stop, flow)
+        if fix is not None:
+            found.append((fix, f"{what} opened at {opened[0] + 1}:{opened[1] + 1} is not closed"))
+    if not found and at_end:
+        fix = _content_end(lines, (0, 0), noticed, True)
+        if fix is not None:
+            found.append((fix, "the file ends too early"))
+    best = min(found, default=None)
+    return best if best is not None and best[0] < noticed else None
+
+
+def _tokens_until(lines: list[str], noticed: _Pos) -> Iterator[Any]:
+    """ruamel's tokens of the text that start before ``noticed``, up to the scanner's error."""
+    tokens = YAML(typ="rt", pure=True).scan("\n".join(lines))
+    try:
+        for token in tokens:
+            mark = token.start_mark
+            if (mark.line, mark.column) >= noticed:
+                return
+            yield token
+    except YAMLError:
+        return
+
+
+def _offset(lines: list[str], at: _Pos) -> int:
+    return sum(len(line) + 1 for line in lines[: at[0]]) + at[1]
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def _is_content(line: str, flow: bool) -> bool:
+    """Whether a line holds anything (in a bracket, a comment is nothing; in a quote, text)."""
+    return bool((_COMMENT.sub("", line) if flow else line).strip())
+
+
+def _content_end(lines: list[str], start: _Pos, stop: _Pos, flow: bool) -> _Pos | None:
+    """The place right after the last content character from ``start`` to before ``stop``."""
+    for n in range(min(stop[0], len(lines) - 1), start[0] - 1, -1):
+        line = lines[n][: stop[1]] if n == stop[0] else lines[n]
+        if n == start[0]:
+            head, line = line[: start[1]], line[start[1] :]
+        else:
+            head = ""
+        body = (_COMMENT.sub("", line) if flow else line).rstrip()
+        if body:
+            return (n, len(head) + len(body))
+    return None

@@ -14,12 +14,13 @@ id: good
 type: t
 maxDMIPS: 1000
 totalRAM: 1Gi
+runtimes: [{id: runc, type: runc, platform: {architecture: x86_64}}]
 """
 GOOD_SERVICE = """apiVersion: reconciler/v1
 kind: Service
 id: good
 version: 1.0.0
-image: {rootfs: /r}
+image: {rootfs: /r, cmd: [/bin/good]}
 """
 SVC_HEAD = "apiVersion: reconciler/v1\nkind: Service\nid: x\nversion: 1.0.0\nimage: {rootfs: /r}\n"
 

@@ -62,7 +62,7 @@ REJECTIONS = [
     ("a: 1\n".encode("utf-16"), "UTF-8", (1, 1)),
     (b"a: 1\nb: x\x00y\n", "control character", (2, 5)),
     (b"a: " + b"x" * (2 * 1024 * 1024), "over the limit", (1, 1)),
-    (b"a: [1, 2\nb: 3\n", "invalid YAML", (2, 2)),
+    (b"a: [1, 2\nb: 3\n", "invalid YAML", (1, 9)),  # where the "]" is missing
     (b"? [1]\n: 2\n", "plain strings", (1, 3)),
     (b"~\n", "empty", (1, 1)),
 ]
