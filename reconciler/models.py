@@ -11,6 +11,7 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .sysctl import SysctlName
 from .values import (
     AccessMode,
     Bool,
@@ -225,7 +226,7 @@ class Service(_Model):
     resources: tuple[ResourceRequest, ...] = ()
     devices: tuple[DeviceRequest, ...] = ()
     hostname: Str | None = Field(default=None, pattern=r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,62})$")
-    sysctl: Mapping[Str, Str] = Field(default_factory=dict)
+    sysctl: Mapping[SysctlName, Str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _unique_lists(self) -> Self:

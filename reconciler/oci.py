@@ -79,7 +79,6 @@ _HOSTNAME_RE = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
     r"(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*$"
 )
-_SYSCTL_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]*$")
 _ENV_NAME_RE = re.compile(r"[^A-Za-z0-9]")
 
 # The defaults of `runc spec` (runc 1.1), minus the terminal and with ambient capabilities left
@@ -632,11 +631,7 @@ def _build(
     draft.set_env(f"INSTANCE_INDEX={placement.index}")
     # 6. hostname and sysctl
     hostname = service.hostname or placement.instance_id
-    sysctl: dict[str, str] = {}
-    for key in sorted(service.sysctl):
-        if not _SYSCTL_RE.match(key):
-            raise _Fail(f"invalid sysctl name {key!r}")
-        sysctl[key] = service.sysctl[key]
+    sysctl = {key: service.sysctl[key] for key in sorted(service.sysctl)}  # names: SysctlName
     # 7. quotas
     quotas = service.quotas
     resources: dict[str, Any] = {"devices": [{"allow": False, "access": "rwm"}]}

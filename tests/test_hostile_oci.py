@@ -279,3 +279,148 @@ def test_the_builder_refuses_proc_and_dev_fd_whatever_the_allow_list() -> None:
         node = make_node(resources=[{"name": "r", "devices": [device]}])
         with pytest.raises(ValueError, match=f"is under {never}, never a device source"):
             build(svc, node, devices=answering, policy=DevicePolicy(host_roots=("/",)))
+
+
+# ---------------------------------------------------------------- item 11: validate, not runc
+
+SVC = "apiVersion: reconciler/v1\nkind: Service\nid: {id}\nversion: 1.0.0\n"
+NODE = "apiVersion: reconciler/v1\nkind: Node\nid: n1\ntype: t\nmaxDMIPS: 1000\ntotalRAM: 1Gi\n"
+
+# file -> (content, message fragment, line, columns): SVC is four lines; a column is worked out
+# by hand from the content (a `\0` escape in a double-quoted YAML string is a NUL); for a
+# sysctl name, the key (col 3) or its value
+HOSTILE_SPECS: dict[str, tuple[str, str, int, tuple[int, ...]]] = {
+    "desired/core.yaml": (
+        SVC.format(id="core")
+        + "image: {rootfs: /r, cmd: [sh]}\nsysctl:\n  kernel.core_pattern: x\n",
+        "sysctl 'kernel.core_pattern' is not namespaced",
+        7,
+        (3, 24),
+    ),
+    "desired/swap.yaml": (
+        SVC.format(id="swap") + "image: {rootfs: /r, cmd: [sh]}\nsysctl:\n  vm.swappiness: '1'\n",
+        "sysctl 'vm.swappiness' is not namespaced",
+        7,
+        (3, 18),
+    ),
+    "desired/host.yaml": (
+        SVC.format(id="host") + "image: {rootfs: /r, cmd: [sh]}\nsysctl:\n  kernel.hostname: h\n",
+        "set the service's hostname",
+        7,
+        (3, 20),
+    ),
+    "desired/cmd.yaml": (
+        SVC.format(id="cmd") + 'image:\n  rootfs: /r\n  cmd: [sh, -c, "id\\0"]\n',
+        "image.cmd.2: a NUL character",
+        7,
+        (17,),
+    ),
+    "desired/entry.yaml": (
+        SVC.format(id="entry") + 'image:\n  rootfs: /r\n  entrypoint: ["/bin/s\\0h"]\n',
+        "image.entrypoint.0: a NUL character",
+        7,
+        (16,),
+    ),
+    "desired/env.yaml": (
+        SVC.format(id="env") + 'image:\n  rootfs: /r\n  cmd: [sh]\n  env: ["A=\\0"]\n',
+        "image.env.0: a NUL character",
+        8,
+        (9,),
+    ),
+    "nodes/n1.yaml": (
+        NODE + 'resources:\n  - {name: r, envs: ["A=x\\0"]}\n',
+        "resources.0.envs.0: a NUL character",
+        8,
+        (22,),
+    ),
+}
+GOOD_SYSCTLS = {
+    "net.ipv4.ip_forward": "1",
+    "net/ipv4/conf/all/forwarding": "1",  # the slash form, as runc also reads it
+    "fs.mqueue.msg_max": "10",
+    "kernel.msgmax": "8192",
+    "kernel.shm_rmid_forced": "0",
+    "kernel.domainname": "example",
+}
+
+
+def test_the_spec_corpus_is_what_it_claims() -> None:
+    for name in ("cmd", "entry", "env"):
+        assert "\\0" in HOSTILE_SPECS[f"desired/{name}.yaml"][0]  # the YAML escape, not a raw NUL
+    for rel, (content, _, line, cols) in HOSTILE_SPECS.items():
+        text = content.splitlines()[line - 1]
+        wanted = {"core": "x", "swap": "'1'", "host": "h"}.get(Path(rel).stem)
+        if wanted is not None:  # a sysctl: the key at col 3, its value at the other column
+            assert text.rindex(wanted) + 1 == cols[1], rel
+        else:  # the column of the opening quote of the string holding the NUL
+            assert text[cols[0] - 1] == '"' and "\\0" in text[cols[0] :], rel
+
+
+def test_specs_runc_would_refuse_are_validate_errors_with_their_position(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    for rel, (content, _, _, _) in HOSTILE_SPECS.items():
+        (state / rel).parent.mkdir(parents=True, exist_ok=True)
+        (state / rel).write_text(content)
+    good = SVC.format(id="good") + "image: {rootfs: /r, cmd: [sh]}\nsysctl:\n"
+    good += "".join(f"  {k}: {json.dumps(v)}\n" for k, v in GOOD_SYSCTLS.items())
+    (state / "desired" / "good.yaml").write_text(good)
+    ran = subprocess.run(
+        [sys.executable, "-m", "reconciler", "validate", "--state", str(state)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=60,
+    )
+    assert ran.returncode == 1, ran.stderr
+    out = ran.stdout + ran.stderr
+    assert "Traceback" not in out
+    for rel, (_, fragment, line, cols) in HOSTILE_SPECS.items():
+        hits = [x for x in out.splitlines() if x.startswith(f"{state / rel}:{line}:")]
+        assert len(hits) == 1, (rel, out)
+        col = int(hits[0].split(":")[2])
+        assert col in cols and fragment in hits[0], (rel, hits[0])
+    assert "good.yaml" not in out  # the namespaced sysctls of good.yaml pass
+    assert "valid: 1 services" in out
+
+
+@pytest.mark.parametrize(
+    ("name", "fragment"),
+    [
+        ("kernel.core_pattern", "is not namespaced"),
+        ("kernel.shm_next_id", "is not namespaced"),  # kernel.shm*, but not one runc allows
+        ("kernel/core_pattern", "is not namespaced"),  # the slash form of the same
+        ("kernel.hostname", "set the service's hostname"),
+        ("net.", "invalid sysctl name"),
+        ("net..ipv4", "invalid sysctl name"),
+        ("net/../kernel/core_pattern", "invalid sysctl name"),
+        ("net.ipv4 x", "invalid sysctl name"),
+        ("", "invalid sysctl name"),
+    ],
+)
+def test_sysctl_names_outside_the_containers_namespaces_are_refused(
+    name: str, fragment: str
+) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        make_service(sysctl={name: "1"})
+
+
+def test_namespaced_sysctls_reach_the_config_unchanged() -> None:
+    built = build(make_service(sysctl=GOOD_SYSCTLS), make_node())
+    assert built.config["linux"]["sysctl"] == GOOD_SYSCTLS
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        {"cmd": ["sh", "a\0b"]},
+        {"entrypoint": ["/bin/s\0h"], "cmd": ["x"]},
+        {"cmd": ["sh"], "env": ["A=\0"]},
+        {"cmd": ["sh"], "workingDir": "/a\0"},
+        {"rootfs": "rootfs/\0", "cmd": ["sh"]},
+    ],
+)
+def test_a_nul_in_any_string_of_the_image_is_refused(image: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match=r"a NUL character \(\\0\) is not allowed"):
+        make_service(image=image)
