@@ -27,6 +27,7 @@ from reconciler.oci import DeviceLookupError, DevicePolicy, canonical_path
 from reconciler.oci_glue import default_config_builder
 from reconciler.reconcile import CONFIG_FAILURE, ReconcileOptions, reconcile
 
+from . import test_oci_runc as runc_support
 from .test_oci import FakeDevices, build, cdev, make_node, make_service, mounts_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,15 +43,16 @@ def _edit_gpu0(state: Path, **fields: Any) -> None:
     path.write_text(json.dumps(entries, indent=2))
 
 
-def _nav_failure(state: Path) -> str:
+def _nav_failure(state: Path, *, others: bool = True) -> str:
     """Reconcile the state through the real host lookups; the nav instance must fail with a
-    config failure, leave no output directory, and every other instance keeps its config."""
+    config failure and leave no output directory, and every other instance (``others``: the
+    state has some) keeps its config."""
     report = reconcile(state, ReconcileOptions(configs=default_config_builder()))
     failures = [f for f in report.computed.result.failures if f.item_id == NAV]
     assert [f.reason for f in failures] == [CONFIG_FAILURE]
     [failure] = failures
     assert not (state / "out" / "instances" / failure.instance_id).exists()
-    assert report.computed.result.placements  # the others are placed and written
+    assert bool(report.computed.result.placements) == others
     for p in report.computed.result.placements:
         assert (state / "out" / "instances" / p.instance_id / "config.json").is_file()
     return failure.summary
@@ -424,3 +426,99 @@ def test_namespaced_sysctls_reach_the_config_unchanged() -> None:
 def test_a_nul_in_any_string_of_the_image_is_refused(image: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=r"a NUL character \(\\0\) is not allowed"):
         make_service(image=image)
+
+
+# ---------------------------------------------------------------- with the real runtime
+
+runc_env = runc_support.runc_env  # the same fixture: skips, saying why, when runc cannot run here
+
+
+def _runc_state(tmp: Path, busybox: str, resource: dict[str, Any], service_extra: str = "") -> Path:
+    """A state directory: one service (busybox /bin/sh -c, resource r) and one node with r."""
+    state = tmp / "state"
+    (state / "desired").mkdir(parents=True)
+    (state / "nodes").mkdir()
+    runc_support._make_rootfs(state / "rootfs" / "busybox", busybox)
+    (state / "desired" / "nav.yaml").write_text(
+        SVC.format(id=NAV)
+        + "runtimes: [runc]\n"
+        + "image: {rootfs: rootfs/busybox, entrypoint: [/bin/sh, -c], cmd: ['cat /proc/1/comm']}\n"
+        + "resources: [{name: r}]\n"
+        + service_extra
+    )
+    node = {
+        "apiVersion": "reconciler/v1",
+        "kind": "Node",
+        "id": "edge-1",
+        "type": "main",
+        "maxDMIPS": 4000,
+        "totalRAM": "8Gi",
+        "runtimes": [
+            {"id": "runc-1", "type": "runc", "platform": {"architecture": runc_support.ARCH}}
+        ],
+        "resources": [{"name": "r", **resource}],
+    }
+    (state / "nodes" / "edge-1.yaml").write_text(json.dumps(node))
+    return state
+
+
+def _run(runc_root: Path, bundle: Path, config: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    bundle.mkdir(parents=True, exist_ok=True)
+    (bundle / "config.json").write_text(json.dumps(config))
+    cid = f"hostile-{bundle.name}-{os.getpid()}"
+    try:
+        return runc_support._runc(runc_root, "run", "--bundle", str(bundle), cid)
+    finally:
+        runc_support._runc(runc_root, "delete", "--force", cid)
+
+
+def test_runc_is_never_handed_a_proc_mount_in_disguise(
+    runc_env: tuple[Path, str], tmp_path: Path
+) -> None:
+    """The refused config is the one that escapes: the same mount, added by hand to a config
+    we do write, makes runc bind the host's /proc over the container's."""
+    runc_root, busybox = runc_env
+    escape = {"destination": "//proc", "type": "bind", "source": "/proc", "options": ["rbind"]}
+    state = _runc_state(tmp_path / "refused", busybox, {"mounts": [escape]})
+    summary = _nav_failure(state, others=False)
+    assert "mount destination '//proc' is not allowed (it means '/proc')" in summary
+    assert not list(state.glob("out/instances/*/config.json"))
+
+    state = _runc_state(tmp_path / "written", busybox, {"envs": ["R=1"]})
+    report = reconcile(state, ReconcileOptions(configs=default_config_builder()))
+    [placed] = report.computed.result.placements
+    bundle = state / "out" / "instances" / placed.instance_id
+    config = json.loads((bundle / "config.json").read_text())
+    ours = _run(runc_root, bundle, config)
+    assert ours.returncode == 0, ours.stderr
+    # its own pid namespace: pid 1 is the container's process (busybox sh execs its last command)
+    assert ours.stdout.strip() == "cat"
+    config["mounts"].insert(-1, escape)  # before /etc/hosts, as the resource's mount would be
+    tampered = _run(runc_root, bundle, config)
+    assert tampered.returncode == 0, tampered.stderr
+    assert tampered.stdout.strip() not in ("", "cat")  # the host's pid 1
+
+
+def test_runc_accepts_the_namespaced_sysctls_and_refuses_the_others(
+    runc_env: tuple[Path, str], tmp_path: Path
+) -> None:
+    runc_root, busybox = runc_env
+    wanted = "".join(f"  {k}: {json.dumps(v)}\n" for k, v in GOOD_SYSCTLS.items())
+    state = _runc_state(tmp_path, busybox, {}, service_extra="sysctl:\n" + wanted)
+    report = reconcile(state, ReconcileOptions(configs=default_config_builder()))
+    assert report.computed.diagnostics == []
+    [placed] = report.computed.result.placements
+    bundle = state / "out" / "instances" / placed.instance_id
+    config = json.loads((bundle / "config.json").read_text())
+    assert config["linux"]["sysctl"] == GOOD_SYSCTLS
+    ran = _run(runc_root, bundle, config)
+    assert ran.returncode == 0, ran.stderr
+    # what validation refuses, runc refuses too (added by hand: no config of ours holds them)
+    for name, says in (
+        ("kernel.core_pattern", "is not in a separate kernel namespace"),
+        ("vm.swappiness", "is not in a separate kernel namespace"),
+        ("kernel.hostname", "conflicts with the OCI"),
+    ):
+        config["linux"]["sysctl"] = {name: "1"}
+        refused = _run(runc_root, tmp_path / "bad", {**config})
+        assert refused.returncode != 0 and says in refused.stderr, (name, refused.stderr)
