@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from reconciler.hostdevices import HostDevices
+from reconciler.models import Service
 from reconciler.oci import DeviceLookupError, DevicePolicy, canonical_path
 from reconciler.oci_glue import default_config_builder
 from reconciler.reconcile import CONFIG_FAILURE, ReconcileOptions, reconcile
@@ -522,3 +523,13 @@ def test_runc_accepts_the_namespaced_sysctls_and_refuses_the_others(
         config["linux"]["sysctl"] = {name: "1"}
         refused = _run(runc_root, tmp_path / "bad", {**config})
         assert refused.returncode != 0 and says in refused.stderr, (name, refused.stderr)
+
+
+def test_the_nul_check_leaves_every_string_constraint_in_the_schema() -> None:
+    """The NUL check is a validator on every string; the hostname's pattern must still reach
+    the JSON Schema editors validate with (pydantic drops a Field pattern given on top of a
+    validated type from the schema, while still checking it)."""
+    hostname = Service.model_json_schema()["properties"]["hostname"]
+    assert {"type": "string", "pattern": "^[A-Za-z0-9]([A-Za-z0-9.-]{0,62})$"} in hostname["anyOf"]
+    with pytest.raises(ValueError, match="should match pattern"):
+        make_service(hostname="two words")
