@@ -8,15 +8,21 @@ host device path into the character and block devices it names:
   directory visited once (so a symlink loop ends);
 - a glob pattern (``*``, ``?``, ``[``) is expanded and each match treated as above.
 
-Everything resolves through symlinks and must land under the allow-list (default ``/dev``): a path
-given literally that resolves outside it is refused with :class:`DeviceLookupError`; an entry met
-during a walk or a glob that resolves outside it (``/dev/fd`` → ``/proc/self/fd``) is skipped.
-A literal path that does not exist, or is neither a device nor a directory, is an error; a glob
-that matches nothing or a directory without devices gives no devices.
+Symlinks are resolved here, one hop at a time, never by the kernel's own resolution (which
+would follow ``/proc``'s per-process links: ``/dev/stdin`` -> ``/proc/self/fd/0`` is the
+controller's own terminal, ``/dev/null`` or a pipe, depending on how it was started). The path
+(made canonical) must lie under the allow-list (default ``/dev``), and so must every step of
+the resolution: a symlink whose target leaves it, or any step into ``/proc`` or ``/dev/fd``, is
+refused. The allowed roots themselves are trusted configuration and resolved once. A path
+given literally that is refused raises :class:`DeviceLookupError`; an entry met during a walk
+or a glob that is refused is skipped. A literal path that does not exist, or is neither a device
+nor a directory, is an error; a glob that matches nothing or a directory without devices gives
+no devices.
 """
 
 from __future__ import annotations
 
+import errno
 import glob
 import grp
 import os
@@ -24,9 +30,11 @@ import posixpath
 import stat
 from collections.abc import Sequence
 
-from .oci import DeviceLookupError, DeviceNode, is_glob
+from .oci import NEVER_THROUGH, DeviceLookupError, DeviceNode, canonical_path, is_glob, is_under
 
-__all__ = ["HostDevices", "SystemGroups"]
+__all__ = ["MAX_SYMLINKS", "HostDevices", "SystemGroups"]
+
+MAX_SYMLINKS = 40  # as the kernel's MAXSYMLINKS: more hops than this is a loop (ELOOP)
 
 
 class SystemGroups:
@@ -39,21 +47,84 @@ class SystemGroups:
             return None
 
 
-def _under(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
 class HostDevices:
     """Device lookup over the real filesystem, confined to ``allowed_roots``."""
 
     def __init__(self, allowed_roots: Sequence[str] = ("/dev",), *, max_devices: int = 4096):
         if not allowed_roots:
             raise ValueError("HostDevices needs at least one allowed root")
-        self.allowed_roots = tuple(os.path.realpath(r) for r in allowed_roots)
+        # each root as given (canonical) and as it resolves, longest first: a path is matched
+        # to the most specific root and continues from that root's real directory
+        pairs = {(canonical_path(r), os.path.realpath(r)) for r in allowed_roots}
+        pairs |= {(real, real) for _, real in pairs}
+        self._roots = sorted(pairs, key=lambda p: (-len(p[0]), p))
+        self.allowed_roots = tuple(sorted({real for _, real in pairs}))
         self.max_devices = max_devices
 
     def _allowed(self, real: str) -> bool:
-        return any(_under(real, r) for r in self.allowed_roots)
+        return any(is_under(real, r) for r in self.allowed_roots) and not any(
+            is_under(real, n) for n in NEVER_THROUGH
+        )
+
+    def _refused(self, asked: str, step: str) -> DeviceLookupError:
+        lead = f"{asked!r} is"
+        if step != asked:
+            lead = f"{asked!r} resolves through {step!r}, which is"
+        for never in NEVER_THROUGH:
+            if is_under(step, never):
+                return DeviceLookupError(
+                    f"{lead} under {never} (a per-process view, never a device source)"
+                )
+        return DeviceLookupError(f"{lead} outside {', '.join(self.allowed_roots)}")
+
+    def _enter(self, path: str, asked: str) -> tuple[str, list[str]]:
+        """(the real directory of the root ``path`` lies under, the components below it)."""
+        canon = canonical_path(path)
+        if not any(is_under(canon, n) for n in NEVER_THROUGH):
+            for given, real in self._roots:
+                if is_under(canon, given):
+                    rest = canon[len(given) :].strip("/")
+                    return real, rest.split("/") if rest else []
+        raise self._refused(asked, canon)
+
+    @staticmethod
+    def _lstat(path: str, asked: str) -> os.stat_result:
+        try:
+            return os.lstat(path)
+        except OSError as e:
+            raise DeviceLookupError(f"{asked!r}: {e.strerror or e}") from None
+
+    def resolve(self, path: str, /) -> tuple[str, os.stat_result]:
+        """Where ``path`` leads, symlinks followed one hop at a time with every step checked,
+        and the ``lstat`` of that (never a symlink). Raises :class:`DeviceLookupError`."""
+        current, rest = self._enter(path, path)
+        pending = rest[::-1]  # a stack: the next component last
+        hops = 0
+        while pending:
+            name = pending.pop()
+            if name in ("", "."):
+                continue
+            current = posixpath.dirname(current) if name == ".." else posixpath.join(current, name)
+            if not self._allowed(current):
+                raise self._refused(path, current)
+            if not stat.S_ISLNK(self._lstat(current, path).st_mode):
+                continue
+            hops += 1
+            if hops > MAX_SYMLINKS:
+                raise DeviceLookupError(f"{path!r}: {os.strerror(errno.ELOOP)}")
+            try:
+                target = os.readlink(current)
+            except OSError as e:  # replaced since the lstat
+                raise DeviceLookupError(f"{path!r}: {e.strerror or e}") from None
+            if target.startswith("/"):
+                current, below = self._enter(target, path)
+            else:
+                current, below = posixpath.dirname(current), target.split("/")
+            pending.extend(below[::-1])
+        st = self._lstat(current, path)
+        if stat.S_ISLNK(st.st_mode):  # replaced by a symlink since it was resolved
+            raise DeviceLookupError(f"{path!r} changed while it was resolved")
+        return current, st
 
     def expand(self, host_path: str, /) -> list[DeviceNode]:
         if not host_path.startswith("/"):
@@ -62,25 +133,18 @@ class HostDevices:
             raise DeviceLookupError("a device path may not hold NUL")
         found: dict[str, DeviceNode] = {}
         if is_glob(host_path):
-            for match in sorted(glob.glob(posixpath.normpath(host_path))):
+            for match in sorted(glob.glob(canonical_path(host_path))):
                 self._collect(match, found, literal=False)
         else:
-            self._collect(posixpath.normpath(host_path), found, literal=True)
+            self._collect(canonical_path(host_path), found, literal=True)
         return [found[k] for k in sorted(found)]
 
     def _collect(self, path: str, found: dict[str, DeviceNode], *, literal: bool) -> None:
-        real = os.path.realpath(path)
-        if not self._allowed(real):
-            if literal:
-                raise DeviceLookupError(
-                    f"{path!r} resolves to {real!r}, outside {', '.join(self.allowed_roots)}"
-                )
-            return
         try:
-            st = os.stat(real)
-        except OSError as e:
+            real, st = self.resolve(path)
+        except DeviceLookupError:
             if literal:
-                raise DeviceLookupError(f"{path!r}: {e.strerror or e}") from None
+                raise
             return
         if stat.S_ISDIR(st.st_mode):
             self._walk(path, real, found, {(st.st_dev, st.st_ino)})
@@ -103,13 +167,10 @@ class HostDevices:
             return
         for name in names:
             where = posixpath.join(found_dir, name)
-            real = os.path.realpath(posixpath.join(real_dir, name))
-            if not self._allowed(real):
-                continue
             try:
-                st = os.stat(real)
-            except OSError:
-                continue  # vanished, or a dangling symlink
+                real, st = self.resolve(posixpath.join(real_dir, name))
+            except DeviceLookupError:
+                continue  # leaves the allow-list, vanished, or a dangling symlink
             if stat.S_ISDIR(st.st_mode):
                 key = (st.st_dev, st.st_ino)
                 if key not in visited:

@@ -7,10 +7,11 @@ read the same. Every model forbids unknown fields; scalars are strict (``"3"`` i
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal, Self
+from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 
+from .sysctl import SysctlName
 from .values import (
     AccessMode,
     Bool,
@@ -60,6 +61,7 @@ __all__ = [
     "UsageReading",
 ]
 
+_HOSTNAME = r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,62})$"
 API_VERSION = "reconciler/v1"
 ApiVersion = Literal["reconciler/v1"]
 
@@ -224,8 +226,9 @@ class Service(_Model):
     skipResourceLimits: Bool = False
     resources: tuple[ResourceRequest, ...] = ()
     devices: tuple[DeviceRequest, ...] = ()
-    hostname: Str | None = Field(default=None, pattern=r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,62})$")
-    sysctl: Mapping[Str, Str] = Field(default_factory=dict)
+    # the pattern on the plain type: on Str (whose NUL check is a validator) it left the schema
+    hostname: Annotated[str, Strict(), Field(pattern=_HOSTNAME)] | None = None
+    sysctl: Mapping[SysctlName, Str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _unique_lists(self) -> Self:

@@ -34,6 +34,7 @@ __all__ = [
     "DEFAULT_ENV",
     "KNOWN_OPTION_KEYS",
     "MIN_CPU_QUOTA",
+    "NEVER_THROUGH",
     "OCI_VERSION",
     "BuildMemo",
     "BuildResult",
@@ -48,12 +49,14 @@ __all__ = [
     "OciError",
     "build_all",
     "build_config",
+    "canonical_path",
     "config_json",
     "content_digest",
     "cpu_quota",
     "devices_env_name",
     "intersect_access",
     "is_glob",
+    "is_under",
     "parse_device_string",
     "same_placement_inputs",
 ]
@@ -66,6 +69,9 @@ DEFAULT_ENV = (
     "TERM=xterm",
 )
 KNOWN_OPTION_KEYS = frozenset({"size", "mode", "uid", "gid", "nr_inodes"})
+# Per-process views of the host: a host device path may never be, or resolve through, these
+# (``/dev/stdin`` -> ``/proc/self/fd/0`` is whatever the controller's stdin happens to be).
+NEVER_THROUGH = ("/proc", "/dev/fd")
 _MAX_ID = 2**32 - 1
 _ACCESS_ORDER = "rwm"
 _GLOB_CHARS = frozenset("*?[")
@@ -73,7 +79,6 @@ _HOSTNAME_RE = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
     r"(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*$"
 )
-_SYSCTL_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]*$")
 _ENV_NAME_RE = re.compile(r"[^A-Za-z0-9]")
 
 # The defaults of `runc spec` (runc 1.1), minus the terminal and with ambient capabilities left
@@ -213,9 +218,18 @@ def is_glob(path: str) -> bool:
     return any(c in _GLOB_CHARS for c in path)
 
 
-def _under(path: str, root: str) -> bool:
+def is_under(path: str, root: str) -> bool:
+    """``path`` is ``root`` or below it; both canonical (see :func:`canonical_path`)."""
     root = root.rstrip("/") or "/"
     return path == root or path.startswith("/" if root == "/" else root + "/")
+
+
+def canonical_path(path: str) -> str:
+    """The path the kernel (and runc, through Go's ``filepath.Clean``) means: ``.``, ``..``, a
+    trailing ``/`` and repeated ``/`` removed, including the leading ``//`` that
+    ``posixpath.normpath`` keeps (POSIX leaves it implementation-defined; Linux reads ``/``)."""
+    norm = posixpath.normpath(path)
+    return "/" + norm.lstrip("/") if norm.startswith("/") else norm
 
 
 def _check_access(value: str, what: str) -> str:
@@ -240,7 +254,7 @@ def parse_device_string(text: str) -> DeviceSpec:
         raise ValueError(f"device {text!r}: the host path must be absolute")
     container = parts[1] if len(parts) > 1 and parts[1] else ""
     if not container:
-        container = _glob_base(host) if is_glob(host) else posixpath.normpath(host)
+        container = _glob_base(host) if is_glob(host) else canonical_path(host)
     permissions = parts[2] if len(parts) > 2 and parts[2] else "rwm"
     _check_access(permissions, f"permissions in device {text!r}")
     return DeviceSpec(host, container, permissions)
@@ -248,7 +262,7 @@ def parse_device_string(text: str) -> DeviceSpec:
 
 def _glob_base(pattern: str) -> str:
     """The literal directory prefix of a glob: ``/dev/dri/render*`` → ``/dev/dri``."""
-    parts = posixpath.normpath(pattern).split("/")
+    parts = canonical_path(pattern).split("/")
     literal: list[str] = []
     for part in parts:
         if is_glob(part):
@@ -349,16 +363,23 @@ def _mount(destination: str, mtype: str, source: str, options: Iterable[str]) ->
 
 
 def _check_mount(m: Mount, origin: str, policy: DevicePolicy) -> None:
+    """The destination is judged by its canonical form, the one runc mounts on: ``//proc``,
+    ``/./proc``, ``/proc/`` and ``/data/../proc`` are all ``/proc``."""
     dest = m.destination
     if not dest.startswith("/"):
         raise _Fail(f"{origin}: mount destination {dest!r} is not absolute")
-    if posixpath.normpath(dest) != dest:
-        raise _Fail(f"{origin}: mount destination {dest!r} is not normalized")
-    if dest == "/":
-        raise _Fail(f"{origin}: mount destination '/' is not allowed")
+    canon = canonical_path(dest)
+    means = "" if canon == dest else f" (it means {canon!r})"
+    if canon == "/":
+        raise _Fail(f"{origin}: mount destination {dest!r} is not allowed{means}: it is the root")
     for protected in policy.protected_mounts:
-        if _under(dest, protected):
-            raise _Fail(f"{origin}: mount destination {dest!r} is not allowed (under {protected})")
+        if is_under(canon, protected):
+            raise _Fail(
+                f"{origin}: mount destination {dest!r} is not allowed{means}: "
+                f"it is at or under {protected}"
+            )
+    if canon != dest:
+        raise _Fail(f"{origin}: mount destination {dest!r} is not normalized (write {canon!r})")
     for opt in m.options:
         if "," in opt:
             raise _Fail(
@@ -389,17 +410,20 @@ def _check_container_path(
     """A device's container path lies strictly below the container root; the base path of a
     directory or glob may also be the root itself (``/dev/dri/*:/dev``)."""
     root = policy.container_root.rstrip("/")
-    if not path.startswith("/") or posixpath.normpath(path) != path:
+    if not path.startswith("/") or canonical_path(path) != path:
         raise _Fail(f"{origin}: container device path {path!r} is not absolute and normalized")
     if not path.startswith(root + "/") and not (base and path == root):
         raise _Fail(f"{origin}: container device path {path!r} is not under {root}/")
 
 
 def _check_host_path(path: str, origin: str, policy: DevicePolicy) -> None:
-    norm = posixpath.normpath(path)
-    if not path.startswith("/") or not any(_under(norm, r) for r in policy.host_roots):
+    norm = canonical_path(path)
+    if not path.startswith("/") or not any(is_under(norm, r) for r in policy.host_roots):
         roots = ", ".join(policy.host_roots)
         raise _Fail(f"{origin}: host device {path!r} is outside the allowed roots ({roots})")
+    for never in NEVER_THROUGH:
+        if is_under(norm, never):
+            raise _Fail(f"{origin}: host device {path!r} is under {never}, never a device source")
 
 
 # ---------------------------------------------------------------- steps
@@ -424,11 +448,11 @@ def _apply_device_string(
     except DeviceLookupError as e:
         raise _Fail(f"{origin}: device {text!r}: {e}") from None
     access = intersect_access(spec.permissions, mode)
-    host = posixpath.normpath(spec.host)
+    host = canonical_path(spec.host)
     base = _glob_base(spec.host) if is_glob(spec.host) else host
     seen: set[str] = set()
     for node in sorted(found, key=lambda n: n.where):
-        where = posixpath.normpath(node.where)
+        where = canonical_path(node.where)
         if where in seen:
             continue
         seen.add(where)
@@ -607,11 +631,7 @@ def _build(
     draft.set_env(f"INSTANCE_INDEX={placement.index}")
     # 6. hostname and sysctl
     hostname = service.hostname or placement.instance_id
-    sysctl: dict[str, str] = {}
-    for key in sorted(service.sysctl):
-        if not _SYSCTL_RE.match(key):
-            raise _Fail(f"invalid sysctl name {key!r}")
-        sysctl[key] = service.sysctl[key]
+    sysctl = {key: service.sysctl[key] for key in sorted(service.sysctl)}  # names: SysctlName
     # 7. quotas
     quotas = service.quotas
     resources: dict[str, Any] = {"devices": [{"allow": False, "access": "rwm"}]}

@@ -50,8 +50,17 @@ SEMVER_PATTERN = (
 
 _ID_RE = re.compile(ID_PATTERN)
 
+
+def _no_nul(value: str) -> str:
+    """No string of a document holds NUL: no path, argument or environment entry can (the
+    kernel cuts a C string there, runc refuses it when the container starts)."""
+    if "\0" in value:
+        raise ValueError("a NUL character (\\0) is not allowed in a string")
+    return value
+
+
 Int = Annotated[int, Strict()]
-Str = Annotated[str, Strict()]
+Str = Annotated[str, Strict(), AfterValidator(_no_nul)]
 Bool = Annotated[bool, Strict()]
 NonNegInt = Annotated[int, Strict(), Field(ge=0)]
 PosInt = Annotated[int, Strict(), Field(ge=1)]
