@@ -778,25 +778,36 @@ def agent_watch(
     log_dir: Path | None = None,
     debounce: float = 0.2,
     on_run: Callable[[AgentReport | None], None] | None = None,
+    now: Callable[[], float] = time.time,
 ) -> None:
-    """Run the agent now, on every change of ``out/nodes/<node>.json`` and every ``resync``
-    seconds, until ``stop`` is set (SIGTERM and SIGINT set it when called from the main
-    thread). A failed run is logged (``on_run(None)``) and the loop goes on."""
+    """Run the agent now, on every change of ``out/nodes/<node>.json``, every ``resync``
+    seconds and when a restart's back-off ends, until ``stop`` is set (SIGTERM and SIGINT set
+    it when called from the main thread). A failed run is logged (``on_run(None)``) and the
+    loop goes on."""
     validate_id(node_id, "node id")
     stop_on_signals(stop, log)
 
     nodes_dir = state_dir / "out" / "nodes"
     target = f"{node_id}.json"
+    wake: list[float] = []  # when a restart's back-off ends (seconds since the epoch)
+
+    def seen(report: AgentReport | None) -> None:
+        wake[:] = [] if report is None or report.next_restart is None else [report.next_restart]
+        if on_run is not None:
+            on_run(report)
 
     def run(reason: str) -> None:
         run_agent_logged(
             node_id,
             reason,
             lambda: run_agent_once(
-                state_dir, node_id, runc, stop_timeout=stop_timeout, log_dir=log_dir
+                state_dir, node_id, runc, stop_timeout=stop_timeout, log_dir=log_dir, now=now
             ),
-            on_run,
+            seen,
         )
+
+    def due() -> bool:
+        return time.monotonic() - last >= resync or bool(wake and now() >= wake[0])
 
     def accept(_change: watchfiles.Change, path: str) -> bool:
         return Path(path).name == target
@@ -812,7 +823,7 @@ def agent_watch(
             if nodes_dir.is_dir():
                 run("plans appeared")
                 last = time.monotonic()
-            elif time.monotonic() - last >= resync:
+            elif due():
                 run("periodic resync")
                 last = time.monotonic()
             continue
@@ -832,8 +843,8 @@ def agent_watch(
                 if changes:
                     run("plan changed")
                     last = time.monotonic()
-                elif time.monotonic() - last >= resync:
-                    run("periodic resync")
+                elif due():
+                    run("periodic resync or a back-off's end")
                     last = time.monotonic()
                 if not nodes_dir.is_dir():
                     break  # the directory went away: watch it again once it is back

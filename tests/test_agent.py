@@ -1134,3 +1134,62 @@ def test_cli_agent_watch_applies_new_plans_until_sigterm(
     assert proc.returncode == 0, err
     acts = [c[1:] for c in _runc_calls(runc_on_path) if c[1] in ("run", "kill", "delete")]
     assert acts[-2:] == [["kill", cid(A0), "15"], ["delete", "--force", cid(A0)]]
+
+
+def test_cli_agent_exit_codes_for_unknown_nodes_failed_starts_and_a_second_run(
+    state: Path, tmp_path: Path, runc_on_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["agent", "--state", str(state), "--runc-root", str(tmp_path / "runc-root")]
+    assert main([*base, "--node", "edge-9"]) == 1
+    assert "'edge-9' is not a node of this unit" in capsys.readouterr().err
+
+    write_patch(state, 0, add={A0: RECORDS[A0], A1: RECORDS[A1]})
+    make_bundle(state, A0)
+    (state / "out" / "instances" / A1).mkdir(parents=True)  # no config.json: its start fails
+    assert main([*base, "--node", NODE]) == 1
+    out = capsys.readouterr().out
+    assert f"failed {A1}: no OCI config" in out and "1 started" in out
+
+    (state / "out" / "instances" / A1).rmdir()
+    make_bundle(state, A1)  # fixed: the first restart comes at once
+    assert main([*base, "--node", NODE, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["restarted"] == [A1] and doc["startFailed"] == [] and not doc["stale"]
+    assert read_actual(state).instances[A1].restartCount == 1
+
+    # the same again (the plan still tests revision 0): nothing to apply, exit 0
+    assert main([*base, "--node", NODE]) == 0
+    assert "0 started" in capsys.readouterr().out
+
+
+def test_watch_runs_again_when_a_back_off_ends(state: Path) -> None:
+    runc, clock = FakeRunc(), Clock()
+    runs: list[AgentReport | None] = []
+    stop = threading.Event()
+    declare_node(state)
+    make_bundle(state, A0)
+    write_patch(state, 0, add={A0: RECORDS[A0]})
+    thread = threading.Thread(
+        target=agent_watch,
+        args=(state, NODE, runc, stop),
+        kwargs={"resync": 3600, "debounce": 0.05, "on_run": runs.append, "now": clock},
+    )
+    thread.start()
+    try:
+        _wait_for(lambda: (state / "actual" / f"{NODE}.yaml").exists())
+        runc.containers[cid(A0)].status = "stopped"
+        write_patch(state, 1)  # wakes the watch: the first restart, at once
+        _wait_for(lambda: read_actual(state).instances[A0].restartCount == 1)
+        runc.containers[cid(A0)].status = "stopped"
+        write_patch(state, 2)  # wakes it again: now it waits out 10 s of back-off
+        _wait_for(lambda: any(r is not None and r.next_restart for r in runs))
+        n = len(runs)
+        time.sleep(1.5)
+        assert len(runs) == n  # no resync for an hour, and the back-off has not ended
+        clock.t += 10  # the back-off ends: the watch runs without a plan change or a resync
+        _wait_for(lambda: read_actual(state).instances[A0].restartCount == 2)
+        assert runc.containers[cid(A0)].status == "running"
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert not thread.is_alive()
