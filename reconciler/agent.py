@@ -363,8 +363,9 @@ def _start(
             runtime.delete(cid, force=True)
         runtime.run_detached(cid, bundle, log_file)
     except RuncError as e:
+        log.debug("%s", e)  # with the whole command
         delete_quietly(runtime, cid)
-        return str(e)
+        return e.message or str(e)  # runc's own words: what status shows
     return "started"
 
 
