@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import io
 import json
 import os
 import signal as signals
@@ -781,6 +782,28 @@ def test_the_loop_closes_with_the_controller(demo_copy: Path) -> None:
         running = {s.id for s in runtimes[n].list() if s.status == "running"}
         placed = {p.instance_id for p in third.computed.result.placements if p.node_id == n}
         assert running == {container_id(n, i) for i in placed}
+
+    # a container dies and its restart fails: observed, never planned; status shows it
+    p = third.computed.result.placements[0]
+    runc = runtimes[p.node_id]
+    runc.containers[container_id(p.node_id, p.instance_id)].status = "stopped"
+    runc.fail_start.add(container_id(p.node_id, p.instance_id))
+    report = run_agent_once(demo_copy, p.node_id, runc)
+    assert report.start_failed == (p.instance_id,) and report.written
+    fourth = reconcile(demo_copy, opts)
+    assert not fourth.plan.changes_present
+    status = json.loads((demo_copy / "out" / "status.json").read_text())
+    shown = status["instances"][p.instance_id]
+    assert shown["state"] == "failed" and shown["restartCount"] == 1
+    assert shown["reason"] == report.failed[p.instance_id]
+    assert shown["lastExit"]["reason"] == "the container is stopped"
+    others = [v for k, v in status["instances"].items() if k != p.instance_id]
+    assert not any("restartCount" in v or "reason" in v for v in others)
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        assert main(["status", "--state", str(demo_copy)]) == 0
+    text = " ".join(out.getvalue().split())
+    assert "Failed instances" in text and "unable to start container process" in text
+    assert f"on {p.node_id}: unable to start" in text
 
 
 # ---------------------------------------------------------------- watch
