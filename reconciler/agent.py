@@ -69,6 +69,7 @@ __all__ = [
     "agent_watch",
     "container_id",
     "instances_added",
+    "instances_listed",
     "observed_state",
     "run_agent_logged",
     "run_agent_once",
@@ -212,6 +213,12 @@ def instances_added(raw: bytes, where: str) -> list[str]:
     return _check_ops(_parse_patch(raw, where), where)[1]
 
 
+def instances_listed(raw: bytes, where: str) -> list[str]:
+    """The ids an actual document lists, sorted; raises :class:`AgentError` for a document the
+    agent refuses."""
+    return sorted(_parse_actual(raw, where).instances)
+
+
 def _instance_of_path(path: object, where: str) -> str:
     prefix = "/instances/"
     if not isinstance(path, str) or not path.startswith(prefix):
@@ -245,26 +252,28 @@ def _check_ops(ops: list[dict[str, Any]], where: str) -> tuple[list[str], list[s
     return removed, added
 
 
+def _parse_actual(raw: bytes, where: str) -> ActualState:
+    try:
+        parsed = parse_yaml(raw)
+    except YamlRejected as e:
+        raise AgentError(f"{where}:{e.line}:{e.col}: {e.message}") from None
+    try:
+        return ActualState.model_validate(parsed.data)
+    except ValidationError as e:
+        diags = format_validation_error(where, parsed, e)
+        raise AgentError("; ".join(str(d) for d in diags)) from None
+
+
 def _read_actual(path: Path, node_id: str) -> dict[str, Any]:
     """The validated actual document as plain JSON data (missing: revision 0, empty)."""
     if not path.exists() and not path.is_symlink():
-        doc = empty_actual_document(node_id)
+        state = ActualState.model_validate(empty_actual_document(node_id))
     else:
         try:
             raw, _ = read_bytes_at(path, DEFAULT_MAX_BYTES)
         except FileReadError as e:
             raise AgentError(f"{path}: {e}") from None
-        try:
-            parsed = parse_yaml(raw)
-        except YamlRejected as e:
-            raise AgentError(f"{path}:{e.line}:{e.col}: {e.message}") from None
-        try:
-            ActualState.model_validate(parsed.data)
-        except ValidationError as e:
-            diags = format_validation_error(str(path), parsed, e)
-            raise AgentError("; ".join(str(d) for d in diags)) from None
-        doc = parsed.data
-    state = ActualState.model_validate(doc)
+        state = _parse_actual(raw, str(path))
     if state.nodeId != node_id:
         raise AgentError(f"{path}: nodeId {state.nodeId!r} is not {node_id!r}")
     return state.model_dump(mode="json")
