@@ -1,4 +1,4 @@
-"""The node agent (SPEC §15): applies ``out/nodes/<node>.json`` with runc and closes the loop.
+"""The node agent: applies ``out/nodes/<node>.json`` with runc and closes the loop.
 
 One run (:func:`run_agent_once`), under the state directory's flock (the controller's lock):
 
@@ -6,13 +6,20 @@ One run (:func:`run_agent_once`), under the state directory's flock (the control
    revision 0 with nothing running);
 2. apply the patch to a copy; if its ``test`` of ``/revision`` (or any operation) fails, the
    plan is **stale**: it was computed from another actual document. Nothing is started or
-   stopped and ``actual`` is left alone; the controller's next plan will match;
+   stopped and ``actual`` is left alone; the controller's next plan will match. (A plan the
+   document already holds, as after the agent's own last run, is nothing to apply, not stale.)
 3. stop each removed instance (``runc kill`` SIGTERM, up to ``stop_timeout`` for it to exit,
    SIGKILL, ``runc delete --force``), then start each added one from its bundle
    ``out/instances/<id>/`` (``runc run --detach``) unless it already runs;
-4. write ``actual/<node>.yaml`` atomically with revision + 1 and each instance's real state
-   from ``runc state`` — but only when something changed, so an idle agent does not bump the
-   revision (and wake the controller) forever.
+4. look at every instance of the patched document: one whose container is stopped or missing
+   is started again as its ``restartPolicy`` and back-off say (:mod:`reconciler.restarts`;
+   the back-off lives in the agent's own ``DIR/.agent-<node>.json``);
+5. write ``actual/<node>.yaml`` atomically with revision + 1 and each instance's real state
+   from ``runc state``, restart count, last exit and failure reason — but only when something
+   changed, so an idle agent does not bump the revision (and wake the controller) forever.
+
+A node the unit does not know (no ``nodes/<node>.yaml``, no plan, no actual document) is an
+error.
 
 A container is named ``<nodeId>.<instanceId>`` (:func:`container_id`): runc derives the cgroup
 path from the container id, so two agents on one machine (separate ``--root``) must still use
@@ -425,6 +432,10 @@ def _restart_policy(bundle: Path) -> RestartPolicy:
         return "always"
 
 
+def _whole_seconds(now: float) -> datetime:
+    return datetime.fromtimestamp(now, UTC).replace(microsecond=0)
+
+
 def _down_reason(st: ContainerState | None) -> str:
     return "container missing" if st is None else f"the container is {st.status}"
 
@@ -514,7 +525,7 @@ def _observe(
         return _Seen(state, why or None, memory)
     down = seen_down(memory, now)
     if down.downSince != memory.downSince or record.get("lastExit") is None:
-        last = LastExit(reason=_down_reason(st), at=datetime.fromtimestamp(now, UTC))
+        last = LastExit(reason=_down_reason(st), at=_whole_seconds(now))
         record["lastExit"] = last.model_dump(mode="json")
     policy = _restart_policy(starter.bundle(iid))
     decision = decide(policy, None, down, now)
