@@ -440,18 +440,14 @@ def _down_reason(st: ContainerState | None) -> str:
     return "container missing" if st is None else f"the container is {st.status}"
 
 
+@dataclass(frozen=True)
 class _Starter:
     """Starts instances of one node from their bundles, each logging to its own file."""
 
-    def __init__(
-        self, runtime: ContainerRuntime, node_id: str, instances: Path, log_dir: Path | None
-    ) -> None:
-        self.runtime, self.node_id, self.instances, self.log_dir = (
-            runtime,
-            node_id,
-            instances,
-            log_dir,
-        )
+    runtime: ContainerRuntime
+    node_id: str
+    instances: Path  # out/instances
+    log_dir: Path | None
 
     def bundle(self, iid: str) -> Path:
         return self.instances / iid
@@ -533,8 +529,9 @@ def _observe(
         return _Seen("failed", f"{_down_reason(st)}; {decision.why}", down, due=decision.at)
     outcome = starter.start(iid)
     record["restartCount"] = record.get("restartCount", 0) + 1
-    after = tried_start(down, now, ok=outcome == "started", restart=True)
-    if outcome != "started":
+    ok = outcome in ("started", "already-running")  # (running again meanwhile: fine)
+    after = tried_start(down, now, ok=ok, restart=True)
+    if not ok:
         log.error("%s: restarting %s failed: %s", starter.node_id, iid, outcome)
         return _Seen(
             "failed", outcome, after, start_failed=True, due=decide(policy, None, after, now).at
