@@ -701,8 +701,14 @@ def agent(
     transaction that fails if anyone changed it since it was read (a stale write: exit 1,
     nothing written; the next run reads the new version).
 
-    Exit codes: 0 applied (or nothing to do), 4 stale plan, 1 error. With --watch: runs until
-    SIGTERM, then 0.
+    A container found stopped or missing while its instance is desired here is started again
+    as the service's restartPolicy says (always, on-failure, never), the first time at once,
+    then after a back-off of 10 s doubling to 5 min, kept in DIR/.agent-NODE.json; actual
+    records each instance's restartCount, lastExit and why it is failed.
+
+    Exit codes: 0 applied (or nothing to do, as when run twice in a row), 4 stale plan, 1
+    error: a start failed, NODE is no node of the unit (no nodes/NODE.yaml, plan or actual),
+    or the run could not be done. With --watch: runs until SIGTERM, then 0.
     """
     if store_url is None:
         _require_state(state_dir)
@@ -744,7 +750,9 @@ def agent(
         _console().print(report.summary(), markup=False)
         for iid, why in sorted(report.failed.items()):
             _console().print(f"  failed {iid}: {why}", markup=False)
-    return EXIT_STALE if report.stale else EXIT_OK
+    if report.stale:
+        return EXIT_STALE
+    return EXIT_ERROR if report.start_failed else EXIT_OK
 
 
 def _copy(source: StateStore, target: StateStore, verb: str, as_json: bool) -> int:

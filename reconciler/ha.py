@@ -36,6 +36,7 @@ from .agent import (
     AgentError,
     AgentReport,
     instances_added,
+    instances_listed,
     run_agent_logged,
     run_agent_once,
 )
@@ -355,15 +356,21 @@ def run_agent_via_store(
 
 def _sync_node(store: EtcdStore, mirror: Mirror, node_id: str) -> None:
     """Bring into the agent's working directory what its run reads, and nothing else: the
-    node's patch, its actual document, and the bundles of the instances the patch adds, all
-    read at one revision (the rest of the unit may be large, and is other nodes' business)."""
+    node's patch, its actual document, and the bundles of the instances the patch adds or the
+    document lists (a restart needs them), all read at one revision (the rest of the unit
+    may be large, and is other nodes' business)."""
     patch_rel, actual_rel = f"out/nodes/{node_id}.json", f"actual/{node_id}.yaml"
     first = store.snapshot([patch_rel, actual_rel])
-    added: list[str] = []
+    wanted: set[str] = set()
     if patch_rel in first.entries:
         with contextlib.suppress(AgentError):  # the agent's run refuses it and says why
-            added = instances_added(first.entries[patch_rel].data, patch_rel)
-    bundles = store.snapshot([f"out/instances/{i}/" for i in added], revision=first.revision)
+            wanted.update(instances_added(first.entries[patch_rel].data, patch_rel))
+    if actual_rel in first.entries:  # what runs there may need a restart from its bundle
+        with contextlib.suppress(AgentError):
+            wanted.update(instances_listed(first.entries[actual_rel].data, actual_rel))
+    bundles = store.snapshot(
+        [f"out/instances/{i}/" for i in sorted(wanted)], revision=first.revision
+    )
     snap = Snapshot(first.revision, {**first.entries, **bundles.entries})
     mirror.resync(snap, managed=under(patch_rel, actual_rel, "out/instances"))
 

@@ -9,7 +9,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    field_validator,
+    model_validator,
+)
 
 from .sysctl import SysctlName
 from .values import (
@@ -32,6 +40,7 @@ from .values import (
 __all__ = [
     "API_VERSION",
     "KINDS",
+    "RESTART_POLICIES",
     "ActualInstance",
     "ActualState",
     "AlertRule",
@@ -44,6 +53,7 @@ __all__ = [
     "HostResource",
     "Image",
     "ImagePlatform",
+    "LastExit",
     "Mount",
     "Node",
     "NodeConfig",
@@ -54,6 +64,7 @@ __all__ = [
     "RequestedResources",
     "ResourceRatios",
     "ResourceRequest",
+    "RestartPolicy",
     "Runtime",
     "RuntimePlatform",
     "Service",
@@ -208,6 +219,10 @@ class DeviceRequest(_Model):
         return self
 
 
+RestartPolicy = Literal["always", "on-failure", "never"]
+RESTART_POLICIES: tuple[RestartPolicy, ...] = ("always", "on-failure", "never")
+
+
 class Service(_Model):
     apiVersion: ApiVersion
     kind: Literal["Service"]
@@ -219,6 +234,7 @@ class Service(_Model):
     labels: tuple[Label, ...] = ()
     nodeId: Id | None = None
     balancingPolicy: Literal["enabled", "disabled"] = "enabled"
+    restartPolicy: RestartPolicy = "always"  # what the node agent does when its container dies
     runtimes: tuple[Id, ...] = Field(default=("crun", "runc"), min_length=1)
     image: Image
     quotas: Quotas = Quotas()
@@ -396,6 +412,17 @@ class Node(_Model):
 # ---------------------------------------------------------------- ActualState (§3.4)
 
 
+class LastExit(_Model):
+    """How an instance's container last ended, as its agent saw it: ``code`` and ``signal``
+    when known (runc keeps neither for a detached container), ``reason`` (``stopped``,
+    ``container missing`` or ``start failed: ...``) and ``at``, when the agent noticed."""
+
+    code: Int | None = None
+    signal: Int | None = None
+    reason: Str
+    at: AwareDatetime
+
+
 class ActualInstance(_Model):
     itemId: Id
     subjectId: Id
@@ -404,6 +431,10 @@ class ActualInstance(_Model):
     runtimeId: Id
     state: Literal["activating", "active", "inactive", "failed"]
     devices: Mapping[ResourceName, tuple[Id, ...]] = Field(default_factory=dict)
+    # observed by the agent, never planned (like state)
+    restartCount: NonNegInt = 0
+    lastExit: LastExit | None = None
+    reason: Str | None = None  # why the state is failed
 
     @property
     def instance_id(self) -> str:

@@ -28,6 +28,7 @@ from typing import Any, Literal, Protocol
 from .jsonio import pretty_json
 from .models import Device, HostEntry, Mount, Node, Service
 from .placement import Placement
+from .restarts import RESTART_POLICY_ANNOTATION
 
 __all__ = [
     "CPU_PERIOD",
@@ -697,6 +698,8 @@ def _build(
         "mounts": list(draft.mounts),
         "linux": linux,
     }
+    if service.restartPolicy != "always":  # for the node agent (absent: the default)
+        config["annotations"] = {RESTART_POLICY_ANNOTATION: service.restartPolicy}
     _check_final(config)
     return BuiltConfig.of(config, hosts)
 

@@ -118,6 +118,15 @@ def _amount(entry: dict[str, Any] | None, as_bytes: bool = False) -> str:
     return f"{fmt(entry['reserved'])}/{fmt(entry['capacity'])}"
 
 
+def _restarts(instance: dict[str, Any]) -> str:
+    """The restart count, with how its container last ended."""
+    count = instance.get("restartCount", 0)
+    last = instance.get("lastExit")
+    if not count and last is None:
+        return "0"
+    return f"{count} (last: {last['reason']} at {last['at']})" if last else str(count)
+
+
 def render_status(console: Console, doc: dict[str, Any]) -> None:
     """Tables of nodes, instances, failures, alerts and invalid inputs from status.json."""
     nodes = Table(title="Nodes (reserved/capacity)", title_justify="left", show_edge=False)
@@ -154,8 +163,9 @@ def render_status(console: Console, doc: dict[str, Any]) -> None:
     console.print(nodes)
     console.print()
     inst = Table(title="Instances", title_justify="left", show_edge=False)
-    for col in ("instance", "version", "node", "runtime", "state", "devices"):
+    for col in ("instance", "version", "node", "runtime", "state", "restarts", "devices"):
         inst.add_column(col, no_wrap=col != "devices")
+    reasons: list[str] = []
     for i in sorted(
         doc["instances"].values(), key=lambda r: (r["nodeId"], r["itemId"], r["index"])
     ):
@@ -164,15 +174,15 @@ def render_status(console: Console, doc: dict[str, Any]) -> None:
             devices += f" [red](unhealthy: {','.join(i['unhealthyDevices'])})[/red]"
         style = {"active": "green", "failed": "red", "pending": "yellow"}.get(i["state"], "")
         state = f"[{style}]{i['state']}[/{style}]" if style else i["state"]
-        inst.add_row(
-            f"{i['itemId']}:{i['subjectId']}:{i['index']}",
-            i["version"],
-            i["nodeId"],
-            i["runtimeId"],
-            state,
-            devices,
-        )
+        name = f"{i['itemId']}:{i['subjectId']}:{i['index']}"
+        inst.add_row(name, i["version"], i["nodeId"], i["runtimeId"], state, _restarts(i), devices)
+        if i["state"] == "failed" and i.get("reason"):
+            reasons.append(f"{name} on {i['nodeId']}: {i['reason']}")
     console.print(inst)
+    if reasons:
+        console.print("\n[bold]Failed instances[/bold]")
+        for line in reasons:
+            console.print(f"  {line}", markup=False)
     if doc["failures"]:
         console.print("\n[bold]Unplaceable[/bold]")
         for f in doc["failures"]:

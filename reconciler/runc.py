@@ -19,7 +19,9 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal as signals
+import stat
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -43,6 +45,7 @@ _CONTAINER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,1023}$")
 _SIGNAL = re.compile(r"^(SIG)?[A-Z][A-Z0-9+-]{0,15}$")
 _TEXT_MSG = re.compile(r'level=(\w+) msg="((?:[^"\\]|\\.)*)"')
 _MAX_ERROR = 4000
+DEFAULT_ROOT = Path("/run/runc")  # runc's --root default when run as root
 
 
 def validate_container_id(value: str) -> str:
@@ -182,12 +185,40 @@ class Runc:
             raise RuncError(done.args, _messages(done.stderr), returncode=done.returncode)
         return done
 
+    @property
+    def state_root(self) -> Path:
+        """Where runc keeps its containers' state: ``--root``, else runc's default for root."""
+        return self.root if self.root is not None else DEFAULT_ROOT
+
+    def leftover(self, container_id: str) -> Path | None:
+        """The container's directory under the runc root when it holds no readable
+        ``state.json``: what a ``runc run`` killed before it wrote its state leaves behind.
+        runc calls such a container absent but refuses to create it again ("container with id
+        exists"). None when there is no such directory, or it holds a state."""
+        validate_container_id(container_id)
+        path = self.state_root / container_id
+        try:
+            if not stat.S_ISDIR(path.lstat().st_mode):
+                return None
+            raw = (path / "state.json").read_bytes()
+        except FileNotFoundError:
+            return path if path.is_dir() and not path.is_symlink() else None
+        except OSError:
+            return None
+        try:
+            if isinstance(json.loads(raw), dict):
+                return None
+        except ValueError:
+            pass
+        return path
+
     def state(self, container_id: str) -> ContainerState | None:
-        """The container's state, or None when it does not exist."""
+        """The container's state, or None when it does not exist (or is only a leftover
+        directory without a state: see :meth:`leftover`)."""
         validate_container_id(container_id)
         done = self._run(["state", container_id])
         if done.returncode != 0:
-            if "does not exist" in done.stderr:
+            if "does not exist" in done.stderr or self.leftover(container_id) is not None:
                 return None
             raise RuncError(done.args, _messages(done.stderr), returncode=done.returncode)
         try:
@@ -211,11 +242,18 @@ class Runc:
 
     def run_detached(self, container_id: str, bundle: Path, log: Path | None = None) -> None:
         """``runc run --detach --bundle BUNDLE ID``: create and start; returns once it runs.
+        A :meth:`leftover` directory of the id is removed first.
 
         The container's stdio is ``/dev/null`` (stdin) and ``log`` (stdout and stderr, appended)
         or ``/dev/null``.
         """
-        validate_container_id(container_id)
+        stale = self.leftover(container_id)
+        if stale is not None:
+            _log.warning("runc %s: removing %s, left without a state", container_id, stale)
+            try:
+                shutil.rmtree(stale)
+            except OSError as e:
+                raise RuncError([str(stale)], f"cannot remove the leftover: {e}") from None
         with tempfile.TemporaryDirectory(prefix="reconciler-runc-") as tmp:
             runc_log = Path(tmp) / "runc.log"
             cmd = [

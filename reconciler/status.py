@@ -14,7 +14,7 @@ from .balancer import NodeSlot, node_states
 from .inventory import Inventory
 from .jsonio import document, fragment, join_object, member
 from .loader import Diagnostic, StateView
-from .models import Node, Service, UnitConfig
+from .models import ActualInstance, Node, Service, UnitConfig
 from .placement import BalanceResult, Placement
 from .planner import failure_json
 from .sharing import REGISTRY
@@ -84,8 +84,11 @@ def _node_status(slot: NodeSlot) -> dict[str, Any]:
     }
 
 
-InstanceKey = tuple[Placement, str, tuple[int, int] | None]
-"""What an instance's status record is made of: its placement, state and uid/gid."""
+Observed = tuple[str, ActualInstance | None]
+"""An instance's state, and its agent's record when it reports it on its placed node."""
+
+InstanceKey = tuple[Placement, Observed, tuple[int, int] | None]
+"""What an instance's status record is made of: its placement, what is observed, uid/gid."""
 
 _NodeKey = tuple[UnitConfig | None, Node, tuple[Placement, ...], tuple[Service | None, ...]]
 
@@ -155,21 +158,25 @@ def node_statuses(
     return {node_id: entries[node_id][1] for node_id in sorted(entries)}
 
 
-def _observed(view: StateView) -> dict[str, tuple[str, str]]:
-    """Per instance id, the node an agent reports it on and its state there."""
-    observed: dict[str, tuple[str, str]] = {}
+def _observed(view: StateView) -> dict[str, tuple[str, ActualInstance]]:
+    """Per instance id, the node an agent reports it on and its record there."""
+    observed: dict[str, tuple[str, ActualInstance]] = {}
     for node_id, doc in view.actual.items():
         for iid, inst in doc.instances.items():
-            observed[iid] = (node_id, inst.state)
+            observed[iid] = (node_id, inst)
     return observed
 
 
-def _state(p: Placement, observed: Mapping[str, tuple[str, str]]) -> str:
+def _state(p: Placement, observed: Mapping[str, tuple[str, ActualInstance]]) -> Observed:
     seen = observed.get(p.instance_id)
-    return seen[1] if seen is not None and seen[0] == p.node_id else "pending"
+    return (seen[1].state, seen[1]) if seen is not None and seen[0] == p.node_id else _PENDING
 
 
-def _instance_record(p: Placement, state: str, ids: tuple[int, int] | None) -> dict[str, Any]:
+_PENDING: Observed = ("pending", None)
+
+
+def _instance_record(p: Placement, seen: Observed, ids: tuple[int, int] | None) -> dict[str, Any]:
+    state, inst = seen
     record: dict[str, Any] = {
         "itemId": p.item_id,
         "subjectId": p.subject_id,
@@ -182,6 +189,13 @@ def _instance_record(p: Placement, state: str, ids: tuple[int, int] | None) -> d
         "resources": list(p.resources),
         "state": state,
     }
+    if inst is not None:  # what its agent reports beyond the state (only when there is any)
+        if inst.restartCount:
+            record["restartCount"] = inst.restartCount
+        if inst.lastExit is not None:
+            record["lastExit"] = inst.lastExit.model_dump(mode="json")
+        if inst.reason is not None:
+            record["reason"] = inst.reason
     if p.unhealthy_devices:
         record["unhealthyDevices"] = list(p.unhealthy_devices)
     if ids is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import io
 import json
 import os
 import signal as signals
@@ -25,6 +26,7 @@ import pytest
 from reconciler.agent import (
     AgentError,
     AgentReport,
+    agent_state_path,
     agent_watch,
     container_id,
     observed_state,
@@ -37,6 +39,7 @@ from reconciler.models import ActualState
 from reconciler.oci_glue import default_config_builder
 from reconciler.planner import pointer
 from reconciler.reconcile import ReconcileOptions, reconcile
+from reconciler.restarts import RESTART_POLICY_ANNOTATION
 from reconciler.runc import ContainerState, Runc, RuncError
 from reconciler.values import instance_id
 from reconciler.yamlsafe import parse_yaml
@@ -384,9 +387,12 @@ def test_a_running_instance_is_never_started_twice(state: Path) -> None:
     make_bundle(state, A0)
     assert once(state, runc).started == (A0,)
 
-    # the same plan again: now stale (the agent bumped the revision), so nothing happens
+    # the same plan again: its revision test fails (the agent bumped the revision), but the
+    # document already holds what it plans: nothing to apply, not stale, nothing written
     again = once(state, runc)
-    assert again.stale and again.started == ()
+    assert not again.stale and not again.applied and not again.written
+    assert again.started == () and "already applied" in again.message
+    assert again.revision == 1
 
     # an agent that crashed after starting but before writing actual re-applies the plan
     actual_path.write_bytes(before)
@@ -420,33 +426,152 @@ def test_a_stopped_container_of_an_added_instance_is_deleted_and_started_again(
 # ---------------------------------------------------------------- observed states
 
 
-def test_a_container_that_died_shows_as_failed(state: Path) -> None:
-    runc = FakeRunc()
+class Clock:
+    """The agent's injected clock (seconds since the epoch)."""
+
+    def __init__(self, t: float = 1_800_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make_bundle_with_policy(state: Path, instance: str, policy: str) -> None:
+    make_bundle(state, instance)
+    config = {"annotations": {RESTART_POLICY_ANNOTATION: policy}}
+    (state / "out" / "instances" / instance / "config.json").write_text(json.dumps(config))
+
+
+def test_a_container_that_dies_is_restarted_with_back_off(state: Path) -> None:
+    runc, clock = FakeRunc(), Clock()
     write_patch(state, 0, add={A0: RECORDS[A0], A1: RECORDS[A1]})
     make_bundle(state, A0)
     make_bundle(state, A1)
-    assert once(state, runc).revision == 1
-
-    runc.containers[cid(A0)].status = "stopped"  # it exited
+    assert once(state, runc, now=clock).revision == 1
     write_patch(state, 1)  # the controller's next plan: nothing to change
-    report = once(state, runc)
-    assert report.written and report.revision == 2
-    assert report.states == {A0: "failed", A1: "active"}
-    assert "stopped" in report.failed[A0]
-    actual = read_actual(state)
-    assert actual.instances[A0].state == "failed" and actual.instances[A1].state == "active"
-    # no restart by the agent
-    assert sorted(runc.actions()) == sorted([("run", cid(A0)), ("run", cid(A1))])
 
-    # still dead, nothing else changed: no new revision
-    write_patch(state, 2)
-    assert not once(state, runc).written
-    assert read_actual(state).revision == 2
+    # it died: the first restart comes at once
+    runc.containers[cid(A0)].status = "stopped"
+    clock.t += 5
+    report = once(state, runc, now=clock)
+    assert report.restarted == (A0,) and report.states == {A0: "active", A1: "active"}
+    assert report.written and report.start_failed == () and dict(report.failed) == {}
+    assert runc.actions()[-2:] == [("delete", cid(A0)), ("run", cid(A0))]
+    rec = read_actual(state).instances[A0]
+    assert rec.state == "active" and rec.restartCount == 1 and rec.reason is None
+    assert rec.lastExit is not None and rec.lastExit.reason == "the container is stopped"
+    assert rec.lastExit.at.timestamp() == clock.t and rec.lastExit.code is None
+    assert read_actual(state).instances[A1].restartCount == 0
 
-    # a container that vanished entirely (a reboot) is failed too
-    del runc.containers[cid(A1)]
-    report = once(state, runc)
-    assert report.states[A1] == "failed" and report.revision == 3
+    # dead again at once: not before its back-off (10 s from when it was found down)
+    runc.containers[cid(A0)].status = "stopped"
+    clock.t += 1
+    found = clock.t
+    waiting = once(state, runc, now=clock)
+    assert waiting.restarted == () and waiting.states[A0] == "failed"
+    assert waiting.next_restart == found + 10 and waiting.start_failed == ()
+    assert "back-off 10s" in waiting.failed[A0]
+    rec = read_actual(state).instances[A0]
+    assert rec.restartCount == 1 and rec.reason == waiting.failed[A0]
+    clock.t = found + 9.9
+    assert once(state, runc, now=clock).restarted == ()
+    assert not once(state, runc, now=clock).written  # waiting is no change: no new revision
+    clock.t = found + 10
+    assert once(state, runc, now=clock).restarted == (A0,)
+    rec = read_actual(state).instances[A0]
+    assert rec.restartCount == 2 and rec.state == "active" and rec.lastExit is not None
+    assert rec.lastExit.at.timestamp() == found  # when it was found down
+
+    # the back-off doubles: 20 s now
+    runc.containers[cid(A0)].status = "stopped"
+    found = clock.t = clock.t + 1
+    assert once(state, runc, now=clock).next_restart == found + 20
+
+    # a reboot: every container gone; all back after one run (A1's first restart is at once;
+    # A0 waits out its back-off, then comes back too)
+    runc.containers.clear()
+    clock.t = found + 20
+    report = once(state, runc, now=clock)
+    assert report.restarted == tuple(sorted((A0, A1)))
+    assert set(runc.containers) == {cid(A0), cid(A1)}
+    last = read_actual(state).instances[A1].lastExit
+    assert last is not None and last.reason == "container missing"
+
+
+def test_the_back_off_resets_after_ten_minutes_of_running(state: Path) -> None:
+    runc, clock = FakeRunc(), Clock()
+    write_patch(state, 0, add={A0: RECORDS[A0]})
+    make_bundle(state, A0)
+    once(state, runc, now=clock)
+    write_patch(state, 1)
+    for _ in range(3):  # restarts 1 (at once), 2 (after 10 s), 3 (after 20 s)
+        runc.containers[cid(A0)].status = "stopped"
+        once(state, runc, now=clock)
+        clock.t += 20
+        once(state, runc, now=clock)
+    assert read_actual(state).instances[A0].restartCount == 3
+    clock.t += 600  # it has run 10 min since its last start
+    once(state, runc, now=clock)
+    runc.containers[cid(A0)].status = "stopped"
+    assert once(state, runc, now=clock).restarted == (A0,)  # at once again
+    assert read_actual(state).instances[A0].restartCount == 4
+
+
+def test_restart_policy_never_leaves_it_failed(state: Path) -> None:
+    runc, clock = FakeRunc(), Clock()
+    write_patch(state, 0, add={A0: RECORDS[A0], B0: RECORDS[B0]})
+    make_bundle_with_policy(state, A0, "never")
+    make_bundle_with_policy(state, B0, "on-failure")
+    once(state, runc, now=clock)
+    write_patch(state, 1)
+    runc.containers[cid(A0)].status = "stopped"
+    del runc.containers[cid(B0)]  # missing: on-failure restarts it
+    clock.t += 3600
+    report = once(state, runc, now=clock)
+    assert report.restarted == (B0,)
+    assert report.states[A0] == "failed" and "restartPolicy is never" in report.failed[A0]
+    assert report.next_restart is None
+    assert runc.containers[cid(A0)].status == "stopped"
+    rec = read_actual(state).instances[A0]
+    assert rec.restartCount == 0 and rec.state == "failed" and rec.lastExit is not None
+
+
+def test_a_failed_start_heals_on_a_later_attempt(state: Path) -> None:
+    runc, clock = FakeRunc(), Clock()
+    write_patch(state, 0, add={A0: RECORDS[A0]})
+    make_bundle(state, A0)
+    runc.fail_start.add(cid(A0))  # e.g. its rootfs is missing
+    first = once(state, runc, now=clock)
+    assert first.start_failed == (A0,) and "unable to start" in first.failed[A0]
+    assert read_actual(state).instances[A0].reason == first.failed[A0]
+    write_patch(state, 1)
+    retry = once(state, runc, now=clock)  # the first restart: at once, and it fails again
+    assert retry.start_failed == (A0,) and retry.next_restart == clock.t + 10
+    runc.fail_start.clear()  # the cause is fixed
+    clock.t += 10
+    healed = once(state, runc, now=clock)
+    assert healed.restarted == (A0,) and healed.states == {A0: "active"}
+    rec = read_actual(state).instances[A0]
+    assert rec.reason is None and rec.restartCount == 2
+
+
+def test_the_agent_state_lives_outside_the_inputs_and_a_broken_one_is_ignored(
+    state: Path,
+) -> None:
+    runc, clock = FakeRunc(), Clock()
+    write_patch(state, 0, add={A0: RECORDS[A0]})
+    make_bundle(state, A0)
+    once(state, runc, now=clock)
+    memory = agent_state_path(state.resolve(), NODE)
+    assert memory == state.resolve() / f".agent-{NODE}.json"
+    assert json.loads(memory.read_text())["instances"][A0]["startedAt"] == clock.t
+    view, diagnostics = load_state(state)
+    assert diagnostics == [] and set(view.actual) == {NODE}
+    memory.write_text("{not json")
+    write_patch(state, 1)
+    runc.containers[cid(A0)].status = "stopped"
+    assert once(state, runc, now=clock).restarted == (A0,)  # forgotten: restarted at once
+    assert json.loads(memory.read_text())["instances"][A0]["streak"] == 1
 
 
 def test_without_a_patch_the_states_are_still_refreshed(state: Path) -> None:
@@ -464,10 +589,25 @@ def test_without_a_patch_the_states_are_still_refreshed(state: Path) -> None:
     assert read_actual(state).revision == 8
 
 
+def declare_node(state: Path) -> None:
+    (state / "nodes").mkdir(exist_ok=True)
+    (state / "nodes" / f"{NODE}.yaml").write_text(
+        f"apiVersion: reconciler/v1\nkind: Node\nid: {NODE}\ntype: edge\n"
+    )
+
+
 def test_without_a_patch_or_actual_nothing_is_written(state: Path) -> None:
+    declare_node(state)
     report = once(state, FakeRunc())
     assert report.revision == 0 and not report.written and not report.applied
     assert not (state / "actual").exists()
+
+
+def test_a_node_the_unit_does_not_know_is_an_error(state: Path) -> None:
+    runc = FakeRunc()
+    with pytest.raises(AgentError, match="'n1' is not a node of this unit"):
+        once(state, runc)
+    assert runc.calls == [] and not (state / "actual").exists()
 
 
 @pytest.mark.parametrize(
@@ -643,6 +783,28 @@ def test_the_loop_closes_with_the_controller(demo_copy: Path) -> None:
         placed = {p.instance_id for p in third.computed.result.placements if p.node_id == n}
         assert running == {container_id(n, i) for i in placed}
 
+    # a container dies and its restart fails: observed, never planned; status shows it
+    p = third.computed.result.placements[0]
+    runc = runtimes[p.node_id]
+    runc.containers[container_id(p.node_id, p.instance_id)].status = "stopped"
+    runc.fail_start.add(container_id(p.node_id, p.instance_id))
+    report = run_agent_once(demo_copy, p.node_id, runc)
+    assert report.start_failed == (p.instance_id,) and report.written
+    fourth = reconcile(demo_copy, opts)
+    assert not fourth.plan.changes_present
+    status = json.loads((demo_copy / "out" / "status.json").read_text())
+    shown = status["instances"][p.instance_id]
+    assert shown["state"] == "failed" and shown["restartCount"] == 1
+    assert shown["reason"] == report.failed[p.instance_id]
+    assert shown["lastExit"]["reason"] == "the container is stopped"
+    others = [v for k, v in status["instances"].items() if k != p.instance_id]
+    assert not any("restartCount" in v or "reason" in v for v in others)
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        assert main(["status", "--state", str(demo_copy)]) == 0
+    text = " ".join(out.getvalue().split())
+    assert "Failed instances" in text and "unable to start container process" in text
+    assert f"on {p.node_id}: unable to start" in text
+
 
 # ---------------------------------------------------------------- watch
 
@@ -678,6 +840,8 @@ def test_watch_applies_a_new_plan_and_resyncs(
 ) -> None:
     runc, runs, stop = watching
     _wait_for(lambda: len(runs) >= 1)  # the first run, before any plan exists
+    assert runs[0] is None  # a node nobody declared: logged, and the watch goes on
+    declare_node(state)
     make_bundle(state, A0)
     write_patch(state, 0, add={A0: RECORDS[A0]})  # creates out/nodes: picked up
     _wait_for(lambda: cid(A0) in runc.containers)
@@ -686,10 +850,11 @@ def test_watch_applies_a_new_plan_and_resyncs(
     assert read_actual(state).revision == 1
     runc.containers[cid(A0)].status = "stopped"
     write_patch(state, 1)  # a new plan (a file replaced in the watched directory)
-    _wait_for(lambda: read_actual(state).instances[A0].state == "failed")
+    _wait_for(lambda: read_actual(state).instances[A0].restartCount == 1)  # restarted
+    assert runc.containers[cid(A0)].status == "running"
     n = len(runs)
     _wait_for(lambda: len(runs) > n + 1)  # periodic resyncs keep running
-    assert all(r is not None for r in runs)
+    assert all(r is not None for r in runs[n:])
     t0 = time.monotonic()
     stop.set()
     assert time.monotonic() - t0 < 2
@@ -992,3 +1157,62 @@ def test_cli_agent_watch_applies_new_plans_until_sigterm(
     assert proc.returncode == 0, err
     acts = [c[1:] for c in _runc_calls(runc_on_path) if c[1] in ("run", "kill", "delete")]
     assert acts[-2:] == [["kill", cid(A0), "15"], ["delete", "--force", cid(A0)]]
+
+
+def test_cli_agent_exit_codes_for_unknown_nodes_failed_starts_and_a_second_run(
+    state: Path, tmp_path: Path, runc_on_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["agent", "--state", str(state), "--runc-root", str(tmp_path / "runc-root")]
+    assert main([*base, "--node", "edge-9"]) == 1
+    assert "'edge-9' is not a node of this unit" in capsys.readouterr().err
+
+    write_patch(state, 0, add={A0: RECORDS[A0], A1: RECORDS[A1]})
+    make_bundle(state, A0)
+    (state / "out" / "instances" / A1).mkdir(parents=True)  # no config.json: its start fails
+    assert main([*base, "--node", NODE]) == 1
+    out = capsys.readouterr().out
+    assert f"failed {A1}: no OCI config" in out and "1 started" in out
+
+    (state / "out" / "instances" / A1).rmdir()
+    make_bundle(state, A1)  # fixed: the first restart comes at once
+    assert main([*base, "--node", NODE, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["restarted"] == [A1] and doc["startFailed"] == [] and not doc["stale"]
+    assert read_actual(state).instances[A1].restartCount == 1
+
+    # the same again (the plan still tests revision 0): nothing to apply, exit 0
+    assert main([*base, "--node", NODE]) == 0
+    assert "0 started" in capsys.readouterr().out
+
+
+def test_watch_runs_again_when_a_back_off_ends(state: Path) -> None:
+    runc, clock = FakeRunc(), Clock()
+    runs: list[AgentReport | None] = []
+    stop = threading.Event()
+    declare_node(state)
+    make_bundle(state, A0)
+    write_patch(state, 0, add={A0: RECORDS[A0]})
+    thread = threading.Thread(
+        target=agent_watch,
+        args=(state, NODE, runc, stop),
+        kwargs={"resync": 3600, "debounce": 0.05, "on_run": runs.append, "now": clock},
+    )
+    thread.start()
+    try:
+        _wait_for(lambda: (state / "actual" / f"{NODE}.yaml").exists())
+        runc.containers[cid(A0)].status = "stopped"
+        write_patch(state, 1)  # wakes the watch: the first restart, at once
+        _wait_for(lambda: read_actual(state).instances[A0].restartCount == 1)
+        runc.containers[cid(A0)].status = "stopped"
+        write_patch(state, 2)  # wakes it again: now it waits out 10 s of back-off
+        _wait_for(lambda: any(r is not None and r.next_restart for r in runs))
+        n = len(runs)
+        time.sleep(1.5)
+        assert len(runs) == n  # no resync for an hour, and the back-off has not ended
+        clock.t += 10  # the back-off ends: the watch runs without a plan change or a resync
+        _wait_for(lambda: read_actual(state).instances[A0].restartCount == 2)
+        assert runc.containers[cid(A0)].status == "running"
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert not thread.is_alive()

@@ -131,11 +131,23 @@ class E2E:
             assert_valid(json.loads((bundles / iid / "config.json").read_text()))
         return report
 
-    def agents(self) -> dict[str, AgentReport]:
+    def agents(self, now: float | None = None) -> dict[str, AgentReport]:
+        clock = time.time if now is None else (lambda: now)
         return {
-            n: run_agent_once(self.state, n, runc, stop_timeout=STOP_TIMEOUT, log_dir=self.logs / n)
+            n: run_agent_once(
+                self.state, n, runc, stop_timeout=STOP_TIMEOUT, log_dir=self.logs / n, now=clock
+            )
             for n, runc in self.runcs.items()
         }
+
+    def kill9(self, node: str, cid: str) -> None:
+        """SIGKILL a container and wait until runc sees it stopped."""
+        runc = self.runcs[node]
+        runc.kill(cid, "KILL")
+        deadline = time.monotonic() + 30
+        while (st := runc.state(cid)) is not None and st.status != "stopped":
+            assert time.monotonic() < deadline, f"{cid} still {st.status} after SIGKILL"
+            time.sleep(0.05)
 
     def containers(self) -> dict[str, dict[str, ContainerState]]:
         return {n: {s.id: s for s in runc.list()} for n, runc in self.runcs.items()}
@@ -236,6 +248,7 @@ def test_two_agents_run_the_plan_with_runc(e2e: E2E) -> None:
             "runtimeId": "runc",
             "state": "active",
             "devices": {},
+            "restartCount": 0,
         }
     }
 
@@ -319,22 +332,15 @@ def test_two_agents_run_the_plan_with_runc(e2e: E2E) -> None:
     assert not e2e.reconcile().plan.changes_present
     e2e.timed("version bump", t0)
 
-    # ---- a container that dies shows as failed (and is not restarted by the agent)
+    # ---- a container that dies is started again by the agent (restartPolicy: always)
     t0 = time.monotonic()
-    e2e.runcs["n1"].kill(old.id, "KILL")
-    deadline = time.monotonic() + 30
-    while (st := e2e.runcs["n1"].state(old.id)) is not None and st.status != "stopped":
-        assert time.monotonic() < deadline, f"{old.id} still {st.status} after SIGKILL"
-        time.sleep(0.05)
-    revision = e2e.actual("n1")["revision"]
-    assert isinstance(revision, int)
+    e2e.kill9("n1", old.id)
     reports = e2e.agents()
-    assert reports["n1"].states == {iid0: "failed"} and "stopped" in reports["n1"].failed[iid0]
-    assert reports["n1"].started == () and reports["n1"].revision == revision + 1
-    assert e2e.actual("n1")["revision"] == revision + 1
+    assert reports["n1"].restarted == (iid0,) and reports["n1"].states == {iid0: "active"}
+    back = e2e.runcs["n1"].state(old.id)
+    assert back is not None and back.status == "running" and back.pid != replaced.pid
     record = e2e.actual("n1")["instances"]
-    assert isinstance(record, dict) and record[iid0]["state"] == "failed"
-    assert {s.id: s.status for s in e2e.runcs["n1"].list()} == {old.id: "stopped"}
+    assert isinstance(record, dict) and record[iid0]["restartCount"] == 1
     assert not e2e.reconcile().plan.changes_present  # a state is observed, never planned
     e2e.timed("died", t0)
 
@@ -350,3 +356,96 @@ def test_two_agents_run_the_plan_with_runc(e2e: E2E) -> None:
     final = e2e.reconcile(allow_empty=True)
     assert not final.plan.changes_present
     e2e.timed("delete", t0)
+
+
+def _running(e2e: E2E) -> dict[str, dict[str, str]]:
+    return {n: {i: s.status for i, s in c.items()} for n, c in e2e.containers().items()}
+
+
+def test_dead_containers_come_back_with_back_off_and_after_a_reboot(e2e: E2E) -> None:
+    """Issue 24: kill -9, a second kill within the back-off, every container gone at once."""
+    iid0, iid1 = instance_id(ITEM, "default", 0), instance_id(ITEM, "default", 1)
+    c0, c1 = container_id("n1", iid0), container_id("n2", iid1)
+    t = 1_800_000_000.0
+    e2e.reconcile()
+    e2e.agents(t)
+    e2e.reconcile()
+    assert _running(e2e) == {"n1": {c0: "running"}, "n2": {c1: "running"}}
+
+    # kill -9: the next run starts it again, at once
+    e2e.kill9("n1", c0)
+    reports = e2e.agents(t + 1)
+    assert reports["n1"].restarted == (iid0,) and reports["n2"].restarted == ()
+    assert _running(e2e)["n1"] == {c0: "running"}
+    record = e2e.actual("n1")["instances"]
+    assert isinstance(record, dict) and record[iid0]["restartCount"] == 1
+    assert record[iid0]["state"] == "active"
+    assert record[iid0]["lastExit"]["reason"] == "the container is stopped"
+
+    # killed again at once: not restarted before its 10 s back-off, restarted after
+    e2e.kill9("n1", c0)
+    waiting = e2e.agents(t + 2)["n1"]
+    assert waiting.restarted == () and waiting.states == {iid0: "failed"}
+    assert "back-off 10s" in waiting.failed[iid0] and waiting.next_restart == t + 12
+    assert _running(e2e)["n1"] == {c0: "stopped"}
+    assert e2e.agents(t + 11.9)["n1"].restarted == ()
+    assert e2e.agents(t + 12)["n1"].restarted == (iid0,)
+    assert _running(e2e)["n1"] == {c0: "running"}
+    record = e2e.actual("n1")["instances"]
+    assert isinstance(record, dict) and record[iid0]["restartCount"] == 2
+
+    # ten minutes of running reset the back-off; then a reboot: every container gone
+    e2e.agents(t + 12 + 600)
+    for runc in e2e.runcs.values():
+        for st in runc.list():
+            runc.delete(st.id, force=True)
+    assert e2e.containers() == {"n1": {}, "n2": {}}
+    reports = e2e.agents(t + 700)  # one run: all back
+    assert {n: r.restarted for n, r in reports.items()} == {"n1": (iid0,), "n2": (iid1,)}
+    assert _running(e2e) == {"n1": {c0: "running"}, "n2": {c1: "running"}}
+    lost = e2e.actual("n2")["instances"]
+    assert isinstance(lost, dict) and lost[iid1]["lastExit"]["reason"] == "container missing"
+    assert not e2e.reconcile().plan.changes_present
+
+
+def test_a_missing_rootfs_created_later_heals(e2e: E2E) -> None:
+    iid0 = instance_id(ITEM, "default", 0)
+    rootfs, away = e2e.state / "rootfs", e2e.state / "rootfs.away"
+    rootfs.rename(away)
+    t = 1_800_000_000.0
+    e2e.reconcile()
+    reports = e2e.agents(t)
+    assert reports["n1"].start_failed == (iid0,)
+    assert reports["n1"].failed[iid0].startswith("runc run failed: invalid rootfs: ")
+    record = e2e.actual("n1")["instances"]
+    assert isinstance(record, dict) and record[iid0]["state"] == "failed"
+    assert record[iid0]["reason"] == reports["n1"].failed[iid0]
+    assert e2e.containers() == {"n1": {}, "n2": {}}
+
+    away.rename(rootfs)  # the cause is fixed: the next attempt (the first restart: at once)
+    reports = e2e.agents(t + 1)
+    assert reports["n1"].restarted == (iid0,) and reports["n1"].start_failed == ()
+    assert _running(e2e)["n1"] == {container_id("n1", iid0): "running"}
+    record = e2e.actual("n1")["instances"]
+    assert isinstance(record, dict) and record[iid0]["state"] == "active"
+    assert "reason" not in record[iid0]
+
+
+def test_a_leftover_of_an_interrupted_runc_run_does_not_block_the_start(e2e: E2E) -> None:
+    """Issue 32 item 7: an agent killed during `runc run` leaves the container's directory
+    under the runc root without a state.json (or with a torn one); runc then calls the
+    container absent but refuses to create it. The next run starts the instance."""
+    iid0, iid1 = instance_id(ITEM, "default", 0), instance_id(ITEM, "default", 1)
+    c0, c1 = container_id("n1", iid0), container_id("n2", iid1)
+    e2e.reconcile()
+    assert e2e.runcs["n1"].root is not None and e2e.runcs["n2"].root is not None
+    (e2e.runcs["n1"].root / c0).mkdir(parents=True)  # no state.json
+    (e2e.runcs["n2"].root / c1).mkdir(parents=True)
+    (e2e.runcs["n2"].root / c1 / "state.json").write_text('{"id": "n2.')  # torn
+    assert e2e.runcs["n1"].state(c0) is None and e2e.runcs["n2"].state(c1) is None
+    reports = e2e.agents()
+    assert {n: (r.started, dict(r.failed)) for n, r in reports.items()} == {
+        "n1": ((iid0,), {}),
+        "n2": ((iid1,), {}),
+    }
+    assert _running(e2e) == {"n1": {c0: "running"}, "n2": {c1: "running"}}

@@ -386,7 +386,9 @@ class TestAgentViaStore:
         entry = snap.entries[ACTUAL]
         doc = json.loads(entry.data)
         assert doc["revision"] == 2
-        assert doc["instances"][HMI]["state"] == "failed"
+        # restarted from its bundle, which the working copy holds though no plan adds it now
+        assert report.restarted == (HMI,) and doc["instances"][HMI]["state"] == "active"
+        assert doc["instances"][HMI]["restartCount"] == 1
         assert read_at < entry.mod_revision == snap.revision
 
     def test_a_stale_update_of_an_existing_document_is_rejected(
@@ -1208,10 +1210,12 @@ class TestScopedReads:
                 f"out/instances/{HMI}/config.json",
                 f"out/instances/{HMI}/hosts",
                 ACTUAL,  # written by this run, and committed
+                f".agent-{HEADUNIT}.json",  # the agent's own restart state: local only
             ]
         )
         assert not stale.exists()  # a bundle no plan of this node names is removed
-        for rel in files_under(work):
+        assert f".agent-{HEADUNIT}.json" not in in_store
+        for rel in files_under(work) - {f".agent-{HEADUNIT}.json"}:
             assert (work / rel).read_bytes() == in_store[rel]
 
     def test_the_agents_watch_sees_its_plan_only(self, store: EtcdStore) -> None:
