@@ -36,7 +36,7 @@ from .ha import (
     run_agent_via_store,
     store_watch_loop,
 )
-from .loader import Diagnostic, load_state
+from .loader import Diagnostic, instance_limit_guard, load_state
 from .lock import LockTimeout, StateLock
 from .models import KINDS, Service
 from .oci_glue import default_config_builder
@@ -216,6 +216,8 @@ def validate(state_dir: Path, as_json: bool) -> int:
     """
     _require_state(state_dir)
     view, diags = load_state(state_dir)
+    over_limit = instance_limit_guard(view)
+    diags = diags if over_limit is None else [*diags, over_limit]
     errors = [d for d in diags if d.severity == "error"]
     warnings = [d for d in diags if d.severity == "warning"]
     counts = {

@@ -7,9 +7,9 @@ read the same. Every model forbids unknown fields; scalars are strict (``"3"`` i
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal, Self
+from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 
 from .values import (
     AccessMode,
@@ -30,7 +30,10 @@ from .values import (
 
 __all__ = [
     "API_VERSION",
+    "DEFAULT_UNIT_MAX_INSTANCES",
     "KINDS",
+    "MAX_SERVICE_INSTANCES",
+    "UNIT_MAX_INSTANCES_LIMIT",
     "ActualInstance",
     "ActualState",
     "AlertRule",
@@ -61,7 +64,16 @@ __all__ = [
 ]
 
 API_VERSION = "reconciler/v1"
+MAX_SERVICE_INSTANCES = 10_000
+"""The most instances one service may ask for (``instances``)."""
+DEFAULT_UNIT_MAX_INSTANCES = 100_000
+"""The default of ``maxInstances`` in unit.yaml: the most instances all services together may
+ask for (without a unit.yaml too)."""
+UNIT_MAX_INSTANCES_LIMIT = 1_000_000
+"""The highest ``maxInstances`` unit.yaml may set."""
 ApiVersion = Literal["reconciler/v1"]
+InstanceCount = Annotated[int, Strict(), Field(ge=0, le=MAX_SERVICE_INSTANCES)]
+UnitInstanceLimit = Annotated[int, Strict(), Field(ge=1, le=UNIT_MAX_INSTANCES_LIMIT)]
 
 
 class _Model(BaseModel):
@@ -123,6 +135,7 @@ class UnitConfig(_Model):
     kind: Literal["UnitConfig"]
     version: SemVer
     placement: Literal["stable", "fresh"] = "stable"
+    maxInstances: UnitInstanceLimit = DEFAULT_UNIT_MAX_INSTANCES
     nodes: tuple[NodeConfig, ...] = ()
 
     @model_validator(mode="after")
@@ -213,7 +226,7 @@ class Service(_Model):
     version: SemVer
     subject: Id = "default"
     priority: Int = 0
-    instances: NonNegInt = 1
+    instances: InstanceCount = 1
     labels: tuple[Label, ...] = ()
     nodeId: Id | None = None
     balancingPolicy: Literal["enabled", "disabled"] = "enabled"
