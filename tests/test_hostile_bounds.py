@@ -658,3 +658,33 @@ def test_a_cpu_quota_stays_within_64_bits() -> None:
 
     assert cpu_quota(INT64_MAX, INT64_MAX, 1) == INT64_MAX
     assert cpu_quota(500, 2, 1000) == 500 * CPU_PERIOD * 2 // 1000  # the usual formula
+
+
+def test_a_large_unit_shows_its_progress_on_a_terminal(tmp_path: Path) -> None:
+    """On a terminal, each stage shows with the time spent in it (h:mm:ss), the balance of a
+    large unit included; piped, nothing of it. (2,000 instances: the plan's table of every
+    placement takes a terminal long to print.)"""
+    import os
+    import re
+
+    from .test_cli import _run_in_pty
+
+    state = tmp_path / "state"
+    many = 2000
+    big = _edit(SERVICE, "instances: 2", f"instances: {many}")
+    big = _edit(big, "requestedResources: {cpu: 100, ram: 16Mi}", "skipResourceLimits: true")
+    _write(state, {**FILES, "desired/web.yaml": big})
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+    shown = _run_in_pty(["plan", "--state", str(state)], {**env, "TERM": "xterm"})
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown.decode(errors="replace"))
+    lines = re.split(r"[\r\n]", text)
+    placing = f"placing {many} instances on 1 nodes... "
+    assert any(re.search(re.escape(placing) + r"\d+:\d\d:\d\d", line) for line in lines), text
+    assert f"Plan: {many} to start" in text
+    piped = subprocess.run(
+        [sys.executable, "-m", "reconciler", "plan", "--state", str(state)],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert b"placing" not in piped.stderr + piped.stdout
