@@ -38,6 +38,7 @@ __all__ = [
     "Path",
     "YamlRejected",
     "decode_strict",
+    "json_int",
     "parse_yaml",
     "reject_duplicate_keys",
 ]
@@ -263,7 +264,7 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed")
 
 
-def _json_int(text: str) -> int:
+def json_int(text: str) -> int:
     """A JSON integer, within the same 64 bits as a YAML one (else the YAML engine reads the
     document again and reports the scalar with its position)."""
     return _int(text, text, 10)
@@ -289,7 +290,7 @@ def _parse_json(text: str) -> Any:
             text,
             object_pairs_hook=reject_duplicate_keys,
             parse_constant=_reject_constant,
-            parse_int=_json_int,
+            parse_int=json_int,
         )
     except (ValueError, RecursionError):
         return _NOT_JSON

@@ -688,3 +688,18 @@ def test_a_large_unit_shows_its_progress_on_a_terminal(tmp_path: Path) -> None:
         check=False,
     )
     assert b"placing" not in piped.stderr + piped.stdout
+
+
+@pytest.mark.parametrize("digits", [30, 5000])
+def test_a_resources_file_with_a_huge_integer_is_an_error_at_its_position(
+    digits: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = tmp_path / "state"
+    resources = '[\n  {"name": "can", "sharedCount": ' + "9" * digits + "}\n]\n"
+    node = NODE + "resourcesFile: resources/n1.json\n"
+    _write(state, {**FILES, "nodes/n1.yaml": node, "resources/n1.json": resources})
+    where = f"{state / 'resources' / 'n1.json'}:2:34: "  # `  {"name": "can", "sharedCount": `
+    code, out, err = run(capsys, "validate", "--state", str(state))
+    assert code == 1 and where in out and "out of range" in out, out + err
+    code, out, err = run(capsys, "reconcile", "--state", str(state))
+    assert code == 0 and where in err and "Traceback" not in err, err
