@@ -6,6 +6,7 @@ placed, nothing stopped."""
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from reconciler.cli import main
@@ -530,26 +531,29 @@ def _near_bounds(lo: int, hi: int) -> st.SearchStrategy[int]:
     return st.one_of(st.sampled_from(edges), st.integers(lo, hi))
 
 
+@functools.cache
+def _bounds(kind: str, path: Path_) -> tuple[int, int]:
+    """The schema's (minimum, maximum) of a field; at most FEW_INSTANCES for ``instances``."""
+    schema = all_schemas()[kind]
+    lo, hi = _int_fields(schema, schema)[path]
+    return (lo, min(hi, FEW_INSTANCES)) if path == ("instances",) else (lo, hi)
+
+
 @st.composite
 def _unit(draw: st.DrawFn) -> dict[str, dict[str, Any]]:
-    schemas = all_schemas()
-    fields = {kind: _int_fields(s, s) for kind, s in schemas.items()}
-
     def v(kind: str, path: Path_) -> Any:
-        lo, hi = fields[kind][path]
-        if path == ("instances",):
-            hi = min(hi, FEW_INSTANCES)
+        lo, hi = _bounds(kind, path)
         value = draw(_near_bounds(lo, hi))
-        if (
-            fields[kind][path] == (0, MAX_BYTES)
-            and value
-            and value % 1024 == 0
-            and draw(st.booleans())
-        ):
+        if (lo, hi) == (0, MAX_BYTES) and value and value % 1024 == 0 and draw(st.booleans()):
             return f"{value // 1024}Ki"  # the same amount, written with a suffix
         return value
 
     return _documents(v)
+
+
+def _every_field_at(end: int) -> dict[str, dict[str, Any]]:
+    """Every field at its minimum (``end`` 0) or its maximum (1)."""
+    return _documents(lambda kind, path: _bounds(kind, path)[end])
 
 
 def _yaml_text(doc: dict[str, Any], as_json: bool) -> str:
@@ -575,6 +579,8 @@ _STATES = _state_dirs()
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(docs=_unit(), as_json=st.booleans())
+@example(docs=_every_field_at(0), as_json=False)
+@example(docs=_every_field_at(1), as_json=True)
 def test_any_integer_the_schema_accepts_survives_plan_and_reconcile(
     docs: dict[str, dict[str, Any]], as_json: bool
 ) -> None:
