@@ -709,3 +709,23 @@ def test_a_resources_file_with_a_huge_integer_is_an_error_at_its_position(
     assert code == 1 and where in out and "out of range" in out, out + err
     code, out, err = run(capsys, "reconcile", "--state", str(state))
     assert code == 0 and where in err and "Traceback" not in err, err
+
+
+def test_the_long_running_loop_survives_both(tmp_path: Path) -> None:
+    """``watch`` and the etcd leader run each reconcile through ``run_logged``: a huge number
+    is a diagnostic of a run that completes; a unit over its limit is a run that fails and is
+    logged, and the loop goes on (it once exited, and took the standby with it)."""
+    from reconciler.watch import run_logged
+
+    state = tmp_path / "state"
+    path, _ = _faulty(state, "maxDMIPS")
+    opts = ReconcileOptions(configs=default_config_builder())
+    views: list[Any] = []
+    runs: list[object] = []
+    report = run_logged(state, opts, views, "test", runs.append)
+    assert report is not None and any(d.path == str(path) for d in report.computed.diagnostics)
+    _write(state, {"unit.yaml": UNIT + "maxInstances: 1\n"})
+    assert run_logged(state, opts, views, "test", runs.append) is None
+    assert runs == [None]  # the failed run, reported
+    _write(state, {"unit.yaml": UNIT})
+    assert run_logged(state, opts, views, "test", runs.append) is not None  # and it goes on
