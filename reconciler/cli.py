@@ -22,6 +22,7 @@ from typing import Any, TypeVar, cast
 
 import click
 from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from . import __version__
 from .agent import AgentError, agent_watch, run_agent_once
@@ -37,7 +38,7 @@ from .ha import (
     run_agent_via_store,
     store_watch_loop,
 )
-from .loader import Diagnostic, load_state
+from .loader import Diagnostic, instance_limit_guard, load_state
 from .lock import LockTimeout, StateLock
 from .models import KINDS, Service
 from .oci_glue import default_config_builder
@@ -221,6 +222,9 @@ def validate(state_dir: Path, as_json: bool) -> int:
     _require_state(state_dir)
     view, loaded = load_state(state_dir)
     found = cross_checks(view, file_locator(state_dir))
+    over_limit = instance_limit_guard(view)
+    if over_limit is not None:
+        found = [*found, over_limit]
     diags = sorted([*loaded, *found], key=lambda d: (d.path, d.line, d.col))
     errors = [d for d in diags if d.severity == "error"]
     warnings = [d for d in diags if d.severity == "warning"]
@@ -400,13 +404,20 @@ def _plan_exit(p: Plan) -> int:
 
 @contextlib.contextmanager
 def _progress() -> Iterator[Callable[[str], None] | None]:
-    """A spinner with the current stage on stderr, only when stderr is a terminal."""
+    """A spinner with the current stage and the time spent in it on stderr, only when stderr
+    is a terminal: a long stage (placing a large unit) shows it is moving."""
     console = _err_console()
     if not console.is_terminal:
         yield None
         return
-    with console.status("starting", spinner="dots") as status:
-        yield lambda text: status.update(f"{text}...")
+    columns = (SpinnerColumn("dots"), TextColumn("{task.description}..."), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("starting", total=None)
+
+        def on_stage(text: str) -> None:
+            progress.reset(task, description=text)  # the clock restarts with each stage
+
+        yield on_stage
 
 
 def _run_reconcile(

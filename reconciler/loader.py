@@ -28,7 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 
 from .fsio import FileReadError, StatKey, iter_files, read_bytes_at, settled_key, stat_key
-from .models import ActualState, Node, Service, UnitConfig
+from .models import DEFAULT_UNIT_MAX_INSTANCES, ActualState, Node, Service, UnitConfig
 from .resources import ResourcesFileError, parse_resources_json
 from .values import ID_PATTERN, RESOURCE_NAME_PATTERN
 from .yamlsafe import DEFAULT_MAX_BYTES, Parsed, YamlRejected, parse_yaml
@@ -41,6 +41,7 @@ __all__ = [
     "LoadOptions",
     "StateView",
     "format_validation_error",
+    "instance_limit_guard",
     "load_state",
     "mass_deletion_guard",
 ]
@@ -598,4 +599,33 @@ def mass_deletion_guard(view: StateView, *, allow_empty: bool) -> Diagnostic | N
         1,
         f"no valid desired service left while {running} instance(s) run; refusing to stop "
         "them all (pass --allow-empty if that is what you want)",
+    )
+
+
+def instance_limit_guard(view: StateView) -> Diagnostic | None:
+    """Refuse a unit whose services together ask for more instances than unit.yaml's
+    ``maxInstances`` allows (each service is bounded by its model): nothing is placed and
+    nothing stopped, so a typo cannot make a run grow without bound, nor stop what runs. The
+    error points at the ``instances`` of the service that asks for the most."""
+    limit = view.unit.maxInstances if view.unit is not None else DEFAULT_UNIT_MAX_INSTANCES
+    total = sum(s.instances for s in view.services.values())
+    if total <= limit:
+        return None
+    largest = max(view.services.values(), key=lambda s: (s.instances, s.key))
+    rel = next((r for r, rec in view.files.items() if rec.good is largest), None)
+    line, col = 1, 1
+    if rel is not None:
+        try:
+            raw, _key = read_bytes_at(view.root / rel, DEFAULT_MAX_BYTES)
+            line, col = _position_of(raw, "instances", DEFAULT_MAX_BYTES)
+        except (FileReadError, YamlRejected):
+            pass  # changed since it was loaded: the file's start
+    where = "unit.yaml's maxInstances" if view.unit is not None else "the default maxInstances"
+    return Diagnostic(
+        str(view.root / (rel or "desired")),
+        line,
+        col,
+        f"instances: the services ask for {total} instances in all, over {where} of {limit} "
+        f"(this one asks for {largest.instances}); nothing is placed or stopped until the "
+        "total is within the limit (raise maxInstances in unit.yaml if that is meant)",
     )

@@ -39,8 +39,11 @@ from .values import (
 
 __all__ = [
     "API_VERSION",
+    "DEFAULT_UNIT_MAX_INSTANCES",
     "KINDS",
+    "MAX_SERVICE_INSTANCES",
     "RESTART_POLICIES",
+    "UNIT_MAX_INSTANCES_LIMIT",
     "ActualInstance",
     "ActualState",
     "AlertRule",
@@ -74,7 +77,16 @@ __all__ = [
 
 _HOSTNAME = r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,62})$"
 API_VERSION = "reconciler/v1"
+MAX_SERVICE_INSTANCES = 10_000
+"""The most instances one service may ask for (``instances``)."""
+DEFAULT_UNIT_MAX_INSTANCES = 100_000
+"""The default of ``maxInstances`` in unit.yaml: the most instances all services together may
+ask for (without a unit.yaml too)."""
+UNIT_MAX_INSTANCES_LIMIT = 1_000_000
+"""The highest ``maxInstances`` unit.yaml may set."""
 ApiVersion = Literal["reconciler/v1"]
+InstanceCount = Annotated[int, Strict(), Field(ge=0, le=MAX_SERVICE_INSTANCES)]
+UnitInstanceLimit = Annotated[int, Strict(), Field(ge=1, le=UNIT_MAX_INSTANCES_LIMIT)]
 
 
 class _Model(BaseModel):
@@ -136,6 +148,7 @@ class UnitConfig(_Model):
     kind: Literal["UnitConfig"]
     version: SemVer
     placement: Literal["stable", "fresh"] = "stable"
+    maxInstances: UnitInstanceLimit = DEFAULT_UNIT_MAX_INSTANCES
     nodes: tuple[NodeConfig, ...] = ()
 
     @model_validator(mode="after")
@@ -230,7 +243,7 @@ class Service(_Model):
     version: SemVer
     subject: Id = "default"
     priority: Int = 0
-    instances: NonNegInt = 1
+    instances: InstanceCount = 1
     labels: tuple[Label, ...] = ()
     nodeId: Id | None = None
     balancingPolicy: Literal["enabled", "disabled"] = "enabled"

@@ -29,6 +29,7 @@ from .jsonio import pretty_json
 from .models import Device, HostEntry, Mount, Node, Service
 from .placement import Placement
 from .restarts import RESTART_POLICY_ANNOTATION
+from .values import INT64_MAX
 
 __all__ = [
     "CPU_PERIOD",
@@ -274,10 +275,10 @@ def _glob_base(pattern: str) -> str:
 
 def cpu_quota(dmips_limit: int, num_cores: int, max_dmips: int) -> int:
     """CFS quota for a period of 100000 µs: limit * period * cores / maxDMIPS, rounded down,
-    at least 1000."""
+    at least 1000 and at most the runtime's int64."""
     if max_dmips <= 0:
         raise ValueError("cannot derive a cpu quota: the node's maxDMIPS is 0")
-    return max(MIN_CPU_QUOTA, dmips_limit * CPU_PERIOD * num_cores // max_dmips)
+    return min(INT64_MAX, max(MIN_CPU_QUOTA, dmips_limit * CPU_PERIOD * num_cores // max_dmips))
 
 
 def devices_env_name(resource: str) -> str:

@@ -46,7 +46,14 @@ from .fsio import (
 from .gcpause import collector_paused
 from .jsonio import pretty_json
 from .lastgood import LastGoodMemo, LastGoodStore
-from .loader import Diagnostic, LoadOptions, StateView, load_state, mass_deletion_guard
+from .loader import (
+    Diagnostic,
+    LoadOptions,
+    StateView,
+    instance_limit_guard,
+    load_state,
+    mass_deletion_guard,
+)
 from .lock import StateLock
 from .oci import BuildResult, BuiltConfig
 from .oci_writer import PendingManifest, WriteMemo, write_instance_outputs
@@ -212,7 +219,7 @@ def compute_once(
         cache=opts.cache.checkpoint if opts.cache is not None else None,
     )
     cp = loaded.checkpoint
-    refused = mass_deletion_guard(view, allow_empty=opts.allow_empty)
+    refused = mass_deletion_guard(view, allow_empty=opts.allow_empty) or instance_limit_guard(view)
     if refused is not None:
         raise ReconcileError(str(refused))
     now = opts.clock() if opts.clock is not None else time.time()

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pydantic import TypeAdapter, ValidationError
 
 from .models import HostResource, Node
-from .yamlsafe import YamlRejected, parse_yaml, reject_duplicate_keys
+from .yamlsafe import YamlRejected, json_int, parse_yaml, reject_duplicate_keys
 
 __all__ = [
     "ResourceManager",
@@ -50,10 +50,14 @@ def parse_resources_json(raw: bytes) -> tuple[HostResource, ...]:
     except UnicodeDecodeError:
         raise ResourcesFileError(1, 1, "not valid UTF-8") from None
     try:
-        data = json.loads(text, object_pairs_hook=reject_duplicate_keys)
+        data = json.loads(text, object_pairs_hook=reject_duplicate_keys, parse_int=json_int)
     except json.JSONDecodeError as e:
         raise ResourcesFileError(e.lineno, e.colno, f"invalid JSON: {e.msg}") from None
     except (ValueError, RecursionError) as e:
+        try:  # JSON is YAML 1.2: the YAML reader finds where (an integer beyond 64 bits)
+            parse_yaml(raw)
+        except YamlRejected as rejected:
+            raise ResourcesFileError(rejected.line, rejected.col, rejected.message) from None
         raise ResourcesFileError(1, 1, f"invalid JSON: {e}") from None
     if not isinstance(data, list):
         raise ResourcesFileError(1, 1, "a resources file is a JSON array of resource entries")

@@ -18,6 +18,10 @@ from pydantic import AfterValidator, BeforeValidator, Field, Strict, WithJsonSch
 
 __all__ = [
     "ID_PATTERN",
+    "INT64_MAX",
+    "INT64_MIN",
+    "MAX_BYTES",
+    "MAX_DURATION",
     "RESOURCE_NAME_PATTERN",
     "Bool",
     "Bytes",
@@ -50,6 +54,16 @@ SEMVER_PATTERN = (
 
 _ID_RE = re.compile(ID_PATTERN)
 
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+"""Every integer field lies within 64 bits (signed): what every JSON consumer and the OCI
+runtime's fields hold, and what orjson encodes."""
+MAX_BYTES = 2**60
+"""The largest byte quantity, ``1024Pi`` (one exbibyte): far above any machine, and still
+eight times below ``INT64_MAX``, so a sum of a few such amounts stays in 64 bits."""
+MAX_DURATION = 10 * 365 * 24 * 3600
+"""The longest duration, ten years (87600h) in seconds."""
+
 
 def _no_nul(value: str) -> str:
     """No string of a document holds NUL: no path, argument or environment entry can (the
@@ -59,11 +73,11 @@ def _no_nul(value: str) -> str:
     return value
 
 
-Int = Annotated[int, Strict()]
+Int = Annotated[int, Strict(), Field(ge=INT64_MIN, le=INT64_MAX)]
 Str = Annotated[str, Strict(), AfterValidator(_no_nul)]
 Bool = Annotated[bool, Strict()]
-NonNegInt = Annotated[int, Strict(), Field(ge=0)]
-PosInt = Annotated[int, Strict(), Field(ge=1)]
+NonNegInt = Annotated[int, Strict(), Field(ge=0, le=INT64_MAX)]
+PosInt = Annotated[int, Strict(), Field(ge=1, le=INT64_MAX)]
 Percent = Annotated[int, Strict(), Field(ge=0, le=100)]
 Id = Annotated[str, Strict(), Field(pattern=ID_PATTERN)]
 ResourceName = Annotated[str, Strict(), Field(pattern=RESOURCE_NAME_PATTERN)]
@@ -89,59 +103,83 @@ _BYTE_SUFFIXES = {
 _BYTES_RE = re.compile(r"^\s*([0-9]+)\s*(Ki|Mi|Gi|Ti|Pi)?\s*$")
 
 
+def _shown(value: str, limit: int = 40) -> str:
+    """``value``'s repr, cut short: an error message never carries a 5,000-digit input."""
+    return repr(value) if len(value) <= limit else repr(value[:limit]) + "..."
+
+
+def _digits(text: str, limit: int) -> int:
+    """``int(text)`` of a string of decimal digits, or ``limit + 1`` when it is longer than
+    ``limit``'s digits (never the interpreter's 4300-digit conversion error)."""
+    text = text.lstrip("0") or "0"
+    return limit + 1 if len(text) > len(str(limit)) else int(text)
+
+
 def parse_bytes(value: object) -> int:
-    """``512Mi`` → 536870912; an integer is taken as bytes. Decimal suffixes are refused."""
+    """``512Mi`` → 536870912; an integer is taken as bytes. Decimal suffixes are refused.
+    At most :data:`MAX_BYTES` (``1024Pi``)."""
     if isinstance(value, bool):
         raise ValueError("a byte quantity must be an integer or a string like 512Mi")
     if isinstance(value, int):
         if value < 0:
             raise ValueError("a byte quantity cannot be negative")
-        return value
-    if isinstance(value, str):
+        amount = value
+    elif isinstance(value, str):
         m = _BYTES_RE.match(value)
         if not m:
             raise ValueError(
-                f"invalid byte quantity {value!r}: use an integer or a binary suffix "
+                f"invalid byte quantity {_shown(value)}: use an integer or a binary suffix "
                 "(Ki, Mi, Gi, Ti, Pi), e.g. 512Mi"
             )
-        return int(m.group(1)) * _BYTE_SUFFIXES[m.group(2) or ""]
-    raise ValueError("a byte quantity must be an integer or a string like 512Mi")
+        amount = _digits(m.group(1), MAX_BYTES) * _BYTE_SUFFIXES[m.group(2) or ""]
+    else:
+        raise ValueError("a byte quantity must be an integer or a string like 512Mi")
+    if amount > MAX_BYTES:
+        raise ValueError(f"a byte quantity is at most 1024Pi ({MAX_BYTES} bytes)")
+    return amount
 
 
 _DURATION_RE = re.compile(r"^(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(?:(\d+)ms)?$")
 
 
 def parse_duration(value: object) -> float:
-    """``1h30m`` → 5400.0 seconds; ``30s``, ``5m``, ``200ms``; an integer is seconds."""
+    """``1h30m`` → 5400.0 seconds; ``30s``, ``5m``, ``200ms``; an integer is seconds.
+    At most :data:`MAX_DURATION` (ten years)."""
     if isinstance(value, bool):
         raise ValueError("a duration must be an integer of seconds or a string like 30s")
     if isinstance(value, int | float):
         if not value >= 0 or value == float("inf"):
             raise ValueError("a duration must be a finite number of seconds >= 0")
-        return float(value)
-    if isinstance(value, str):
+        seconds = float(value) if value <= MAX_DURATION else float(MAX_DURATION + 1)
+    elif isinstance(value, str):
         text = value.strip()
         m = _DURATION_RE.match(text)
-        if text and m and any(m.groups()):
-            h, mi, s, ms = (int(g) if g else 0 for g in m.groups())
-            return h * 3600 + mi * 60 + s + ms / 1000
-        raise ValueError(f"invalid duration {value!r}: use e.g. 30s, 5m, 1h30m, 200ms")
-    raise ValueError("a duration must be an integer of seconds or a string like 30s")
+        if not (text and m and any(m.groups())):
+            raise ValueError(f"invalid duration {_shown(value)}: use e.g. 30s, 5m, 1h30m, 200ms")
+        h, mi, s, ms = (_digits(g, MAX_DURATION * 1000) if g else 0 for g in m.groups())
+        total_ms = ((h * 60 + mi) * 60 + s) * 1000 + ms
+        seconds = total_ms / 1000 if total_ms <= MAX_DURATION * 1000 else MAX_DURATION + 1.0
+    else:
+        raise ValueError("a duration must be an integer of seconds or a string like 30s")
+    if seconds > MAX_DURATION:
+        raise ValueError(f"a duration is at most 87600h (ten years, {MAX_DURATION} seconds)")
+    return seconds
 
 
 _BYTES_SCHEMA: dict[str, Any] = {
     "anyOf": [
-        {"type": "integer", "minimum": 0},
+        {"type": "integer", "minimum": 0, "maximum": MAX_BYTES},
         {"type": "string", "pattern": r"^\s*[0-9]+\s*(Ki|Mi|Gi|Ti|Pi)?\s*$"},
     ],
-    "description": "bytes: an integer or a string with a binary suffix (512Mi, 8Gi)",
+    "description": "bytes: an integer or a string with a binary suffix (512Mi, 8Gi); "
+    "at most 1024Pi",
 }
 _DURATION_SCHEMA: dict[str, Any] = {
     "anyOf": [
-        {"type": "integer", "minimum": 0},
+        {"type": "integer", "minimum": 0, "maximum": MAX_DURATION},
         {"type": "string", "pattern": r"^(\d+h)?(\d+m)?(\d+s)?(\d+ms)?$"},
     ],
-    "description": "a duration: integer seconds or a string like 30s, 5m, 1h30m",
+    "description": "a duration: integer seconds or a string like 30s, 5m, 1h30m; at most 87600h",
 }
 
 Bytes = Annotated[int, BeforeValidator(parse_bytes), WithJsonSchema(_BYTES_SCHEMA)]

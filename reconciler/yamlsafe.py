@@ -20,6 +20,8 @@ from typing import Any, Literal
 from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
+from .values import INT64_MAX, INT64_MIN
+
 _LIBYAML: ModuleType | None
 try:  # PyYAML with its C extension: used for events only
     import yaml as _pyyaml
@@ -36,6 +38,7 @@ __all__ = [
     "Path",
     "YamlRejected",
     "decode_strict",
+    "json_int",
     "parse_yaml",
     "reject_duplicate_keys",
 ]
@@ -131,17 +134,40 @@ _NUMERIC_START = frozenset("0123456789+-.")
 """Every int, float, inf and nan of the core schema starts with one of these."""
 
 
+class _OutOfRange(ValueError):
+    """An integer scalar beyond 64 bits; the composer reports it at the scalar's position."""
+
+
+def _int(value: str, digits: str, base: int) -> int:
+    """The integer ``digits`` (in ``base``, sign in ``value``) when it fits in 64 bits signed.
+    Leading zeros are dropped and the length is checked before any conversion: a huge literal
+    is refused at once, never handed to ``int()`` (whose 4300-digit limit raises)."""
+    significant = digits.lstrip("+-").lstrip("0")
+    if len(significant) <= _MAX_DIGITS[base]:
+        n = int(significant or "0", base)
+        n = -n if value.startswith("-") else n
+        if INT64_MIN <= n <= INT64_MAX:
+            return n
+    shown = value if len(value) <= 30 else value[:27] + "..."
+    raise _OutOfRange(
+        f"integer {shown} is out of range: integers lie within {INT64_MIN}..{INT64_MAX} (64 bits)"
+    )
+
+
+_MAX_DIGITS = {10: len(str(2**63)), 8: len(f"{2**63:o}"), 16: len(f"{2**63:x}")}
+
+
 def _resolve_plain(value: str) -> Any:
     if value in _WORDS:
         return _WORDS[value]
     if value[0] not in _NUMERIC_START:
         return value  # most scalars (ids, names, paths): no pattern can match
     if _INT10.match(value):
-        return int(value)
+        return _int(value, value, 10)
     if _INT8.match(value):
-        return int(value[2:], 8)
+        return _int(value, value[2:], 8)
     if _INT16.match(value):
-        return int(value[2:], 16)
+        return _int(value, value[2:], 16)
     if _FLOAT.match(value):
         return float(value)
     if _INF.match(value):
@@ -238,6 +264,12 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed")
 
 
+def json_int(text: str) -> int:
+    """A JSON integer, within the same 64 bits as a YAML one (else the YAML engine reads the
+    document again and reports the scalar with its position)."""
+    return _int(text, text, 10)
+
+
 def reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """``object_pairs_hook`` for ``json.loads``: a duplicate key is an error, not last-wins."""
     out: dict[str, Any] = {}
@@ -255,7 +287,10 @@ def _parse_json(text: str) -> Any:
         return _NOT_JSON
     try:
         return json.loads(
-            text, object_pairs_hook=reject_duplicate_keys, parse_constant=_reject_constant
+            text,
+            object_pairs_hook=reject_duplicate_keys,
+            parse_constant=_reject_constant,
+            parse_int=json_int,
         )
     except (ValueError, RecursionError):
         return _NOT_JSON
@@ -445,7 +480,10 @@ def _compose(
                 if track:
                     value_pos[child_path() if stack else ()] = _pos(event)
                 plain = event.style is None or event.style == ""
-                attach(_resolve_plain(event.value) if plain else event.value)
+                try:
+                    attach(_resolve_plain(event.value) if plain else event.value)
+                except _OutOfRange as e:
+                    raise YamlRejected(*_pos(event), str(e)) from None
             elif kind in ("MappingStartEvent", "SequenceStartEvent"):
                 check_node(event)
                 if is_key:
