@@ -205,16 +205,70 @@ def ensure_dir(path: Path, mode: int = 0o700) -> None:
     path.mkdir(mode=mode, parents=True, exist_ok=True)
 
 
-def remove_stale_temp_files(directory: Path) -> int:
-    """Remove temp files that a killed writer left (call only while holding the lock)."""
-    removed = 0
-    if not directory.is_dir():
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _is_temp(entry: os.DirEntry[str]) -> bool:
+    """A writer's temp file: ``.<name>.tmp-<pid>`` (the manifest's: ``..manifest.json.tmp-``)."""
+    name = entry.name
+    return name.startswith(".") and ".tmp-" in name and not entry.is_dir(follow_symlinks=False)
+
+
+def remove_stale_temp_files(root: Path, rel: str, *, subdirs: bool = False) -> int:
+    """Remove the temp files a killed writer left in ``root/rel`` (with ``subdirs``, in each
+    of its subdirectories too, one level down); call only while holding the lock. No symlink
+    on the way below ``root`` is followed, and a directory that is missing, a symlink, not a
+    directory or unreadable is left alone (nothing of ours can be in it). Returns the number
+    of files removed."""
+    fd = _open_dir_below(root, rel)
+    if fd is None:
         return 0
-    for path in directory.iterdir():
-        if path.name.startswith(".") and ".tmp-" in path.name and not path.is_dir():
+    try:
+        return _sweep(fd, subdirs)
+    finally:
+        os.close(fd)
+
+
+def _open_dir_below(root: Path, rel: str) -> int | None:
+    """A descriptor of ``root/rel`` opened one component at a time without following a
+    symlink, or None."""
+    try:
+        fd = os.open(root, _DIR_FLAGS & ~os.O_NOFOLLOW)
+    except OSError:
+        return None
+    for part in rel.split("/"):
+        try:
+            child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+        except OSError:
+            child = None
+        os.close(fd)
+        if child is None:
+            return None
+        fd = child
+    return fd
+
+
+def _sweep(fd: int, subdirs: bool) -> int:
+    with os.scandir(fd) as it:
+        entries = list(it)
+    removed = 0
+    for e in entries:
+        if _is_temp(e):
             with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+                os.unlink(e.name, dir_fd=fd)
                 removed += 1
+    if not subdirs:
+        return removed
+    for e in entries:
+        if e.is_dir(follow_symlinks=False) and not e.name.startswith("."):
+            try:
+                child = os.open(e.name, _DIR_FLAGS, dir_fd=fd)
+            except OSError:
+                continue
+            try:
+                removed += _sweep(child, False)
+            finally:
+                os.close(child)
     return removed
 
 

@@ -504,13 +504,10 @@ def reconcile(
         state_dir.mkdir(mode=0o700, parents=True)
     with StateLock(state_dir, opts.lock_timeout), collector_paused():
         if opts.verify or opts.cache is None:  # a watcher's event runs: see ``verify``
-            for directory in (
-                state_dir / "checkpoint",
-                state_dir / "checkpoint" / LAST_GOOD,
-                state_dir / "out",
-                state_dir / "out" / "nodes",
-            ):
-                remove_stale_temp_files(directory)
+            for rel in ("checkpoint", f"checkpoint/{LAST_GOOD}", "out", "out/nodes"):
+                remove_stale_temp_files(state_dir, rel)
+            # the configs' manifest's, and each instance directory's (a listing of each)
+            remove_stale_temp_files(state_dir, "out/instances", subdirs=True)
         written: list[str] = []
         cp_written = False
         problems: list[str] = []
