@@ -301,7 +301,8 @@ def _allow_empty_option(f: F) -> F:
     return click.option(
         "--allow-empty",
         is_flag=True,
-        help="Allow stopping every instance when no valid desired service is left.",
+        help="Allow stopping every instance when no valid desired service, or no valid node "
+        "(dropping their allocations), is left.",
     )(f)
 
 

@@ -202,7 +202,10 @@ def compute_once(
     stage("loading inputs")
     last_good = LastGoodStore(state_dir / "checkpoint" / LAST_GOOD)
     view, diags = load_state(
-        state_dir, previous_view, LoadOptions(fallback=last_good.get), changed=changed
+        state_dir,
+        previous_view,
+        LoadOptions(fallback=last_good.get, fallback_under=last_good.under),
+        changed=changed,
     )
     stage("recovering the checkpoint")
     loaded = load_checkpoint(
@@ -212,7 +215,7 @@ def compute_once(
         cache=opts.cache.checkpoint if opts.cache is not None else None,
     )
     cp = loaded.checkpoint
-    refused = mass_deletion_guard(view, allow_empty=opts.allow_empty)
+    refused = mass_deletion_guard(view, allow_empty=opts.allow_empty, allocated=len(cp.allocations))
     if refused is not None:
         raise ReconcileError(str(refused))
     now = opts.clock() if opts.clock is not None else time.time()
