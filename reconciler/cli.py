@@ -537,6 +537,12 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
         raise click.BadParameter(str(e)) from None
 
 
+TAKEOVER_SLACK = 2
+"""Seconds beyond ``--lease`` within which a standby takes over from a dead leader: etcd
+deletes the key of an expired lease at its next expiry check (every 0.5 s), the standby sees
+it gone at its next look (every 0.25 s), then takes it (two requests)."""
+
+
 @cli.command()
 @state_option
 @store_option
@@ -549,7 +555,9 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
     default=10,
     show_default=True,
     help="With --store: seconds the leader's lease lasts without a refresh; a standby "
-    "replica takes over at most this long after the leader dies.",
+    f"replica takes over at most LEASE + {TAKEOVER_SLACK} s after the leader dies (etcd "
+    "expires the lease up to LEASE s after the last refresh, then deletes the leader key at "
+    "its next check; the standby sees it gone within 0.25 s).",
 )
 @click.option(
     "--debounce",
@@ -587,7 +595,8 @@ def watch(
     checkpoint/ guarded by its leadership (the checkpoint and the plans in one transaction),
     then follows etcd's watch events
     (resyncing from a snapshot after a compaction or a lost watch). The others stand by and
-    take over within --lease seconds of the leader's death.
+    take over at most --lease + 2 seconds after the leader's death (at once after a SIGTERM,
+    which releases the lease).
 
     Exit codes: 0 stopped by a signal, 1 error.
     """
