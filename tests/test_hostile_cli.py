@@ -74,6 +74,24 @@ def test_out_as_a_symlink_is_refused_with_one_line(reconciled: Path, tmp_path: P
     assert sorted(p.name for p in elsewhere.iterdir()) == before
 
 
+def test_checkpoint_as_a_symlink_is_refused_and_nothing_written_through_it(
+    reconciled: Path, tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    (reconciled / "checkpoint").rename(elsewhere)
+    (reconciled / "checkpoint").symlink_to(elsewhere)
+    before = {p: p.read_bytes() for p in elsewhere.rglob("*") if p.is_file()}
+    (reconciled / "desired" / "navigation.yaml").unlink()  # a change to write
+
+    proc = run(reconciled, "reconcile")
+    assert "Traceback" not in proc.stderr
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (
+        f"error: {reconciled / 'checkpoint'} is a symlink; refusing to use it"
+    )
+    assert {p: p.read_bytes() for p in elsewhere.rglob("*") if p.is_file()} == before
+
+
 @pytest.mark.parametrize(
     ("content", "fragment"),
     [(b"{}", "not a status report"), (b"[1]", "not a status report"), (b"{", "Expecting")],
