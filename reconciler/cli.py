@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import functools
 import json
 import logging
@@ -18,7 +19,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TextIO, TypeVar, cast
 
 import click
 from rich.console import Console
@@ -30,7 +31,7 @@ from .balancer import explain as explain_instance
 from .checkpoint import load_checkpoint
 from .crosscheck import cross_checks, file_locator
 from .etcdstore import EtcdStore
-from .fsio import FileReadError, ensure_dir
+from .fsio import FileReadError, ensure_dir, read_bytes_at
 from .ha import (
     INPUT_SCOPES,
     agent_watch_store,
@@ -310,7 +311,8 @@ def _allow_empty_option(f: F) -> F:
     return click.option(
         "--allow-empty",
         is_flag=True,
-        help="Allow stopping every instance when no valid desired service is left.",
+        help="Allow stopping every instance when no valid desired service, or no valid node "
+        "(dropping their allocations), is left.",
     )(f)
 
 
@@ -432,7 +434,7 @@ def _run_reconcile(
                 report = reconcile_via_store(
                     _etcd(store_url), state_dir, staged, wait=opts.lock_timeout
                 )
-    except (ReconcileError, LockTimeout, StoreError) as e:
+    except (ReconcileError, LockTimeout, StoreError, FileReadError) as e:
         _err_console().print(f"error: {e}", markup=False)
         return EXIT_ERROR
     except OSError as e:  # a failed write or fsync ends the run; the old files stay
@@ -584,6 +586,12 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
         raise click.BadParameter(str(e)) from None
 
 
+TAKEOVER_SLACK = 2
+"""Seconds beyond ``--lease`` within which a standby takes over from a dead leader: etcd
+deletes the key of an expired lease at its next expiry check (every 0.5 s), the standby sees
+it gone at its next look (every 0.25 s), then takes it (two requests)."""
+
+
 @cli.command()
 @state_option
 @store_option
@@ -596,7 +604,9 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
     default=10,
     show_default=True,
     help="With --store: seconds the leader's lease lasts without a refresh; a standby "
-    "replica takes over at most this long after the leader dies.",
+    f"replica takes over at most LEASE + {TAKEOVER_SLACK} s after the leader dies (etcd "
+    "expires the lease up to LEASE s after the last refresh, then deletes the leader key at "
+    "its next check; the standby sees it gone within 0.25 s).",
 )
 @click.option(
     "--debounce",
@@ -634,7 +644,8 @@ def watch(
     checkpoint/ guarded by its leadership (the checkpoint and the plans in one transaction),
     then follows etcd's watch events
     (resyncing from a snapshot after a compaction or a lost watch). The others stand by and
-    take over within --lease seconds of the leader's death.
+    take over at most --lease + 2 seconds after the leader's death (at once after a SIGTERM,
+    which releases the lease).
 
     Exit codes: 0 stopped by a signal, 1 error.
     """
@@ -840,6 +851,10 @@ def import_cmd(state_dir: Path, store_url: str, force: bool, as_json: bool) -> i
         return _copy(FileStore(state_dir), store, "imported", as_json)
 
 
+_STATUS_MAX_BYTES = 1 << 32
+"""status.json is about 750 bytes per instance (15 MB at 20,000); this only bounds a wrong file."""
+
+
 @cli.command()
 @state_option
 @snapshot_store_option(("out/status.json",))
@@ -856,18 +871,31 @@ def status(state_dir: Path, as_json: bool) -> int:
     """
     _require_state(state_dir)
     path = state_dir / "out" / "status.json"
+    if path.parent.is_symlink():
+        raise click.ClickException(f"{path.parent} is a symlink; refusing to read through it")
     try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise click.ClickException(
-            f"{path} does not exist: run `reconciler reconcile` first"
-        ) from None
+        raw, _ = read_bytes_at(path, _STATUS_MAX_BYTES)
+        doc = json.loads(raw)
+    except FileReadError as e:
+        if not os.path.lexists(path):
+            raise click.ClickException(
+                f"{path} does not exist: run `reconciler reconcile` first"
+            ) from None
+        raise click.ClickException(f"{path}: {e}") from None
     except ValueError as e:
         raise click.ClickException(f"{path}: {e}") from None
+    if not isinstance(doc, dict):
+        raise click.ClickException(f"{path}: not a status report")
     if as_json:
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    else:
+        return EXIT_OK
+    try:
         render_status(_console(), doc)
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise click.ClickException(
+            f"{path}: not a status report of this version ({type(e).__name__}: {e}); "
+            "run `reconciler reconcile` again"
+        ) from None
     return EXIT_OK
 
 
@@ -955,9 +983,23 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: run the CLI and turn every outcome into an exit code."""
+    """Entry point: run the CLI and turn every outcome into an exit code, never a traceback.
+
+    Standard output that cannot be written (``> /dev/full``: ENOSPC; any other error) is one
+    line on stderr and exit 1; a reader that went away (EPIPE: ``| head``) ends the command
+    quietly, as other tools do, with exit 1 (whatever it printed was cut short). A file error
+    no command caught, or a bug, is one line on stderr and exit 1 (``-vv`` logs the traceback).
+    """
+    real_stdout = sys.stdout
+    sys.stdout = cast(TextIO, _Stdout(real_stdout))
     try:
         rv = cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
+        sys.stdout.flush()  # what is still buffered fails here, not at the interpreter's exit
+    except StdoutError as e:
+        _silence(real_stdout)
+        if e.errno != errno.EPIPE:
+            _stderr_line(f"error: writing to standard output: {e.strerror or e}")
+        return EXIT_ERROR
     except click.UsageError as e:
         e.show()
         return EXIT_USAGE
@@ -969,9 +1011,62 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except click.exceptions.Exit as e:
         return int(e.exit_code)
-    except BrokenPipeError:
-        return EXIT_OK
+    except OSError as e:
+        return _fail(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), e)
+    except FileReadError as e:
+        return _fail(str(e), e)
+    except Exception as e:  # a bug: one line, the traceback only at -vv
+        return _fail(f"internal error: {type(e).__name__}: {e}", e)
+    finally:
+        sys.stdout = real_stdout
     return int(rv) if isinstance(rv, int) else EXIT_OK
+
+
+def _fail(message: str, e: BaseException) -> int:
+    log.debug("traceback", exc_info=e)
+    _stderr_line(f"error: {message}")
+    return EXIT_ERROR
+
+
+def _stderr_line(text: str) -> None:
+    with contextlib.suppress(OSError):  # stderr itself may be gone
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+
+class StdoutError(OSError):
+    """Standard output could not be written (a full disk, a closed pipe)."""
+
+
+class _Stdout:
+    """Standard output, whose write errors are told apart from every other file's."""
+
+    def __init__(self, inner: TextIO) -> None:
+        self._inner = inner
+
+    def write(self, text: str) -> int:
+        try:
+            return self._inner.write(text)
+        except OSError as e:
+            raise StdoutError(e.errno, e.strerror) from None
+
+    def flush(self) -> None:
+        try:
+            self._inner.flush()
+        except OSError as e:
+            raise StdoutError(e.errno, e.strerror) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _silence(stdout: TextIO) -> None:
+    """Point ``stdout`` at /dev/null, so that the interpreter's own flush at exit does not
+    fail again on what is still buffered."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stdout.fileno())
+        os.close(devnull)
 
 
 if __name__ == "__main__":  # pragma: no cover

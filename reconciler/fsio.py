@@ -27,6 +27,7 @@ __all__ = [
     "FileReadError",
     "FileStat",
     "StatKey",
+    "Unreadable",
     "WriteHook",
     "atomic_write",
     "atomic_write_many",
@@ -69,6 +70,10 @@ def settled_key(key: StatKey, read_at_ns: int) -> StatKey | None:
     return key if newest < read_at_ns - RACY_WINDOW_NS else None
 
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_SYMLINK = "is a symlink; symlinks are not followed"
+
+
 class FoundFile(NamedTuple):  # a tuple: made once per input file per run
     rel: str  # path relative to the walked root, with '/' separators
     dir_fd_path: str  # directory holding it, relative to the walked root ('' for the root)
@@ -76,35 +81,109 @@ class FoundFile(NamedTuple):  # a tuple: made once per input file per run
     key: StatKey | None  # None: not a regular file (reported on read)
 
 
+Unreadable = tuple[str, str]
+"""A directory a walk could not read: its path relative to the walked root ('' for the root
+itself) and why."""
+
+
 def iter_files(
-    root: Path, suffix: str | tuple[str, ...], *, recursive: bool
+    root: Path,
+    suffix: str | tuple[str, ...],
+    *,
+    recursive: bool,
+    unreadable: list[Unreadable] | None = None,
 ) -> Iterator[FoundFile]:
     """Regular files ending in ``suffix`` (or one of them) below ``root``, sorted, hidden
     names skipped.
 
     Directory symlinks are never descended into; a file symlink is yielded with ``key=None``
-    so that the caller reports it instead of silently ignoring it.
+    so that the caller reports it instead of silently ignoring it. A missing ``root`` has no
+    files. A directory that cannot be read (``root`` itself, or with ``recursive`` a
+    subdirectory) is appended to ``unreadable``: one that is a symlink, ``root`` when it is not
+    a directory, and one that cannot be opened or listed (EACCES); the walk goes on with the
+    others, so the caller can tell "no files" from "files it could not see".
     """
-    if not root.is_dir() or root.is_symlink():
+    problems: list[Unreadable] = [] if unreadable is None else unreadable
+    try:
+        st = os.lstat(root)
+    except FileNotFoundError:
         return
+    except OSError as e:
+        problems.append(("", e.strerror or str(e)))
+        return
+    if stat.S_ISLNK(st.st_mode):
+        problems.append(("", _SYMLINK))
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        problems.append(("", "is not a directory"))
+        return
+
     found: list[FoundFile] = []
-    for dirpath, dirnames, filenames, dirfd in os.fwalk(root, follow_symlinks=False):
-        rel_dir = os.path.relpath(dirpath, root)
-        rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/")
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".")) if recursive else []
-        for name in filenames:
-            if name.startswith(".") or not name.endswith(suffix):
-                continue
-            try:
-                st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            key = stat_key(st) if stat.S_ISREG(st.st_mode) else None
-            rel = f"{rel_dir}/{name}" if rel_dir else name
-            found.append(FoundFile(rel, rel_dir, name, key))
-        if not recursive:
-            break
+    try:
+        fd = os.open(root, _DIR_FLAGS)
+    except OSError as e:
+        problems.append(("", e.strerror or str(e)))
+        return
+    try:
+        _walk(fd, "", suffix, recursive, found, problems)
+    finally:
+        os.close(fd)
     yield from sorted(found, key=lambda f: f.rel)
+
+
+def _walk(
+    fd: int,
+    rel_dir: str,
+    suffix: str | tuple[str, ...],
+    recursive: bool,
+    found: list[FoundFile],
+    problems: list[Unreadable],
+) -> None:
+    """:func:`iter_files` in the directory open as ``fd`` (``rel_dir`` below the root)."""
+    try:
+        with os.scandir(fd) as it:
+            entries = list(it)
+    except OSError as e:
+        problems.append((rel_dir, e.strerror or str(e)))
+        return
+    subdirs: list[str] = []
+    for entry in entries:
+        name = entry.name
+        if name.startswith("."):
+            continue
+        rel = f"{rel_dir}/{name}" if rel_dir else name
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                if recursive:
+                    subdirs.append(name)
+                continue
+            if (
+                recursive
+                and entry.is_symlink()
+                and not name.endswith(suffix)
+                and entry.is_dir()  # (followed: where a directory of inputs may have been)
+            ):
+                problems.append((rel, _SYMLINK))
+                continue
+            if not name.endswith(suffix):
+                continue
+            st = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        key = stat_key(st) if stat.S_ISREG(st.st_mode) else None
+        found.append(FoundFile(rel, rel_dir, name, key))
+    for name in subdirs:
+        rel = f"{rel_dir}/{name}" if rel_dir else name
+        try:
+            child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+        except OSError as e:
+            why = _SYMLINK if e.errno == errno.ELOOP else (e.strerror or str(e))
+            problems.append((rel, why))
+            continue
+        try:
+            _walk(child, rel, suffix, recursive, found, problems)
+        finally:
+            os.close(child)
 
 
 def read_bytes_at(path: Path | str, max_bytes: int) -> tuple[bytes, StatKey]:
@@ -208,16 +287,67 @@ def ensure_dir(path: Path, mode: int = 0o700) -> None:
     path.mkdir(mode=mode, parents=True, exist_ok=True)
 
 
-def remove_stale_temp_files(directory: Path) -> int:
-    """Remove temp files that a killed writer left (call only while holding the lock)."""
-    removed = 0
-    if not directory.is_dir():
+def _is_temp(entry: os.DirEntry[str]) -> bool:
+    """A writer's temp file: ``.<name>.tmp-<pid>`` (the manifest's: ``..manifest.json.tmp-``)."""
+    name = entry.name
+    return name.startswith(".") and ".tmp-" in name and not entry.is_dir(follow_symlinks=False)
+
+
+def remove_stale_temp_files(root: Path, rel: str, *, subdirs: bool = False) -> int:
+    """Remove the temp files a killed writer left in ``root/rel`` (with ``subdirs``, in each
+    of its subdirectories too, one level down); call only while holding the lock. No symlink
+    on the way below ``root`` is followed, and a directory that is missing, a symlink, not a
+    directory or unreadable is left alone (nothing of ours can be in it). Returns the number
+    of files removed."""
+    fd = _open_dir_below(root, rel)
+    if fd is None:
         return 0
-    for path in directory.iterdir():
-        if path.name.startswith(".") and ".tmp-" in path.name and not path.is_dir():
+    try:
+        return _sweep(fd, subdirs)
+    finally:
+        os.close(fd)
+
+
+def _open_dir_below(root: Path, rel: str) -> int | None:
+    """A descriptor of ``root/rel`` opened one component at a time without following a
+    symlink, or None."""
+    try:
+        fd = os.open(root, _DIR_FLAGS & ~os.O_NOFOLLOW)
+    except OSError:
+        return None
+    for part in rel.split("/"):
+        try:
+            child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+        except OSError:
+            child = None
+        os.close(fd)
+        if child is None:
+            return None
+        fd = child
+    return fd
+
+
+def _sweep(fd: int, subdirs: bool) -> int:
+    with os.scandir(fd) as it:
+        entries = list(it)
+    removed = 0
+    for e in entries:
+        if _is_temp(e):
             with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+                os.unlink(e.name, dir_fd=fd)
                 removed += 1
+    if not subdirs:
+        return removed
+    for e in entries:
+        if e.is_dir(follow_symlinks=False) and not e.name.startswith("."):
+            try:
+                child = os.open(e.name, _DIR_FLAGS, dir_fd=fd)
+            except OSError:
+                continue
+            try:
+                removed += _sweep(child, False)
+            finally:
+                os.close(child)
     return removed
 
 

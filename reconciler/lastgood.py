@@ -310,6 +310,32 @@ class LastGoodStore:
         except (ValueError, KeyError, TypeError, AttributeError, ValidationError):
             return None
 
+    def under(self, prefix: str) -> dict[str, Doc]:
+        """The last good version of every input whose path starts with ``prefix`` (a
+        directory's, ending in ``/``), for a directory that cannot be read: every shard is
+        read (never raises; an entry that does not parse or validate is left out)."""
+        if not os.path.lexists(self.directory / MANIFEST):
+            index = self._legacy_index() or {}
+            legacy = ((r, self._legacy_get(r)) for r in sorted(index) if r.startswith(prefix))
+            return {rel: doc for rel, doc in legacy if doc is not None}
+        try:
+            present, _, _ = self._list()
+        except OSError:
+            return {}
+        out: dict[str, Doc] = {}
+        for shard in sorted(present):
+            got = self._shard(shard)
+            if got is None:
+                continue
+            for rel, (_version, line) in got[0].entries.items():
+                if not rel.startswith(prefix):
+                    continue
+                try:
+                    out[rel] = _model_for(rel).model_validate(orjson.loads(line)["document"])
+                except (ValueError, KeyError, TypeError, ValidationError):
+                    continue
+        return out
+
     def _legacy_index(self) -> dict[str, str] | None:
         """The format-1 index (None: there is none)."""
         raw = self._read(LEGACY_INDEX, _MAX)

@@ -27,7 +27,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from .fsio import FileReadError, StatKey, iter_files, read_bytes_at, settled_key, stat_key
+from .fsio import (
+    FileReadError,
+    StatKey,
+    Unreadable,
+    iter_files,
+    read_bytes_at,
+    settled_key,
+    stat_key,
+)
 from .models import DEFAULT_UNIT_MAX_INSTANCES, ActualState, Node, Service, UnitConfig
 from .resources import ResourcesFileError, parse_resources_json
 from .values import ID_PATTERN, RESOURCE_NAME_PATTERN
@@ -90,11 +98,17 @@ class FileRecord:
 Fallback = Callable[[str], "Doc | None"]
 """The last good version of an input file by relative path, kept across processes."""
 
+FallbackUnder = Callable[[str], "Mapping[str, Doc]"]
+"""The last good versions of every input file whose relative path starts with a prefix (a
+directory's, ending in ``/``), kept across processes."""
+
 
 @dataclass(frozen=True)
 class LoadOptions:
     max_bytes: int = DEFAULT_MAX_BYTES
     fallback: Fallback | None = None  # consulted when a file is invalid and no view has it
+    fallback_under: FallbackUnder | None = None
+    """Consulted when a directory cannot be read, for its files no view has."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +127,10 @@ class StateView:
     load re-encodes only the files that changed)."""
     duplicates: int = field(default=0, repr=False, compare=False)
     """Service files ignored because an earlier file defines the same service."""
+    unreadable: tuple[str, ...] = ()
+    """The input directories that could not be read (relative paths ending in ``/``; each
+    has a record in ``files`` that carries its error): their files keep their last good
+    versions."""
 
     def services_sorted(self) -> list[Service]:
         return [self.services[k] for k in sorted(self.services)]
@@ -359,7 +377,7 @@ def load_state(
     opts = opts or LoadOptions()
     prev_files = previous.files if previous is not None and previous.root == root else {}
     files: dict[str, FileRecord] | None = None
-    if changed is not None and prev_files:
+    if changed is not None and prev_files and previous is not None and not previous.unreadable:
         files = _hinted_files(root, prev_files, changed, opts)
     if files is None:
         files = _all_files(root, prev_files, opts)
@@ -378,23 +396,57 @@ def _all_files(
     """Every input file's record, each file stat'ed (and read when its stat key changed)."""
     files: dict[str, FileRecord] = {}
     # in sorted order of the relative paths ("actual/" < "desired/" < "nodes/" < "unit.yaml";
-    # each directory's files sorted), so ``files`` is sorted as it is built
+    # each directory's files sorted), so ``files`` is sorted as it is built (and sorted again
+    # when a directory could not be read)
+    unreadable: list[Unreadable] = []
     for dir_kind, recursive in _INPUT_DIRS:
-        for found in iter_files(root / dir_kind, YAML_SUFFIXES, recursive=recursive):
+        for found in iter_files(
+            root / dir_kind, YAML_SUFFIXES, recursive=recursive, unreadable=unreadable
+        ):
             rel = f"{dir_kind}/{found.rel}"
             files[rel] = _load_one(root, rel, dir_kind, found.key, prev_files.get(rel), opts)
+        if unreadable:
+            _keep_unreadable(root, dir_kind, unreadable, files, prev_files, opts)
+            unreadable.clear()
     unit_path = root / "unit.yaml"
     if unit_path.exists() or unit_path.is_symlink():
         ukey = _regular_key(unit_path)
         files["unit.yaml"] = _load_one(
             root, "unit.yaml", "unit", ukey, prev_files.get("unit.yaml"), opts
         )
+    if any(rel.endswith("/") for rel in files):
+        files = {rel: files[rel] for rel in sorted(files)}
     return files
 
 
 _INPUT_DIRS = (("actual", False), ("desired", True), ("nodes", False))
 YAML_SUFFIXES = (".yaml", ".yml")
 """Input documents in desired/, nodes/ and actual/ end in either."""
+
+
+def _keep_unreadable(
+    root: Path,
+    dir_kind: str,
+    unreadable: list[Unreadable],
+    files: dict[str, FileRecord],
+    prev_files: Mapping[str, FileRecord],
+    opts: LoadOptions,
+) -> None:
+    """A directory that cannot be read is not a directory whose files were deleted (SPEC §5):
+    it gets a record of its own (key ``<dir>/``) that carries the error, and every input file
+    the previous view or the last good store knows under it keeps its last good version."""
+    for sub, why in unreadable:
+        prefix = f"{dir_kind}/{sub}/" if sub else f"{dir_kind}/"
+        display = str(root / prefix.rstrip("/"))
+        msg = f"cannot read the directory: {why}; its files keep their last good versions"
+        files[prefix] = FileRecord(None, "", (), None, (Diagnostic(display, 1, 1, msg),))
+        for rel, rec in prev_files.items():
+            if rel.startswith(prefix) and rel != prefix and rel not in files:
+                files[rel] = rec if not rec.diagnostics else replace(rec, diagnostics=())
+        if opts.fallback_under is not None:
+            for rel, doc in opts.fallback_under(prefix).items():
+                if rel not in files and rel.startswith(prefix):
+                    files[rel] = FileRecord(None, "", (), doc, ())
 
 
 class _FullPass(Exception):
@@ -529,7 +581,10 @@ def _assembled(root: Path, files: dict[str, FileRecord]) -> tuple[StateView, lis
             actual[obj.nodeId] = obj
     lines = tuple(_hash_line(rel, rec) for rel, rec in files.items())
     digest = hashlib.sha256(b"".join(lines)).hexdigest()
-    view = StateView(root, unit, services, nodes, actual, files, digest, lines, duplicates)
+    unreadable = tuple(rel for rel in files if rel.endswith("/"))
+    view = StateView(
+        root, unit, services, nodes, actual, files, digest, lines, duplicates, unreadable
+    )
     return view, diagnostics
 
 
@@ -583,22 +638,38 @@ def _patched(previous: StateView, files: dict[str, FileRecord]) -> StateView | N
         files,
         digest,
         tuple(lines),
+        unreadable=previous.unreadable,  # the same paths: the same directories
     )
 
 
-def mass_deletion_guard(view: StateView, *, allow_empty: bool) -> Diagnostic | None:
-    """SPEC §5: refuse to stop everything when every desired file vanished or broke at once."""
-    if allow_empty or view.services:
+def mass_deletion_guard(
+    view: StateView, *, allow_empty: bool, allocated: int = 0
+) -> Diagnostic | None:
+    """SPEC §5: refuse to stop everything when every desired file, or every node file,
+    vanished or broke at once while instances run (``actual/``) or are allocated
+    (``allocated``: the checkpoint's), unless ``allow_empty``."""
+    if allow_empty:
         return None
     running = sum(len(a.instances) for a in view.actual.values())
-    if running == 0:
+    if not view.services:
+        if running == 0:
+            return None
+        return Diagnostic(
+            str(view.root / "desired"),
+            1,
+            1,
+            f"no valid desired service left while {running} instance(s) run; refusing to stop "
+            "them all (pass --allow-empty if that is what you want)",
+        )
+    if view.nodes or (running == 0 and allocated == 0):
         return None
+    what = f"{running} instance(s) run" if running else f"{allocated} instance(s) are allocated"
     return Diagnostic(
-        str(view.root / "desired"),
+        str(view.root / "nodes"),
         1,
         1,
-        f"no valid desired service left while {running} instance(s) run; refusing to stop "
-        "them all (pass --allow-empty if that is what you want)",
+        f"no valid node left while {what}; refusing to stop them all and drop their "
+        "allocations (pass --allow-empty if that is what you want)",
     )
 
 

@@ -209,7 +209,10 @@ def compute_once(
     stage("loading inputs")
     last_good = LastGoodStore(state_dir / "checkpoint" / LAST_GOOD)
     view, diags = load_state(
-        state_dir, previous_view, LoadOptions(fallback=last_good.get), changed=changed
+        state_dir,
+        previous_view,
+        LoadOptions(fallback=last_good.get, fallback_under=last_good.under),
+        changed=changed,
     )
     stage("recovering the checkpoint")
     loaded = load_checkpoint(
@@ -219,7 +222,9 @@ def compute_once(
         cache=opts.cache.checkpoint if opts.cache is not None else None,
     )
     cp = loaded.checkpoint
-    refused = mass_deletion_guard(view, allow_empty=opts.allow_empty) or instance_limit_guard(view)
+    refused = mass_deletion_guard(
+        view, allow_empty=opts.allow_empty, allocated=len(cp.allocations)
+    ) or instance_limit_guard(view)
     if refused is not None:
         raise ReconcileError(str(refused))
     now = opts.clock() if opts.clock is not None else time.time()
@@ -510,14 +515,13 @@ def reconcile(
     if not state_dir.exists():
         state_dir.mkdir(mode=0o700, parents=True)
     with StateLock(state_dir, opts.lock_timeout), collector_paused():
+        for name in ("checkpoint", "out"):  # a symlink in their place is refused: nothing is
+            ensure_dir(state_dir / name)  # ever written outside the state directory (SPEC §4)
         if opts.verify or opts.cache is None:  # a watcher's event runs: see ``verify``
-            for directory in (
-                state_dir / "checkpoint",
-                state_dir / "checkpoint" / LAST_GOOD,
-                state_dir / "out",
-                state_dir / "out" / "nodes",
-            ):
-                remove_stale_temp_files(directory)
+            for rel in ("checkpoint", f"checkpoint/{LAST_GOOD}", "out", "out/nodes"):
+                remove_stale_temp_files(state_dir, rel)
+            # the configs' manifest's, and each instance directory's (a listing of each)
+            remove_stale_temp_files(state_dir, "out/instances", subdirs=True)
         written: list[str] = []
         cp_written = False
         problems: list[str] = []

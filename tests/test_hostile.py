@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from reconciler.cli import main
+
 GOOD_NODE = """apiVersion: reconciler/v1
 kind: Node
 id: good
@@ -175,3 +179,57 @@ def test_human_output_names_file_line_and_column(tmp_path: Path) -> None:
     )
     assert proc.returncode == 1
     assert f"{tmp_path}/desired/dup.yaml:6:1: error: duplicate key 'id'" in proc.stdout
+
+
+COMMANDS = (
+    (["validate"], {1}),
+    (["plan"], {1, 2, 3}),  # invalid inputs: an error, or a plan made with their last good
+    (["reconcile"], {0, 1}),
+    (["status"], {0, 1}),
+    (["explain", "good:0"], {0, 1}),
+    (["plan", "--json"], {1, 2, 3}),
+    (["status", "--json"], {0, 1}),
+)
+
+
+def _state_with(root: Path, rels: list[str]) -> Path:
+    for rel in rels:
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(HOSTILE[rel][0])
+    (root / "nodes").mkdir(exist_ok=True)
+    (root / "desired").mkdir(exist_ok=True)
+    (root / "nodes" / "good.yaml").write_text(GOOD_NODE)
+    (root / "desired" / "good.yaml").write_text(GOOD_SERVICE)
+    return root
+
+
+def test_no_command_gives_a_traceback_on_all_of_the_corpus(tmp_path: Path) -> None:
+    """Each command in its own process, on a state directory holding every hostile file."""
+    state = _state_with(tmp_path / "state", list(HOSTILE))
+    for args, codes in COMMANDS:
+        proc = subprocess.run(
+            [sys.executable, "-m", "reconciler", *args, "--state", str(state)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert "Traceback" not in proc.stderr, (args, proc.stderr)
+        assert "internal error" not in proc.stderr, (args, proc.stderr)  # a bug, caught
+        assert proc.returncode in codes, (args, proc.returncode, proc.stderr)
+    assert not (tmp_path / "pwned").exists() and not (state / "pwned").exists()
+
+
+@pytest.mark.parametrize("rel", sorted(HOSTILE))
+def test_no_command_gives_a_traceback_on_each_hostile_file(
+    tmp_path: Path, rel: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each command (in this process: every outcome goes through the entry point) on a state
+    directory holding one hostile file beside a good node and service."""
+    state = _state_with(tmp_path / "state", [rel])
+    for args, codes in COMMANDS:
+        code = main([*args, "--state", str(state)])
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and "internal error" not in err, (args, err)
+        assert code in codes, (args, code, err)

@@ -194,6 +194,9 @@ def test_an_out_of_range_number_is_a_validation_error_at_its_position(
     assert where in out and fragment in out.split(where, 1)[1].splitlines()[0], out
 
     code, out, err = run(capsys, "plan", "--state", str(state))
+    assert code == 1, out + err  # a plan is a gate: an invalid input file fails it
+    assert where in err and "Traceback" not in err, err
+    code, out, err = run(capsys, "plan", "--allow-invalid", "--state", str(state))
     assert code in (0, 2, 3), out + err  # planned with the other files; not an error exit
     assert where in err and "Traceback" not in err, err
 
@@ -242,7 +245,7 @@ def test_every_fault_at_once_in_a_real_process(tmp_path: Path) -> None:
         target = state / folder / (f"s{n}.yaml" if folder == "desired" else f"f{n}.yaml")
         target.write_text(faulty)
         expected[str(target)] = where
-    for command, codes in (("validate", {1}), ("plan", {0, 2, 3}), ("reconcile", {0})):
+    for command, codes in (("validate", {1}), ("plan", {1}), ("reconcile", {0})):
         proc = subprocess.run(
             [sys.executable, "-m", "reconciler", command, "--state", str(state)],
             capture_output=True,

@@ -235,6 +235,7 @@ instances:
         assert mass_deletion_guard(view, allow_empty=False) is None
         self._actual(tmp_path)
         write(tmp_path, "desired/a.yaml", SERVICE.format(id="a", version="1.0.0"))
+        write(tmp_path, "nodes/n1.yaml", NODE.format(id="n1"))
         view, _ = load_state(tmp_path)
         assert isinstance(view.services[("a", "default")], Service)
         assert mass_deletion_guard(view, allow_empty=False) is None

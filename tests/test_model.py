@@ -37,9 +37,9 @@ from hypothesis.stateful import (
     rule,
 )
 
-from reconciler.checkpoint import CURRENT, LINEAGE, PREVIOUS
+from reconciler.checkpoint import CURRENT, LINEAGE, PREVIOUS, load_checkpoint
 from reconciler.lastgood import LastGoodStore
-from reconciler.loader import Doc
+from reconciler.loader import Doc, load_state
 from reconciler.models import Node, Service, UnitConfig
 from reconciler.oci_glue import default_config_builder
 from reconciler.reconcile import (
@@ -261,9 +261,17 @@ class ControllerMachine(RuleBasedStateMachine):
         return d is not None and d.inputs == self.inputs_key() and d.now == self.now
 
     def expect_refusal(self) -> bool:
-        """SPEC §5's mass-deletion guard: no valid desired service left while instances run."""
-        _, services, _ = self.effective_view()
-        return not services and bool(running_instances(self.state))
+        """SPEC §5's mass-deletion guard: no valid desired service left while instances run,
+        or no valid node left while instances run or are allocated."""
+        _, services, nodes = self.effective_view()
+        running = bool(running_instances(self.state))
+        if not services:
+            return running
+        if nodes or running:
+            return not nodes
+        view, _ = load_state(self.state)
+        loaded = load_checkpoint(self.state / "checkpoint", view.actual, quarantine=False)
+        return bool(loaded.checkpoint.allocations)
 
     def check_view(self, c: Computed) -> None:
         """The loader saw exactly the effective inputs, and reported every corrupt file."""
