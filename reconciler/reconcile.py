@@ -516,7 +516,8 @@ def reconcile(
         state_dir.mkdir(mode=0o700, parents=True)
     with StateLock(state_dir, opts.lock_timeout), collector_paused():
         for name in ("checkpoint", "out"):  # a symlink in their place is refused: nothing is
-            ensure_dir(state_dir / name)  # ever written outside the state directory (SPEC §4)
+            if (state_dir / name).is_symlink():  # ever written outside the state directory
+                raise FileReadError(f"{state_dir / name} is a symlink; refusing to use it")
         if opts.verify or opts.cache is None:  # a watcher's event runs: see ``verify``
             for rel in ("checkpoint", f"checkpoint/{LAST_GOOD}", "out", "out/nodes"):
                 remove_stale_temp_files(state_dir, rel)

@@ -493,6 +493,13 @@ def _documents(v: Draw) -> dict[str, dict[str, Any]]:
                 "version": "1.0.0",
                 "runtimeId": "runc",
                 "state": "active",
+                "restartCount": v("ActualState", ("instances", "*", "restartCount")),
+                "lastExit": {
+                    "code": v("ActualState", ("instances", "*", "lastExit", "code")),
+                    "signal": v("ActualState", ("instances", "*", "lastExit", "signal")),
+                    "reason": "stopped",
+                    "at": "2026-11-25T10:00:00Z",
+                },
             }
         },
     }
