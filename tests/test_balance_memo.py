@@ -249,10 +249,10 @@ def _tamper(
     prev = previous[iid]
     if what == "move":
         node = data.draw(st.sampled_from(node_ids), label="to node")
-        previous[iid] = PreviousAllocation(node, prev.runtime_id, prev.devices, prev.cause)
+        previous[iid] = replace(prev, node_id=node)
     elif what == "cause":
         cause: Cause | None = None if prev.cause is not None else "rebalanced"
-        previous[iid] = PreviousAllocation(prev.node_id, prev.runtime_id, prev.devices, cause)
+        previous[iid] = replace(prev, cause=cause)
     else:  # the same size, another id
         del previous[iid]
         previous[f"{iid}-other"] = prev
