@@ -13,7 +13,7 @@ import os
 import platform
 import time
 
-from reconciler.balancer import balance
+from reconciler.placement.balancer import balance
 
 from .synth import synth_unit
 

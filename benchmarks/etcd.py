@@ -31,12 +31,12 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from reconciler.etcdstore import EtcdStore
-from reconciler.ha import reconcile_via_store, store_watch_loop
-from reconciler.oci_glue import default_config_builder
-from reconciler.reconcile import ReconcileOptions, reconcile
-from reconciler.store import FileStore, copy_unit
-from reconciler.watch import WatchOptions
+from reconciler.controller.configs import default_config_builder
+from reconciler.controller.ha import reconcile_via_store, store_watch_loop
+from reconciler.controller.reconcile import ReconcileOptions, reconcile
+from reconciler.controller.watch import WatchOptions
+from reconciler.stores.base import FileStore, copy_unit
+from reconciler.stores.etcd import EtcdStore
 
 from .etcdserver import EtcdUnavailable, start_etcd
 from .statedir import bump_instances, write_state_dir

@@ -18,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from reconciler.oci_glue import default_config_builder
-from reconciler.reconcile import ReconcileOptions, reconcile
+from reconciler.controller.configs import default_config_builder
+from reconciler.controller.reconcile import ReconcileOptions, reconcile
 
 from .reconcile import _generate, machine_description
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from reconciler.models import ActualState
-from reconciler.placement import BalanceResult, Placement, Requested
-from reconciler.planner import make_plan
-from reconciler.values import instance_id
+from reconciler.model.documents import ActualState
+from reconciler.model.values import instance_id
+from reconciler.placement.instances import BalanceResult, Placement, Requested
+from reconciler.planning.plans import make_plan
 
 
 def scenario(n: int, nodes: int) -> tuple[BalanceResult, dict[str, ActualState]]:

@@ -61,13 +61,18 @@ from typing import Any
 
 import yaml
 
-from reconciler.balancer import balance
-from reconciler.loader import StateView, load_state
-from reconciler.models import ActualState
-from reconciler.oci_glue import default_config_builder
-from reconciler.placement import BalanceResult
-from reconciler.planner import make_plan, started_record
-from reconciler.reconcile import ReconcileCache, ReconcileOptions, ReconcileReport, reconcile
+from reconciler.controller.configs import default_config_builder
+from reconciler.controller.reconcile import (
+    ReconcileCache,
+    ReconcileOptions,
+    ReconcileReport,
+    reconcile,
+)
+from reconciler.io.loader import StateView, load_state
+from reconciler.model.documents import ActualState
+from reconciler.placement.balancer import balance
+from reconciler.placement.instances import BalanceResult
+from reconciler.planning.plans import make_plan, started_record
 
 from .statedir import bump_instances, iter_input_files
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from reconciler.models import Node, Service, UnitConfig
+from reconciler.model.documents import Node, Service, UnitConfig
 
 __all__ = ["synth_documents", "synth_unit"]
 

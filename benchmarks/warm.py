@@ -34,17 +34,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import reconciler.reconcile as rec
-from reconciler.lastgood import LastGoodStore
-from reconciler.oci_glue import default_config_builder
-from reconciler.reconcile import ReconcileCache, ReconcileOptions, reconcile
+import reconciler.controller.reconcile as rec
+from reconciler.controller.configs import default_config_builder
+from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
+from reconciler.io.lastgood import LastGoodStore
 
 from .reconcile import _generate, _steady_actual, _write_actual, floor_parse, machine_description
 from .statedir import bump_instances, iter_input_files
 
 __all__ = ["main"]
 
-# the functions reconcile calls by these names (module reconciler.reconcile), timed per call
+# the functions reconcile calls by these names (module reconciler.controller.reconcile), timed per
+# call
 _TIMED = (
     "load_state",
     "load_checkpoint",

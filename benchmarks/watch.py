@@ -4,14 +4,13 @@
     [--debounce 0.2] [--seed 1] [--dir DIR] [--json]
 
 ``benchmarks.warm`` calls ``reconcile()`` the way ``watch`` does; this one runs the watcher
-itself: :func:`reconciler.watch.watch_loop` with the options ``reconciler watch`` gives it (the
-default OCI config builder, ``--debounce``, no resync during the benchmark), in a thread of this
-process, on real inotify events. The state directory is generated, the watcher's first run
+itself: :func:`reconciler.controller.watch.watch_loop` with the options ``reconciler watch`` gives
+it (the default OCI config builder, ``--debounce``, no resync during the benchmark), in a thread of
+this process, on real inotify events. The state directory is generated, the watcher's first run
 reconciles it cold, the agents then report every instance running where it is placed (one
-``actual/<node>.yaml`` each, written as an agent does: a temp file renamed), and once the
-watcher is quiet one desired file is edited ``--edits`` times as an editor saves it (its
-``instances`` one up, then one down, ...), waiting for the watcher's run after each and a
-second of quiet after that.
+``actual/<node>.yaml`` each, written as an agent does: a temp file renamed), and once the watcher is
+quiet one desired file is edited ``--edits`` times as an editor saves it (its ``instances`` one up,
+then one down, ...), waiting for the watcher's run after each and a second of quiet after that.
 
 For each edit it prints, from the watcher's own stage reports (``ReconcileOptions.on_stage``):
 how long the watcher waited before its run began (the kernel's event, watchfiles' debounce:
@@ -23,7 +22,7 @@ the cyclic collector ran in it. Medians and ranges follow. Compare runs taken to
 machine's speed varies, and the parse floor (PyYAML's C loader over the same inputs, measured
 in the same run) shows how fast it is at the time. The process's RSS before and after the edits
 shows whether event runs leave memory behind (the watcher freezes what survives its
-collections: see ``reconciler.gcpause``).
+collections: see ``reconciler.model.gcpause``).
 """
 
 from __future__ import annotations
@@ -40,10 +39,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from reconciler.models import ActualState
-from reconciler.oci_glue import default_config_builder
-from reconciler.reconcile import ReconcileOptions, ReconcileReport
-from reconciler.watch import WatchOptions, watch_loop
+from reconciler.controller.configs import default_config_builder
+from reconciler.controller.reconcile import ReconcileOptions, ReconcileReport
+from reconciler.controller.watch import WatchOptions, watch_loop
+from reconciler.model.documents import ActualState
 
 from .reconcile import _generate, _steady_actual, floor_parse, machine_description
 from .statedir import bump_instances, iter_input_files

@@ -8,8 +8,8 @@ from typing import Any
 
 import jsonpatch
 
-from reconciler.planner import empty_actual_document
-from reconciler.yamlsafe import parse_yaml
+from reconciler.io.yamlsafe import parse_yaml
+from reconciler.planning.plans import empty_actual_document
 
 
 def read_actual(state: Path, node_id: str) -> dict[str, Any]:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from reconciler.models import Node, Service, UnitConfig
-from reconciler.placement import BalanceResult, Failure, Placement, PreviousAllocation
-from reconciler.values import instance_id
+from reconciler.model.documents import Node, Service, UnitConfig
+from reconciler.model.values import instance_id
+from reconciler.placement.instances import BalanceResult, Failure, Placement, PreviousAllocation
 
 __all__ = [
     "NODE_TYPE",

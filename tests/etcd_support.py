@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-import reconciler.cli
+import reconciler.cli.commands
 from benchmarks.etcdserver import EtcdServer, EtcdUnavailable
 from benchmarks.etcdserver import start_etcd as start_server
-from reconciler.etcdstore import EtcdStore
-from reconciler.ha import reconcile_via_store
-from reconciler.loader import StateView
-from reconciler.lock import StateLock
-from reconciler.reconcile import ReconcileOptions, ReconcileReport
-from reconciler.store import FileStore, copy_unit
+from reconciler.controller.ha import reconcile_via_store
+from reconciler.controller.reconcile import ReconcileOptions, ReconcileReport
+from reconciler.io.loader import StateView
+from reconciler.io.lock import StateLock
+from reconciler.stores.base import FileStore, copy_unit
+from reconciler.stores.etcd import EtcdStore
 
 __all__ = [
     "STORE_PARAM",
@@ -134,7 +134,7 @@ def state_store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
         url = server.url(f"scenario/{uuid.uuid4().hex}")
         wrapper = through_etcd(url, calls)
         monkeypatch.setattr(request.module, "reconcile", wrapper)
-        monkeypatch.setattr(reconciler.cli, "reconcile", wrapper)
+        monkeypatch.setattr(reconciler.cli.commands, "reconcile", wrapper)
     yield kind
     if kind == "etcd" and not calls:
         pytest.fail("the [etcd] variant ran no reconcile through etcd: nothing was tested")

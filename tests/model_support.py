@@ -17,9 +17,16 @@ from typing import Any
 
 import jsonpatch
 
-from reconciler.checkpoint import CURRENT, LINEAGE, PREVIOUS, decode_checkpoint
-from reconciler.models import Node, Service, UnitConfig
-from reconciler.planner import empty_actual_document
+from reconciler.io.checkpoint_files import (
+    CURRENT,
+    LINEAGE,
+    PREVIOUS,
+)
+from reconciler.model.documents import Node, Service, UnitConfig
+from reconciler.planning.checkpoint import (
+    decode_checkpoint,
+)
+from reconciler.planning.plans import empty_actual_document
 
 from .agent_sim import read_actual
 
@@ -302,7 +309,7 @@ def garbage_bytes(variant: str, rel: str, intended: bytes | None) -> bytes:
 
 
 def instance_uuid(item: str, index: int, subject: str = "default") -> str:
-    """SPEC §4, computed with the standard library (not reconciler.values)."""
+    """SPEC §4, computed with the standard library (not reconciler.model.values)."""
     return str(uuid.uuid5(uuid.NAMESPACE_OID, f"{item}:{subject}:{index}"))
 
 

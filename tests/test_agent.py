@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.agent import (
+from reconciler.agent.node import (
     AgentError,
     AgentReport,
     agent_state_path,
@@ -32,17 +32,17 @@ from reconciler.agent import (
     observed_state,
     run_agent_once,
 )
-from reconciler.cli import main
-from reconciler.loader import load_state
-from reconciler.lock import LockTimeout, StateLock
-from reconciler.models import ActualState
-from reconciler.oci_glue import default_config_builder
-from reconciler.planner import pointer
-from reconciler.reconcile import ReconcileOptions, reconcile
-from reconciler.restarts import RESTART_POLICY_ANNOTATION
-from reconciler.runc import ContainerState, Runc, RuncError
-from reconciler.values import instance_id
-from reconciler.yamlsafe import parse_yaml
+from reconciler.agent.restarts import RESTART_POLICY_ANNOTATION
+from reconciler.agent.runc import ContainerState, Runc, RuncError
+from reconciler.cli.commands import main
+from reconciler.controller.configs import default_config_builder
+from reconciler.controller.reconcile import ReconcileOptions, reconcile
+from reconciler.io.loader import load_state
+from reconciler.io.lock import LockTimeout, StateLock
+from reconciler.io.yamlsafe import parse_yaml
+from reconciler.model.documents import ActualState
+from reconciler.model.values import instance_id
+from reconciler.planning.plans import pointer
 
 NODE = "n1"
 

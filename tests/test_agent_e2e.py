@@ -29,11 +29,11 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.agent import AgentReport, container_id, run_agent_once
-from reconciler.oci_glue import default_config_builder
-from reconciler.reconcile import ReconcileOptions, ReconcileReport, reconcile
-from reconciler.runc import ContainerState, Runc, RuncError
-from reconciler.values import instance_id
+from reconciler.agent.node import AgentReport, container_id, run_agent_once
+from reconciler.agent.runc import ContainerState, Runc, RuncError
+from reconciler.controller.configs import default_config_builder
+from reconciler.controller.reconcile import ReconcileOptions, ReconcileReport, reconcile
+from reconciler.model.values import instance_id
 
 from .runtime_support import find_static_busybox, make_busybox_rootfs
 from .test_oci import assert_valid

@@ -1,4 +1,4 @@
-"""The alert state machine on sustained load (SPEC §8; reconciler.alerts).
+"""The alert state machine on sustained load (SPEC §8; reconciler.placement.alerts).
 
 Time is driven with freezegun: every observation passes ``time.time()`` as ``now``, and the
 timelines cross a JSON round trip between observations, as they do through the checkpoint between
@@ -21,15 +21,15 @@ from freezegun import freeze_time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.alerts import (
+from reconciler.model.documents import AlertRule, Node, UnitConfig
+from reconciler.placement.alerts import (
     AlertUpdate,
     Timeline,
     iso_utc,
     observe,
     step,
 )
-from reconciler.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
-from reconciler.models import AlertRule, Node, UnitConfig
+from reconciler.planning.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
 
 START = "2024-05-01 12:00:00"
 T0 = 1714564800.0  # START as seconds since the epoch

@@ -14,8 +14,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.balancer import BalanceMemo, balance, node_states
-from reconciler.checkpoint import (
+from reconciler.io.loader import load_state
+from reconciler.model.documents import Node, Service, UnitConfig
+from reconciler.model.values import instance_id
+from reconciler.placement.balancer import BalanceMemo, balance, node_states
+from reconciler.placement.instances import BalanceResult, Cause, Mode, PreviousAllocation
+from reconciler.placement.nodestate import NodeSlot
+from reconciler.planning.checkpoint import (
     Checkpoint,
     CheckpointMemo,
     IdsMemo,
@@ -23,11 +28,6 @@ from reconciler.checkpoint import (
     decode_checkpoint,
     encode_checkpoint,
 )
-from reconciler.loader import load_state
-from reconciler.models import Node, Service, UnitConfig
-from reconciler.nodestate import NodeSlot
-from reconciler.placement import BalanceResult, Cause, Mode, PreviousAllocation
-from reconciler.values import instance_id
 from tests.builders import make_node, make_service, previous_of
 from tests.test_balancer_properties import SETTINGS, Scenario, node_docs, scenarios, services
 

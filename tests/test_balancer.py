@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from reconciler.balancer import balance
-from reconciler.models import Node, NodeUsage, Service, UnitConfig
-from reconciler.placement import BalanceResult
-from reconciler.sharing import REGISTRY, ShareRequest, SharingPolicy, StatusCode
-from reconciler.sharing.base import Item
-from reconciler.values import instance_id
+from reconciler.model.documents import Node, NodeUsage, Service, UnitConfig
+from reconciler.model.values import instance_id
+from reconciler.placement.balancer import balance
+from reconciler.placement.instances import BalanceResult
+from reconciler.placement.sharing import REGISTRY, ShareRequest, SharingPolicy, StatusCode
+from reconciler.placement.sharing.base import Item
 from tests.builders import (
     failure,
     failures_of,

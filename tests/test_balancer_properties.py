@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.strategies import DrawFn
 
-from reconciler.balancer import balance, node_states
-from reconciler.filters import FILTER_CODES
-from reconciler.models import AlertRules, Node, Service, UnitConfig
-from reconciler.placement import BalanceResult, Mode, PreviousAllocation
-from reconciler.values import instance_id
+from reconciler.model.documents import AlertRules, Node, Service, UnitConfig
+from reconciler.model.values import instance_id
+from reconciler.placement.balancer import balance, node_states
+from reconciler.placement.filters import FILTER_CODES
+from reconciler.placement.instances import BalanceResult, Mode, PreviousAllocation
 from tests.builders import previous_of
 
 Mi = 1024**2

@@ -15,22 +15,24 @@ from typing import Any
 
 import pytest
 
-import reconciler.checkpoint as checkpoint_module
-from reconciler.checkpoint import (
+import reconciler.io.checkpoint_files as checkpoint_module
+from reconciler.cli.commands import main
+from reconciler.controller.reconcile import ReconcileOptions, compute_once, reconcile
+from reconciler.io.checkpoint_files import (
     CURRENT,
     PREVIOUS,
+    load_checkpoint,
+    save_checkpoint,
+)
+from reconciler.io.loader import load_state
+from reconciler.model.documents import Node
+from reconciler.model.values import instance_id
+from reconciler.planning.checkpoint import (
     Checkpoint,
     canonical,
     decode_checkpoint,
     encode_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
 )
-from reconciler.cli import main
-from reconciler.loader import load_state
-from reconciler.models import Node
-from reconciler.reconcile import ReconcileOptions, compute_once, reconcile
-from reconciler.values import instance_id
 
 from .agent_sim import apply_all
 from .faults import FailAt
@@ -611,7 +613,7 @@ class TestCrashPointsOfAWholeReconcile:
         tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch,
     ) -> None:
-        from reconciler import fsio
+        from reconciler.io import fsio
 
         def patch(fault: FailAt) -> None:
             monkeypatch.setattr(os, "fsync", fault.wrap(os.fsync))
@@ -641,7 +643,7 @@ class TestUnderTheLock:
     """SPEC §14: every write of out/ and checkpoint/ happens under the flock on DIR/.lock."""
 
     def test_a_held_lock_keeps_reconcile_from_writing_anything(self, demo_copy: Path) -> None:
-        from reconciler.lock import LockTimeout, StateLock
+        from reconciler.io.lock import LockTimeout, StateLock
 
         before = sorted(p.name for p in demo_copy.iterdir())
         with StateLock(demo_copy):
@@ -652,7 +654,7 @@ class TestUnderTheLock:
     def test_reconcile_waits_for_the_holder_and_then_writes(self, demo_copy: Path) -> None:
         import threading
 
-        from reconciler.lock import StateLock
+        from reconciler.io.lock import StateLock
 
         done = threading.Event()
 
@@ -713,7 +715,7 @@ class TestLastGoodAcrossProcesses:
         assert "com.example.telemetry" not in {p.item_id for p in c.result.placements}
 
     def test_every_bundled_document_round_trips(self, tmp_path: Path) -> None:
-        from reconciler.lastgood import LastGoodStore
+        from reconciler.io.lastgood import LastGoodStore
 
         from .conftest import DEMO, EXAMPLES
 

@@ -28,8 +28,14 @@ from hypothesis import strategies as st
 from hypothesis.strategies import DrawFn
 
 from benchmarks.statedir import bump_instances, write_state_dir
-from reconciler.checkpoint import (
+from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
+from reconciler.io.checkpoint_files import (
     CURRENT,
+    load_checkpoint,
+    save_checkpoint,
+)
+from reconciler.placement.instances import BalanceResult, Placement, PreviousAllocation, Requested
+from reconciler.planning.checkpoint import (
     GID_RANGE,
     UID_RANGE,
     Allocation,
@@ -42,11 +48,7 @@ from reconciler.checkpoint import (
     canonical,
     decode_checkpoint,
     encode_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
 )
-from reconciler.placement import BalanceResult, Placement, PreviousAllocation, Requested
-from reconciler.reconcile import ReconcileCache, ReconcileOptions, reconcile
 
 SETTINGS = settings(
     max_examples=120,
@@ -530,7 +532,7 @@ def test_assign_ids_with_a_memo_gives_what_it_gives_without(
     for object. With ``small_ranges`` (3 uids, 2 gids) nodes and items run out of ids."""
     from unittest import mock
 
-    import reconciler.checkpoint as checkpoint
+    import reconciler.planning.checkpoint as checkpoint
 
     uids = range(5000, 5003) if small_ranges else UID_RANGE
     gid_range = range(5000, 5002) if small_ranges else GID_RANGE

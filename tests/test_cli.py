@@ -11,9 +11,9 @@ from typing import ClassVar
 
 import pytest
 
-from reconciler.cli import EXIT_USAGE, main
-from reconciler.loader import load_state
-from reconciler.values import instance_id
+from reconciler.cli.commands import EXIT_USAGE, main
+from reconciler.io.loader import load_state
+from reconciler.model.values import instance_id
 
 from .conftest import DEMO, EXAMPLES
 
@@ -107,7 +107,7 @@ class TestUsage:
         assert "Usage:" in err
 
     def test_help_explains_every_command(self, capsys: pytest.CaptureFixture[str]) -> None:
-        from reconciler.cli import cli
+        from reconciler.cli.commands import cli
 
         code, out, _ = run(capsys, "--help")
         assert code == 0
@@ -311,7 +311,7 @@ class TestWriteErrors:
             raise OSError(errno.EIO, "Input/output error")
 
         monkeypatch.setattr(os, "fsync", failing_fsync)
-        monkeypatch.setattr("reconciler.fsio._SYNCFS", None)  # one fsync per file
+        monkeypatch.setattr("reconciler.io.fsio._SYNCFS", None)  # one fsync per file
         code, _out, err = run(capsys, "reconcile", "--state", str(demo_copy))
         assert code == 1
         assert "Traceback" not in err

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from benchmarks.statedir import write_state_dir
-from reconciler.etcdstore import EtcdStore
-from reconciler.oci_glue import default_config_builder
-from reconciler.reconcile import ReconcileOptions, reconcile
-from reconciler.store import FileStore, copy_unit
+from reconciler.controller.configs import default_config_builder
+from reconciler.controller.reconcile import ReconcileOptions, reconcile
+from reconciler.stores.base import FileStore, copy_unit
+from reconciler.stores.etcd import EtcdStore
 
 LEASE = 2  # seconds
 CHECKPOINT = "checkpoint/allocations.json"

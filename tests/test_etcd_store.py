@@ -21,15 +21,25 @@ from typing import Any
 
 import pytest
 
-from reconciler import watch as watch_module
-from reconciler.agent import AgentError, container_id
-from reconciler.cli import main
-from reconciler.etcdstore import Compacted, EtcdStore, Leadership
-from reconciler.ha import EventFeed, reconcile_via_store, run_agent_via_store, store_watch_loop
-from reconciler.oci_glue import default_config_builder
-from reconciler.reconcile import ReconcileError, ReconcileOptions, ReconcileReport, reconcile
-from reconciler.runc import ContainerState
-from reconciler.store import (
+from reconciler.agent.node import AgentError, container_id
+from reconciler.agent.runc import ContainerState
+from reconciler.cli.commands import main
+from reconciler.controller import watch as watch_module
+from reconciler.controller.configs import default_config_builder
+from reconciler.controller.ha import (
+    EventFeed,
+    reconcile_via_store,
+    run_agent_via_store,
+    store_watch_loop,
+)
+from reconciler.controller.reconcile import (
+    ReconcileError,
+    ReconcileOptions,
+    ReconcileReport,
+    reconcile,
+)
+from reconciler.controller.watch import WatchOptions
+from reconciler.stores.base import (
     Change,
     FileStore,
     LeaderGuard,
@@ -43,7 +53,7 @@ from reconciler.store import (
     split_commit,
     under,
 )
-from reconciler.watch import WatchOptions
+from reconciler.stores.etcd import Compacted, EtcdStore, Leadership
 from tests.etcd_support import EtcdServer
 from tests.test_agent import FakeRunc
 
@@ -1112,7 +1122,7 @@ class TestWatchStreamLines:
 
     @pytest.mark.parametrize("size", [1, 2, 3, 7, 64, 1 << 20])
     def test_lines_are_split_exactly_whatever_the_chunks(self, size: int) -> None:
-        from reconciler.etcdstore import _lines
+        from reconciler.stores.etcd import _lines
 
         big = b"x" * 300_000
         data = b'{"a":1}\n\n{"b":2}\n' + big + b"\n" + b'{"c":3}'
@@ -1120,7 +1130,7 @@ class TestWatchStreamLines:
         assert got == [b'{"a":1}', b'{"b":2}', big, b'{"c":3}']
 
     def test_a_long_line_costs_linear_time(self) -> None:
-        from reconciler.etcdstore import _lines
+        from reconciler.stores.etcd import _lines
 
         def seconds(n: int) -> float:
             data = b"y" * n + b"\n"
@@ -1230,7 +1240,7 @@ class TestScopedReads:
             feed.close()
 
     def test_a_leaders_feed_sees_the_inputs_and_not_its_own_commits(self, store: EtcdStore) -> None:
-        from reconciler.ha import INPUT_SCOPES
+        from reconciler.controller.ha import INPUT_SCOPES
 
         start = store.snapshot().revision + 1
         feed = EventFeed(store, start, scopes=INPUT_SCOPES)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.cli import TAKEOVER_SLACK
-from reconciler.etcdstore import EtcdStore
-from reconciler.store import FileStore, copy_unit
+from reconciler.cli.commands import TAKEOVER_SLACK
+from reconciler.stores.base import FileStore, copy_unit
+from reconciler.stores.etcd import EtcdStore
 
 LEASE = int(os.environ.get("RECONCILER_TAKEOVER_LEASE", "3"))  # seconds
 TRIALS = int(os.environ.get("RECONCILER_TAKEOVER_TRIALS", "3"))

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from reconciler import fsio
-from reconciler.fsio import FileReadError, atomic_write, atomic_write_many, read_bytes_at
+from reconciler.io import fsio
+from reconciler.io.fsio import FileReadError, atomic_write, atomic_write_many, read_bytes_at
 
 
 class Boom(Exception):

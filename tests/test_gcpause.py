@@ -1,4 +1,4 @@
-"""The collector pause around balance and reconcile (reconciler.gcpause) never leaks: the
+"""The collector pause around balance and reconcile (reconciler.model.gcpause) never leaks: the
 collector is enabled again afterwards, after an error too, and a pause inside a pause is a
 no-op that does not re-enable it early. The idle collection of a long-running loop freezes what
 survives, so an event's run does not walk the whole state again, and a full one frees what the
@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from reconciler import watch
-from reconciler.gcpause import collect_idle, collector_paused
-from reconciler.reconcile import ReconcileError, ReconcileOptions, reconcile
+from reconciler.controller import watch
+from reconciler.controller.reconcile import ReconcileError, ReconcileOptions, reconcile
+from reconciler.model.gcpause import collect_idle, collector_paused
 
 from .agent_sim import apply_all
 

@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from reconciler.balancer import BalanceMemo, balance
-from reconciler.cli import main
-from reconciler.models import ActualInstance, ActualState, Node, Service
-from reconciler.planner import make_plan
-from reconciler.reconcile import reconcile
-from reconciler.values import instance_id
+from reconciler.cli.commands import main
+from reconciler.controller.reconcile import reconcile
+from reconciler.model.documents import ActualInstance, ActualState, Node, Service
+from reconciler.model.values import instance_id
+from reconciler.placement.balancer import BalanceMemo, balance
+from reconciler.planning.plans import make_plan
 
 from .agent_sim import apply_all
 from .builders import make_node, make_service, previous_of

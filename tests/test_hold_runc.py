@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from reconciler.oci_glue import default_config_builder
-from reconciler.reconcile import ReconcileOptions, reconcile
+from reconciler.controller.configs import default_config_builder
+from reconciler.controller.reconcile import ReconcileOptions, reconcile
 
 from .test_agent_e2e import E2E, ITEM, SERVICE, e2e  # noqa: F401 (e2e is a fixture)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.cli import main
+from reconciler.cli.commands import main
 
 GOOD_NODE = """apiVersion: reconciler/v1
 kind: Node
@@ -121,7 +121,7 @@ def test_hostile_corpus_is_rejected_without_killing_the_process(tmp_path: Path) 
 
 PARSE_EVERY_ENGINE = """
 import json, sys
-from reconciler.yamlsafe import YamlRejected, parse_yaml
+from reconciler.io.yamlsafe import YamlRejected, parse_yaml
 out = {}
 for path in sys.argv[1:]:
     raw = open(path, "rb").read()

@@ -19,20 +19,20 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from reconciler.cli import main
-from reconciler.lastgood import LastGoodStore
-from reconciler.models import ActualState, Node
-from reconciler.oci_glue import default_config_builder
-from reconciler.reconcile import (
+from reconciler.cli.commands import main
+from reconciler.controller.configs import default_config_builder
+from reconciler.controller.reconcile import (
     LAST_GOOD,
     ReconcileError,
     ReconcileOptions,
     compute_once,
     reconcile,
 )
-from reconciler.schema import all_schemas
-from reconciler.values import instance_id
-from reconciler.yamlsafe import Engine, YamlRejected, parse_yaml
+from reconciler.io.lastgood import LastGoodStore
+from reconciler.io.yamlsafe import Engine, YamlRejected, parse_yaml
+from reconciler.model.documents import ActualState, Node
+from reconciler.model.schema import all_schemas
+from reconciler.model.values import instance_id
 
 # Independent of the code under test: the bounds as documented (docs/state.md).
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -670,7 +670,7 @@ def test_one_more_than_the_unit_wide_limit_changes_nothing(
 
 
 def test_a_cpu_quota_stays_within_64_bits() -> None:
-    from reconciler.oci import CPU_PERIOD, cpu_quota
+    from reconciler.oci.builder import CPU_PERIOD, cpu_quota
 
     assert cpu_quota(INT64_MAX, INT64_MAX, 1) == INT64_MAX
     assert cpu_quota(500, 2, 1000) == 500 * CPU_PERIOD * 2 // 1000  # the usual formula
@@ -725,7 +725,7 @@ def test_the_long_running_loop_survives_both(tmp_path: Path) -> None:
     """``watch`` and the etcd leader run each reconcile through ``run_logged``: a huge number
     is a diagnostic of a run that completes; a unit over its limit is a run that fails and is
     logged, and the loop goes on (it once exited, and took the standby with it)."""
-    from reconciler.watch import run_logged
+    from reconciler.controller.watch import run_logged
 
     state = tmp_path / "state"
     path, _ = _faulty(state, "maxDMIPS")

@@ -20,10 +20,12 @@ from typing import Any
 
 import pytest
 
-from reconciler.checkpoint import load_checkpoint
-from reconciler.loader import load_state
-from reconciler.oci_glue import default_config_builder
-from reconciler.reconcile import ReconcileOptions, compute_once, reconcile
+from reconciler.controller.configs import default_config_builder
+from reconciler.controller.reconcile import ReconcileOptions, compute_once, reconcile
+from reconciler.io.checkpoint_files import (
+    load_checkpoint,
+)
+from reconciler.io.loader import load_state
 from tests.agent_sim import apply_all
 
 

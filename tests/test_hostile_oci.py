@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from reconciler.hostdevices import HostDevices
-from reconciler.models import Service
-from reconciler.oci import DeviceLookupError, DevicePolicy, canonical_path
-from reconciler.oci_glue import default_config_builder
-from reconciler.reconcile import CONFIG_FAILURE, ReconcileOptions, reconcile
+from reconciler.controller.configs import default_config_builder
+from reconciler.controller.reconcile import CONFIG_FAILURE, ReconcileOptions, reconcile
+from reconciler.model.documents import Service
+from reconciler.oci.builder import DeviceLookupError, DevicePolicy, canonical_path
+from reconciler.oci.hostdevices import HostDevices
 
 from . import test_oci_runc as runc_support
 from .test_oci import FakeDevices, build, cdev, make_node, make_service, mounts_of
@@ -145,8 +145,8 @@ def _expand_in_a_child(paths: list[str], stdin: Path) -> dict[str, Any]:
     lookup error."""
     code = (
         "import json, sys\n"
-        "from reconciler.hostdevices import HostDevices\n"
-        "from reconciler.oci import DeviceLookupError\n"
+        "from reconciler.oci.hostdevices import HostDevices\n"
+        "from reconciler.oci.builder import DeviceLookupError\n"
         "out = {}\n"
         "for p in sys.argv[1:]:\n"
         "    try:\n"

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.fsio import remove_stale_temp_files
-from reconciler.oci_glue import default_config_builder
-from reconciler.reconcile import ReconcileCache, ReconcileOptions, reconcile
+from reconciler.controller.configs import default_config_builder
+from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
+from reconciler.io.fsio import remove_stale_temp_files
 
 KILLED_AT = """
 import os, signal, sys
 from pathlib import Path
-from reconciler.oci_glue import default_config_builder
-from reconciler.reconcile import ReconcileOptions, reconcile
+from reconciler.controller.configs import default_config_builder
+from reconciler.controller.reconcile import ReconcileOptions, reconcile
 
 state, target = Path(sys.argv[1]), sys.argv[2]
 real = os.replace

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.inventory import (
+from reconciler.model.inventory import (
     REASONS,
     CapacityError,
     InvalidAmountError,

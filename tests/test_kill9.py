@@ -21,8 +21,14 @@ from typing import Any
 
 import pytest
 
-from reconciler.checkpoint import CURRENT, decode_checkpoint, load_checkpoint
-from reconciler.reconcile import ReconcileOptions, reconcile
+from reconciler.controller.reconcile import ReconcileOptions, reconcile
+from reconciler.io.checkpoint_files import (
+    CURRENT,
+    load_checkpoint,
+)
+from reconciler.planning.checkpoint import (
+    decode_checkpoint,
+)
 
 KILLS = 200
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from reconciler import fsio, lastgood
-from reconciler.lastgood import MANIFEST, LastGoodMemo, LastGoodStore, shard_of
-from reconciler.loader import Doc, StateView, load_state
-from reconciler.models import Node
+from reconciler.io import fsio, lastgood
+from reconciler.io.lastgood import MANIFEST, LastGoodMemo, LastGoodStore, shard_of
+from reconciler.io.loader import Doc, StateView, load_state
+from reconciler.model.documents import Node
 
 from .conftest import DEMO
 from .faults import FailAt
@@ -135,7 +135,7 @@ def test_entries_round_trip_and_only_changes_are_written(tmp_path: Path) -> None
 
 
 def _options(store: LastGoodStore) -> Any:
-    from reconciler.loader import LoadOptions
+    from reconciler.io.loader import LoadOptions
 
     return LoadOptions(fallback=store.get)
 

@@ -19,9 +19,9 @@ import watchfiles
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from reconciler.loader import Diagnostic, StateView, load_state
-from reconciler.reconcile import ReconcileOptions, reconcile
-from reconciler.watch import changed_inputs
+from reconciler.controller.reconcile import ReconcileOptions, reconcile
+from reconciler.controller.watch import changed_inputs
+from reconciler.io.loader import Diagnostic, StateView, load_state
 
 from .test_loader import ACTUAL, NODE, SERVICE, UNIT, write
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.loader import load_state, mass_deletion_guard
-from reconciler.models import Service
+from reconciler.io.loader import load_state, mass_deletion_guard
+from reconciler.model.documents import Service
 
 NODE = """apiVersion: reconciler/v1
 kind: Node
@@ -97,8 +97,8 @@ class TestChangeDetection:
     ) -> None:
         """File timestamps are coarse: on a filesystem with 1 s timestamps a rewrite of the same
         size right after a load keeps the whole stat key. It must still be read again."""
-        import reconciler.fsio as fsio
-        import reconciler.loader as loader
+        import reconciler.io.fsio as fsio
+        import reconciler.io.loader as loader
 
         def coarse(st: os.stat_result) -> fsio.StatKey:
             second = 1_000_000_000
@@ -115,7 +115,7 @@ class TestChangeDetection:
         assert view2.services[("a", "default")].version == "2.0.0"
 
     def test_a_settled_key_is_trusted_and_a_fresh_one_is_not(self) -> None:
-        from reconciler.fsio import RACY_WINDOW_NS, settled_key
+        from reconciler.io.fsio import RACY_WINDOW_NS, settled_key
 
         now = 10 * RACY_WINDOW_NS
         old = (1, 2, 3, now - RACY_WINDOW_NS - 1, now - RACY_WINDOW_NS - 1)
@@ -218,7 +218,7 @@ instances:
 """
 
     def _actual(self, root: Path) -> None:
-        from reconciler.values import instance_id
+        from reconciler.model.values import instance_id
 
         write(root, "actual/n1.yaml", self.ACTUAL.format(iid=instance_id("a", "default", 0)))
 
@@ -266,7 +266,7 @@ _EDITS = st.lists(
 def test_a_duplicate_service_is_reported_on_every_load(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import reconciler.fsio as fsio
+    import reconciler.io.fsio as fsio
 
     monkeypatch.setattr(fsio, "RACY_WINDOW_NS", -(10**12))  # trust the stat keys at once
     write(tmp_path, "desired/a.yaml", SERVICE.format(id="a", version="1.0.0"))
@@ -289,7 +289,7 @@ class TestPatchedView:
     def test_patched_view_equals_the_assembled_one(self, edits: list[tuple[str, int, int]]) -> None:
         import tempfile
 
-        import reconciler.loader as loader
+        import reconciler.io.loader as loader
 
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)

@@ -37,12 +37,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from reconciler.checkpoint import CURRENT, LINEAGE, PREVIOUS, load_checkpoint
-from reconciler.lastgood import LastGoodStore
-from reconciler.loader import Doc, load_state
-from reconciler.models import Node, Service, UnitConfig
-from reconciler.oci_glue import default_config_builder
-from reconciler.reconcile import (
+from reconciler.controller.configs import default_config_builder
+from reconciler.controller.reconcile import (
     Computed,
     ReconcileError,
     ReconcileOptions,
@@ -50,6 +46,15 @@ from reconciler.reconcile import (
     compute_once,
     reconcile,
 )
+from reconciler.io.checkpoint_files import (
+    CURRENT,
+    LINEAGE,
+    PREVIOUS,
+    load_checkpoint,
+)
+from reconciler.io.lastgood import LastGoodStore
+from reconciler.io.loader import Doc, load_state
+from reconciler.model.documents import Node, Service, UnitConfig
 
 from .agent_sim import apply_all
 from .model_support import (
@@ -659,7 +664,7 @@ class ControllerMachine(RuleBasedStateMachine):
                 "import sys\n"
                 "from datetime import datetime, timezone\n"
                 "from freezegun import freeze_time\n"
-                "from reconciler.cli import main\n"
+                "from reconciler.cli.commands import main\n"
                 "with freeze_time(datetime.fromtimestamp(float(sys.argv[2]), timezone.utc)):\n"
                 "    rc = main(['plan', '--json', '--state', sys.argv[1]])\n"
                 "sys.exit(rc)\n"

@@ -1,7 +1,7 @@
-"""Node states during a balance call (``reconciler.nodestate``): named resources kept as integer
-pools must read as the shared-count policy's own states, the unit.yaml lookup once per node
-type must give ``UnitConfig.config_for``'s entry, and empty pool states shared between the
-nodes of a call must be the states each node would have built."""
+"""Node states during a balance call (``reconciler.placement.nodestate``): named resources
+kept as integer pools must read as the shared-count policy's own states, the unit.yaml lookup
+once per node type must give ``UnitConfig.config_for``'s entry, and empty pool states shared
+between the nodes of a call must be the states each node would have built."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.nodestate import NodeConfigs, NodeSlot, StateCache, make_slot, node_basics
-from reconciler.sharing import REGISTRY, ShareRequest
-from reconciler.sharing.base import Item, PoolState
+from reconciler.placement.nodestate import NodeConfigs, NodeSlot, StateCache, make_slot, node_basics
+from reconciler.placement.sharing import REGISTRY, ShareRequest
+from reconciler.placement.sharing.base import Item, PoolState
 from tests.builders import make_node, make_unit
 
 _SHARED = REGISTRY["shared-count"]

@@ -23,9 +23,9 @@ from jsonschema import Draft4Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT4
 
-from reconciler.hostdevices import HostDevices, SystemGroups
-from reconciler.models import Node, Service
-from reconciler.oci import (
+from reconciler.model.documents import Node, Service
+from reconciler.model.values import instance_id
+from reconciler.oci.builder import (
     CPU_PERIOD,
     BuiltConfig,
     ConfigJob,
@@ -41,14 +41,14 @@ from reconciler.oci import (
     intersect_access,
     parse_device_string,
 )
-from reconciler.oci_writer import (
+from reconciler.oci.hostdevices import HostDevices, SystemGroups
+from reconciler.oci.writer import (
     OutputPathError,
     hosts_path,
     instance_dir,
     write_instance_outputs,
 )
-from reconciler.placement import Placement, Requested
-from reconciler.values import instance_id
+from reconciler.placement.instances import Placement, Requested
 
 # ---------------------------------------------------------------- schema
 

@@ -27,12 +27,12 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.hostdevices import HostDevices
-from reconciler.oci import DevicePolicy
-from reconciler.oci_glue import default_config_builder
-from reconciler.oci_writer import instance_dir
-from reconciler.reconcile import ReconcileOptions, reconcile
-from reconciler.values import instance_id
+from reconciler.controller.configs import default_config_builder
+from reconciler.controller.reconcile import ReconcileOptions, reconcile
+from reconciler.model.values import instance_id
+from reconciler.oci.builder import DevicePolicy
+from reconciler.oci.hostdevices import HostDevices
+from reconciler.oci.writer import instance_dir
 
 from .runtime_support import find_static_busybox, make_busybox_rootfs
 from .test_oci import assert_valid

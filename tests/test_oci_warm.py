@@ -24,16 +24,18 @@ from typing import Any, cast
 
 import pytest
 
-import reconciler.fsio
-import reconciler.oci as oci
-import reconciler.oci_glue as oci_glue
-import reconciler.oci_writer as oci_writer
+import reconciler.controller.configs as oci_glue
+import reconciler.io.fsio
+import reconciler.oci.builder as oci
+import reconciler.oci.writer as oci_writer
 from benchmarks.statedir import bump_instances, write_state_dir
-from reconciler.checkpoint import Allocation, Checkpoint, assign_ids
-from reconciler.jsonio import pretty_json
-from reconciler.loader import StateView
-from reconciler.models import Node, Service
-from reconciler.oci import (
+from reconciler.controller.configs import default_config_builder
+from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
+from reconciler.io.loader import StateView
+from reconciler.model.documents import Node, Service
+from reconciler.model.jsonbytes import pretty_json
+from reconciler.model.values import instance_id
+from reconciler.oci.builder import (
     BuildMemo,
     BuildResult,
     BuiltConfig,
@@ -45,11 +47,9 @@ from reconciler.oci import (
     content_digest,
     same_placement_inputs,
 )
-from reconciler.oci_glue import default_config_builder
-from reconciler.oci_writer import WriteMemo, WriteReport, write_instance_outputs
-from reconciler.placement import BalanceResult, Placement
-from reconciler.reconcile import ReconcileCache, ReconcileOptions, reconcile
-from reconciler.values import instance_id
+from reconciler.oci.writer import WriteMemo, WriteReport, write_instance_outputs
+from reconciler.placement.instances import BalanceResult, Placement
+from reconciler.planning.checkpoint import Allocation, Checkpoint, assign_ids
 
 from .test_oci import (
     GPU0,
@@ -539,7 +539,7 @@ def test_a_failed_call_leaves_the_memo_empty(
     write_instance_outputs(tmp_path, built, memo=memo)
     changed = dict(built)
     changed[ids[0]] = BuiltConfig.of({"ociVersion": "1.0.2", "hostname": "b"}, built[ids[0]].hosts)
-    real = reconciler.fsio.write_groups
+    real = reconciler.io.fsio.write_groups
 
     def fails_after_the_renames(groups: Any, **kw: Any) -> Any:
         real(groups, **kw)
@@ -650,7 +650,7 @@ def test_a_run_stopped_before_the_deferred_manifest_leaves_nothing_wrong(
     """The configs' manifest is written after the plan: a run that dies before it leaves the
     older manifest, which the next writer (another process, no memo) must not trust for the
     instances whose files changed meanwhile."""
-    from reconciler.oci_writer import PendingManifest
+    from reconciler.oci.writer import PendingManifest
 
     logger = demo_copy / "desired" / "apps" / "logger.yaml"
     original = logger.read_text()

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from reconciler import fsio, oci_writer
-from reconciler.oci import BuiltConfig
-from reconciler.oci_writer import WriteMemo, write_instance_outputs
+from reconciler.io import fsio
+from reconciler.oci import writer as oci_writer
+from reconciler.oci.builder import BuiltConfig
+from reconciler.oci.writer import WriteMemo, write_instance_outputs
 
 from .faults import FailAt
 from .test_oci import _built

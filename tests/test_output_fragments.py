@@ -12,7 +12,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.jsonio import (
+from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
+from reconciler.controller.status import build_status
+from reconciler.model.jsonbytes import (
     Joined,
     document,
     fragment,
@@ -22,9 +24,7 @@ from reconciler.jsonio import (
     member,
     pretty_json,
 )
-from reconciler.planner import PlanMemo, plan_bytes, started_record
-from reconciler.reconcile import ReconcileCache, ReconcileOptions, reconcile
-from reconciler.status import build_status
+from reconciler.planning.plans import PlanMemo, plan_bytes, started_record
 
 JSON = st.recursive(
     st.none()

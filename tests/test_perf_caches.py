@@ -22,8 +22,14 @@ from typing import Any
 
 import yaml
 
-import reconciler.fsio
-from reconciler.checkpoint import (
+import reconciler.io.fsio
+from reconciler.controller.configs import default_config_builder
+from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
+from reconciler.controller.status import NodeStatusCache, node_statuses
+from reconciler.io.loader import load_state
+from reconciler.oci.builder import BuildMemo, ConfigJob, DevicePolicy, build_all, config_json
+from reconciler.placement.instances import BalanceResult
+from reconciler.planning.checkpoint import (
     FORMAT_VERSION,
     Allocation,
     Checkpoint,
@@ -33,12 +39,6 @@ from reconciler.checkpoint import (
     decode_checkpoint,
     encode_checkpoint,
 )
-from reconciler.loader import load_state
-from reconciler.oci import BuildMemo, ConfigJob, DevicePolicy, build_all, config_json
-from reconciler.oci_glue import default_config_builder
-from reconciler.placement import BalanceResult
-from reconciler.reconcile import ReconcileCache, ReconcileOptions, reconcile
-from reconciler.status import NodeStatusCache, node_statuses
 
 from .test_oci import (
     GPU0,
@@ -377,7 +377,7 @@ def test_as_decoded_is_what_decoding_the_written_bytes_gives() -> None:
 
 
 def test_output_cache_notices_an_edited_output(demo_copy: Path, monkeypatch: Any) -> None:
-    monkeypatch.setattr(reconciler.fsio, "RACY_WINDOW_NS", 0)  # every key settles at once
+    monkeypatch.setattr(reconciler.io.fsio, "RACY_WINDOW_NS", 0)  # every key settles at once
     opts = ReconcileOptions(cache=ReconcileCache())
     assert opts.cache is not None
     view = reconcile(demo_copy, opts).computed.view

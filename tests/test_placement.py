@@ -1,6 +1,6 @@
-"""The balancer's value types (``reconciler.placement``): the instance order of SPEC §7.1 as
-``expand_instances`` produces it, and the fast constructors, which must build exactly the
-objects the dataclasses' own constructors build."""
+"""The balancer's value types (``reconciler.placement.instances``): the instance order of
+SPEC §7.1 as ``expand_instances`` produces it, and the fast constructors, which must build
+exactly the objects the dataclasses' own constructors build."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.models import Service
-from reconciler.placement import (
+from reconciler.model.documents import Service
+from reconciler.model.values import instance_id
+from reconciler.placement.instances import (
     Instance,
     Placement,
     Requested,
@@ -23,7 +24,6 @@ from reconciler.placement import (
     new_placement,
     new_requested,
 )
-from reconciler.values import instance_id
 from tests.builders import make_service
 
 

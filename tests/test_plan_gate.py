@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.cli import EXIT_ERROR, main
+from reconciler.cli.commands import EXIT_ERROR, main
 
 from .conftest import DEMO, EXAMPLES
 

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from reconciler.models import ActualState
-from reconciler.placement import BalanceResult, Placement
-from reconciler.planner import PlanMemo, make_plan, plan_bytes
-from reconciler.values import instance_id
+from reconciler.model.documents import ActualState
+from reconciler.model.values import instance_id
+from reconciler.placement.instances import BalanceResult, Placement
+from reconciler.planning.plans import PlanMemo, make_plan, plan_bytes
 from tests.test_planner import actual_doc, placement, record
 
 NODES = ["n1", "n2", "n3"]

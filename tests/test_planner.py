@@ -14,12 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.cli import main
-from reconciler.models import ActualState
-from reconciler.placement import BalanceResult, Placement, Requested
-from reconciler.planner import Plan, empty_actual_document, make_plan, pointer
-from reconciler.reconcile import ReconcileOptions, compute_once, reconcile
-from reconciler.values import instance_id
+from reconciler.cli.commands import main
+from reconciler.controller.reconcile import ReconcileOptions, compute_once, reconcile
+from reconciler.model.documents import ActualState
+from reconciler.model.values import instance_id
+from reconciler.placement.instances import BalanceResult, Placement, Requested
+from reconciler.planning.plans import Plan, empty_actual_document, make_plan, pointer
 
 from .agent_sim import apply_all, read_actual
 from .test_checkpoint import inline_resources
@@ -432,7 +432,7 @@ class TestFingerprint:
         self, demo_copy: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """As a CI job does: plan right after the checkout, and again later."""
-        from reconciler import fsio
+        from reconciler.io import fsio
 
         monkeypatch.setattr(fsio, "RACY_WINDOW_NS", 10**18)  # within 2 s of the checkout
         assert main(["plan", "--json", "--state", str(demo_copy)]) == 2
@@ -444,7 +444,7 @@ class TestFingerprint:
     def test_a_second_reconcile_after_the_racy_window_rewrites_nothing(
         self, demo_copy: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        from reconciler import fsio
+        from reconciler.io import fsio
 
         # the first run happens within 2 s of the copy: the resources file is not "settled"
         monkeypatch.setattr(fsio, "RACY_WINDOW_NS", 10**18)
@@ -456,7 +456,7 @@ class TestFingerprint:
     def test_touching_a_resources_file_does_not_make_a_plan_stale(
         self, demo_copy: Path, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        from reconciler import fsio
+        from reconciler.io import fsio
 
         monkeypatch.setattr(fsio, "RACY_WINDOW_NS", 0)  # every file counts as settled
         assert main(["plan", "--json", "--state", str(demo_copy)]) == 2

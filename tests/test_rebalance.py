@@ -10,8 +10,8 @@ from typing import Any
 
 from freezegun import freeze_time
 
-from reconciler.reconcile import ReconcileReport, reconcile
-from reconciler.values import instance_id
+from reconciler.controller.reconcile import ReconcileReport, reconcile
+from reconciler.model.values import instance_id
 
 from .agent_sim import apply_all
 from .test_alerts import HOUR_REBALANCES, hour_trace

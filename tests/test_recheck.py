@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from reconciler.reconcile import ReconcileOptions, ReconcileReport, reconcile
-from reconciler.watch import WatchOptions, watch_loop
+from reconciler.controller.reconcile import ReconcileOptions, ReconcileReport, reconcile
+from reconciler.controller.watch import WatchOptions, watch_loop
 
 LOGGER = Path("desired") / "apps" / "logger.yaml"
 

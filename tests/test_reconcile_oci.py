@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from reconciler.oci_glue import default_config_builder
-from reconciler.reconcile import CONFIG_FAILURE, ReconcileOptions, reconcile
+from reconciler.controller.configs import default_config_builder
+from reconciler.controller.reconcile import CONFIG_FAILURE, ReconcileOptions, reconcile
 
 from .test_oci import assert_valid
 
@@ -106,9 +106,9 @@ def test_outputs_are_published_in_dependency_order(
     """Configs before the node patches that name them; the patches with plan.json in one
     batch; status.json last, in a batch with the configs' manifest (a record for the next
     writer, not an output anyone waits for), so the plan waits for neither."""
-    from reconciler import reconcile as reconcile_module
-    from reconciler.fsio import atomic_write_many as real_many
-    from reconciler.oci_writer import write_instance_outputs as real_outputs
+    from reconciler.controller import reconcile as reconcile_module
+    from reconciler.io.fsio import atomic_write_many as real_many
+    from reconciler.oci.writer import write_instance_outputs as real_outputs
 
     batches: list[list[str]] = []
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.loader import load_state
-from reconciler.models import HostEntry, Mount
-from reconciler.resources import ResourceManager, ResourceNotFoundError
+from reconciler.io.loader import load_state
+from reconciler.io.resources import ResourceManager, ResourceNotFoundError
+from reconciler.model.documents import HostEntry, Mount
 
 GPU_SERIAL = [
     {

@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.oci_glue import default_config_builder
-from reconciler.reconcile import ReconcileOptions, reconcile
-from reconciler.restarts import (
+from reconciler.agent.restarts import (
     RESTART_POLICY_ANNOTATION,
     RestartRecord,
     backoff_delay,
@@ -20,7 +18,9 @@ from reconciler.restarts import (
     seen_running,
     tried_start,
 )
-from reconciler.values import instance_id
+from reconciler.controller.configs import default_config_builder
+from reconciler.controller.reconcile import ReconcileOptions, reconcile
+from reconciler.model.values import instance_id
 
 from .test_oci import assert_valid
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from reconciler.cli import EXIT_USAGE, main
-from reconciler.yamlsafe import parse_yaml
+from reconciler.cli.commands import EXIT_USAGE, main
+from reconciler.io.yamlsafe import parse_yaml
 
 from .conftest import DEMO, ROOT
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from reconciler.store import (
+from reconciler.stores.base import (
     Change,
     Entry,
     Guard,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.cli import main
+from reconciler.cli.commands import main
 
 UNIT = """apiVersion: reconciler/v1
 kind: UnitConfig

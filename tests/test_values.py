@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.values import (
+from reconciler.model.values import (
     ID_PATTERN,
     RESOURCE_NAME_PATTERN,
     instance_id,

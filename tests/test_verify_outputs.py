@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from reconciler import reconcile as rec
-from reconciler import watch
-from reconciler.oci_glue import default_config_builder
-from reconciler.reconcile import ReconcileCache, ReconcileOptions, reconcile
+from reconciler.controller import reconcile as rec
+from reconciler.controller import watch
+from reconciler.controller.configs import default_config_builder
+from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
 from tests.agent_sim import apply_all
 
 

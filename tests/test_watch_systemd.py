@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from reconciler import reconcile as reconcile_module
-from reconciler.lock import StateLock
-from reconciler.reconcile import ReconcileOptions, ReconcileReport, reconcile
-from reconciler.watch import WatchOptions, input_filter, watch_loop
+from reconciler.controller import reconcile as reconcile_module
+from reconciler.controller.reconcile import ReconcileOptions, ReconcileReport, reconcile
+from reconciler.controller.watch import WatchOptions, input_filter, watch_loop
+from reconciler.io.lock import StateLock
 
 ROOT = Path(__file__).resolve().parent.parent
 UNITS = [

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from reconciler.yamlsafe import Engine, YamlRejected, parse_yaml
+from reconciler.io.yamlsafe import Engine, YamlRejected, parse_yaml
 
 ENGINES: list[Engine] = ["ruamel", "libyaml", "auto"]
 

@@ -12,8 +12,8 @@ import yaml
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from reconciler import yamlsafe
-from reconciler.yamlsafe import Engine, YamlRejected, parse_yaml
+from reconciler.io import yamlsafe
+from reconciler.io.yamlsafe import Engine, YamlRejected, parse_yaml
 
 
 class TestScalarsAreYaml12:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reconciler.loader import load_state
+from reconciler.io.loader import load_state
 
 SERVICE = """apiVersion: reconciler/v1
 kind: Service

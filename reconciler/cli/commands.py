@@ -1,0 +1,1085 @@
+"""The ``reconciler`` command line (SPEC §13).
+
+Exit codes: 0 success, 1 error, 64 usage error (EX_USAGE); commands document their own extra
+codes. Human output goes to stdout (colored only on a terminal, never with ``NO_COLOR``); logs go
+to stderr; ``--json`` gives machine output with a ``formatVersion``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import functools
+import json
+import logging
+import os
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TextIO, TypeVar, cast
+
+import click
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from reconciler import __version__
+from reconciler.agent.node import AgentError, agent_watch, run_agent_once
+from reconciler.agent.runc import Runc, RuncError
+from reconciler.cli.render import (
+    render_explanation,
+    render_placements,
+    render_plan,
+    render_status,
+)
+from reconciler.controller.configs import default_config_builder
+from reconciler.controller.ha import (
+    INPUT_SCOPES,
+    agent_watch_store,
+    reconcile_via_store,
+    run_agent_via_store,
+    store_watch_loop,
+)
+from reconciler.controller.reconcile import (
+    ReconcileError,
+    ReconcileOptions,
+    compute_once,
+    reconcile,
+)
+from reconciler.controller.watch import WatchOptions, watch_loop
+from reconciler.io.checkpoint_files import (
+    load_checkpoint,
+)
+from reconciler.io.crosscheck import cross_checks, file_locator
+from reconciler.io.fsio import FileReadError, ensure_dir, read_bytes_at
+from reconciler.io.loader import Diagnostic, instance_limit_guard, load_state
+from reconciler.io.lock import LockTimeout, StateLock
+from reconciler.model.documents import KINDS, Service
+from reconciler.model.schema import RESOURCES_FILE, all_schemas
+from reconciler.model.values import parse_duration
+from reconciler.placement.balancer import explain as explain_instance
+from reconciler.placement.instances import Mode, expand_instances
+from reconciler.planning.plans import Plan, failure_json
+from reconciler.stores.base import FileStore, StateStore, StoreError, copy_unit
+from reconciler.stores.etcd import EtcdStore
+
+__all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_USAGE", "cli", "main"]
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 64
+FORMAT_VERSION = 1
+
+log = logging.getLogger("reconciler")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _console() -> Console:
+    """stdout: colors only on a terminal (rich honors NO_COLOR); wide when piped."""
+    console = Console(highlight=False, soft_wrap=True)
+    if not console.is_terminal:
+        console = Console(highlight=False, soft_wrap=True, width=max(console.width, 240))
+    return console
+
+
+def _err_console() -> Console:
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def state_option(f: F) -> F:
+    return click.option(
+        "--state",
+        "state_dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=Path("state"),
+        show_default=True,
+        help="The state directory (unit.yaml, desired/, nodes/, actual/, out/, checkpoint/).",
+    )(f)
+
+
+def _store_flag(help_text: str, *, required: bool = False) -> Callable[[F], F]:
+    """``--store URL`` (env RECONCILER_STORE), as each kind of command explains it."""
+    return click.option(
+        "--store",
+        "store_url",
+        metavar="URL",
+        envvar="RECONCILER_STORE",
+        default=None,
+        required=required,
+        help=help_text,
+    )
+
+
+store_option = _store_flag(
+    "Keep the unit in etcd (etcd://HOST:PORT/PREFIX; env RECONCILER_STORE) instead of "
+    "in --state; --state is then the local working copy (docs/etcd.md)."
+)
+
+required_store_option = _store_flag(
+    "The unit in etcd: etcd://HOST:PORT/PREFIX (env RECONCILER_STORE).", required=True
+)
+
+
+def snapshot_store_option(scope: Sequence[str]) -> Callable[[F], F]:
+    """``--store`` for a read-only command: it runs on one snapshot of the documents it reads
+    (``scope``: documents, or directories ending in ``/``) of the unit in etcd, copied into a
+    private temporary directory (removed afterwards) made the working directory, so the paths
+    in its messages are the documents' keys under the prefix. Nothing is written to etcd, and
+    --state is not read."""
+
+    def decorate(f: F) -> F:
+        @functools.wraps(f)
+        def run(*args: Any, store_url: str | None, state_dir: Path, **kwargs: Any) -> Any:
+            if store_url is None:
+                return f(*args, state_dir=state_dir, **kwargs)
+            store = _etcd(store_url)
+            back = Path.cwd()
+            with tempfile.TemporaryDirectory(prefix="reconciler-snapshot-") as scratch:
+                copy = Path(scratch) / "unit"
+                try:
+                    ensure_dir(copy)
+                    snap = store.snapshot(scope)
+                    FileStore(copy).commit({rel: e.data for rel, e in snap.entries.items()})
+                except (StoreError, FileReadError, OSError) as e:
+                    _err_console().print(f"error: {e}", markup=False)
+                    return EXIT_ERROR
+                os.chdir(copy)
+                try:
+                    return f(*args, state_dir=Path("."), **kwargs)
+                finally:
+                    os.chdir(back)
+
+        flag = _store_flag(
+            "Read the unit from etcd (etcd://HOST:PORT/PREFIX; env RECONCILER_STORE) instead "
+            "of --state: one snapshot of what the command reads, copied into a temporary "
+            "directory; nothing is written to etcd, and file names in messages are the "
+            "documents' keys under PREFIX."
+        )
+        return cast(F, flag(run))
+
+    return decorate
+
+
+_READS_INPUTS = (*INPUT_SCOPES, "checkpoint/")
+"""What plan and explain read: the inputs and the checkpoint (with the last good versions)."""
+
+
+def _etcd(url: str) -> EtcdStore:
+    try:
+        return EtcdStore(url)
+    except StoreError as e:
+        raise click.BadParameter(str(e), param_hint="--store") from None
+
+
+def json_option(f: F) -> F:
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Print machine-readable JSON instead of text."
+    )(f)
+
+
+def _print_json(payload: dict[str, Any]) -> None:
+    out = {"formatVersion": FORMAT_VERSION, **payload}
+    sys.stdout.write(json.dumps(out, indent=2, sort_keys=True) + "\n")
+
+
+def _print_diagnostics(console: Console, diags: Sequence[Diagnostic]) -> None:
+    for d in diags:
+        style = "yellow" if d.severity == "warning" else "red"
+        console.print(f"[bold]{d.path}:{d.line}:{d.col}:[/bold] ", end="", markup=True)
+        label = "warning: " if d.severity == "warning" else "error: "
+        console.print(f"[{style}]{label}[/{style}]", end="", markup=True)
+        console.print(d.message, markup=False)
+
+
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
+@click.version_option(__version__, prog_name="reconciler")
+@click.option("-v", "--verbose", count=True, help="More log detail on stderr (-v info, -vv debug).")
+def cli(verbose: int) -> None:
+    """Declarative reconciliation controller with file-backed state.
+
+    People and GitOps tools edit desired-state YAML (desired/**/*.yaml); node agents write
+    node status (nodes/<id>.yaml) and actual state (actual/<id>.yaml). The controller places
+    every service instance on a node and runtime, plans start/stop changes as RFC 6902 JSON
+    Patch, writes an OCI runtime config.json per instance and checkpoints its allocations.
+
+    Every command takes --state DIR (default ./state). Exit codes: 0 success, 1 error,
+    64 usage error; see each command's help for the others.
+    """
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(
+        level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr, force=True
+    )
+
+
+@cli.command()
+@state_option
+@snapshot_store_option(INPUT_SCOPES)
+@json_option
+def validate(state_dir: Path, as_json: bool) -> int:
+    """Check every input file of the state directory.
+
+    Reads unit.yaml, desired/**/*.yaml, nodes/*.yaml (with their resources files) and
+    actual/*.yaml (or .yml) with the same safe loader the controller uses, then checks the
+    files against one another: a service label no node has (warning), a runtime type no node
+    offers (error), a node type with no entry in unit.yaml (warning), an image with neither
+    entrypoint nor cmd (error), a request above its quota (warning). Prints every problem as
+    FILE:LINE:COL: error|warning: MESSAGE. Nothing is written.
+
+    Exit codes: 0 all files valid (warnings allowed), 1 at least one error.
+    """
+    _require_state(state_dir)
+    view, loaded = load_state(state_dir)
+    found = cross_checks(view, file_locator(state_dir))
+    over_limit = instance_limit_guard(view)
+    if over_limit is not None:
+        found = [*found, over_limit]
+    diags = sorted([*loaded, *found], key=lambda d: (d.path, d.line, d.col))
+    errors = [d for d in diags if d.severity == "error"]
+    warnings = [d for d in diags if d.severity == "warning"]
+    counts = {
+        "services": len(view.services),
+        "nodes": len(view.nodes),
+        "actual": len(view.actual),
+        "unitConfig": view.unit is not None,
+    }
+    if as_json:
+        _print_json(
+            {
+                "valid": not errors,
+                "counts": counts,
+                "errors": [d.to_json() for d in errors],
+                "warnings": [d.to_json() for d in warnings],
+            }
+        )
+    else:
+        console = _console()
+        _print_diagnostics(console, diags)
+        summary = (
+            f"{counts['services']} services, {counts['nodes']} nodes, "
+            f"{counts['actual']} actual-state files"
+        )
+        if errors:
+            console.print(f"[red]invalid:[/red] {len(errors)} error(s); valid: {summary}")
+        else:
+            console.print(f"[green]valid:[/green] {summary}", markup=True)
+    return EXIT_ERROR if errors else EXIT_OK
+
+
+SCHEMA_KINDS = sorted([*KINDS, RESOURCES_FILE])
+
+
+@cli.command()
+@click.option(
+    "--kind",
+    type=click.Choice(SCHEMA_KINDS),
+    help="Print only this kind's schema (for an editor's yaml-language-server).",
+)
+@state_option
+def schema(kind: str | None, state_dir: Path) -> int:
+    """Print the JSON Schema (draft 2020-12) of every document kind.
+
+    KIND is UnitConfig, Service, Node, ActualState, or ResourcesFile (a node's resourcesFile,
+    a JSON array of resource entries).
+
+    Without --kind the output is {"formatVersion": 1, "schemas": {KIND: SCHEMA}}; with
+    --kind it is that kind's schema alone, ready to save as a file and point an editor at
+    (# yaml-language-server: $schema=service.schema.json). --state is accepted for
+    uniformity and ignored.
+    """
+    del state_dir
+    schemas = all_schemas()
+    if kind is not None:
+        sys.stdout.write(json.dumps(schemas[kind], indent=2, sort_keys=True) + "\n")
+    else:
+        _print_json({"schemas": schemas})
+    return EXIT_OK
+
+
+EXIT_PLAN_CHANGES = 2
+EXIT_PLAN_UNPLACEABLE = 3
+EXIT_STALE = 4
+
+
+def _require_state(state_dir: Path) -> None:
+    if not state_dir.is_dir():
+        raise click.ClickException(f"state directory {state_dir} does not exist")
+
+
+def _mode_option(f: F) -> F:
+    return click.option(
+        "--mode",
+        type=click.Choice(["stable", "fresh"]),
+        default=None,
+        help="Placement mode; default: unit.yaml's placement (stable when unset).",
+    )(f)
+
+
+def _allow_empty_option(f: F) -> F:
+    return click.option(
+        "--allow-empty",
+        is_flag=True,
+        help="Allow stopping every instance when no valid desired service, or no valid node "
+        "(dropping their allocations), is left.",
+    )(f)
+
+
+def _report_diagnostics(diags: Sequence[Diagnostic]) -> None:
+    for d in diags:
+        log.warning("%s", d)
+
+
+@cli.command()
+@state_option
+@snapshot_store_option(_READS_INPUTS)
+@json_option
+@_mode_option
+@_allow_empty_option
+@click.option(
+    "--allow-invalid",
+    is_flag=True,
+    help="Plan even when input files are invalid, with their objects' last good versions.",
+)
+def plan(
+    state_dir: Path, as_json: bool, mode: str | None, allow_empty: bool, allow_invalid: bool
+) -> int:
+    """Compute and print the plan, read-only.
+
+    Loads the state directory, places every desired instance (keeping previous placements in
+    stable mode), and diffs the placements against actual/ into start and stop actions per
+    node. Nothing is written: not out/, not the checkpoint.
+
+    A plan is a gate: when any input file is invalid, each is named on stderr with
+    FILE:LINE:COL and the exit code is 1, so a pull-request check fails on a broken file. With
+    --allow-invalid the plan is computed anyway, each invalid file's object keeping its last
+    good version (a first-ever invalid file's object does not exist yet).
+
+    With --json the output is the plan document of out/plan.json (formatVersion, inputs,
+    changesPresent, complete, actions, failures, nodes with their JSON Patch). When the
+    inputs have problems it also holds invalidFiles (the input files with errors) and
+    invalidInputs (every problem, warnings included), and complete is false while any input
+    file is invalid.
+
+    Exit codes: 0 no changes, 2 changes and every instance placed, 3 some instance
+    unplaceable, 1 error (an invalid input file without --allow-invalid, the mass-deletion
+    guard's refusal).
+    """
+    _require_state(state_dir)
+    opts = ReconcileOptions(
+        mode=_mode(mode), allow_empty=allow_empty, configs=default_config_builder()
+    )
+    try:
+        with _progress() as on_stage:
+            comp = compute_once(
+                state_dir, dataclasses.replace(opts, on_stage=on_stage), read_only=True
+            )
+    except ReconcileError as e:
+        _err_console().print(f"error: {e}", markup=False)
+        return EXIT_ERROR
+    invalid = sorted({d.path for d in comp.diagnostics if d.severity == "error"})
+    gated = bool(invalid) and not allow_invalid
+    if gated:
+        _print_diagnostics(_err_console(), comp.diagnostics)
+    else:
+        _report_diagnostics(comp.diagnostics)
+    for problem in comp.loaded.problems:
+        log.error("checkpoint: %s", problem)
+    if as_json:
+        doc = comp.plan_document()
+        if comp.diagnostics:  # else exactly the document out/plan.json would hold
+            doc["invalidFiles"] = invalid
+            doc["invalidInputs"] = [d.to_json() for d in comp.diagnostics]
+            doc["complete"] = doc["complete"] and not invalid
+        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    elif not gated:
+        console = _console()
+        render_placements(console, comp.result)
+        console.print()
+        render_plan(console, comp.plan)
+    if gated:
+        _err_console().print(
+            f"error: {len(invalid)} invalid input file(s): {', '.join(invalid)}; fix them, or "
+            "pass --allow-invalid to plan with their last good versions",
+            markup=False,
+        )
+        return EXIT_ERROR
+    return _plan_exit(comp.plan)
+
+
+def _plan_exit(p: Plan) -> int:
+    if p.failures:
+        return EXIT_PLAN_UNPLACEABLE
+    return EXIT_PLAN_CHANGES if p.changes_present else EXIT_OK
+
+
+@contextlib.contextmanager
+def _progress() -> Iterator[Callable[[str], None] | None]:
+    """A spinner with the current stage and the time spent in it on stderr, only when stderr
+    is a terminal: a long stage (placing a large unit) shows it is moving."""
+    console = _err_console()
+    if not console.is_terminal:
+        yield None
+        return
+    columns = (SpinnerColumn("dots"), TextColumn("{task.description}..."), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("starting", total=None)
+
+        def on_stage(text: str) -> None:
+            progress.reset(task, description=text)  # the clock restarts with each stage
+
+        yield on_stage
+
+
+def _run_reconcile(
+    state_dir: Path, opts: ReconcileOptions, as_json: bool, store_url: str | None = None
+) -> int:
+    try:
+        with _progress() as on_stage:
+            staged = dataclasses.replace(opts, on_stage=on_stage)
+            if store_url is None:
+                report = reconcile(state_dir, staged)
+            else:
+                report = reconcile_via_store(
+                    _etcd(store_url), state_dir, staged, wait=opts.lock_timeout
+                )
+    except (ReconcileError, LockTimeout, StoreError, FileReadError) as e:
+        _err_console().print(f"error: {e}", markup=False)
+        return EXIT_ERROR
+    except OSError as e:  # a failed write or fsync ends the run; the old files stay
+        _err_console().print(f"error: writing {state_dir}: {e}", markup=False)
+        return EXIT_ERROR
+    comp = report.computed
+    _report_diagnostics(comp.diagnostics)
+    p = report.plan
+    if as_json:
+        _print_json(
+            {
+                "passes": report.passes,
+                "changesPresent": p.changes_present,
+                "complete": p.complete,
+                "written": list(report.written),
+                "checkpointWritten": report.checkpoint_written,
+                "checkpointGeneration": comp.checkpoint.generation,
+                "actions": [a.to_json() for a in p.actions],
+                "failures": [failure_json(f) for f in p.failures],
+                "invalidInputs": [d.to_json() for d in comp.diagnostics],
+            }
+        )
+    else:
+        console = _console()
+        render_plan(console, p)
+        console.print(
+            f"Wrote {len(report.written)} file(s)"
+            + (
+                f", checkpoint generation {comp.checkpoint.generation}"
+                if report.checkpoint_written
+                else ""
+            )
+            + f" in {report.passes} pass(es)."
+        )
+    return EXIT_OK
+
+
+@cli.command(name="reconcile")
+@state_option
+@store_option
+@json_option
+@_mode_option
+@_allow_empty_option
+@click.option(
+    "--lock-timeout",
+    type=float,
+    default=None,
+    help="Give up after waiting this many seconds for another writer (default: wait).",
+)
+def reconcile_cmd(
+    state_dir: Path,
+    store_url: str | None,
+    as_json: bool,
+    mode: str | None,
+    allow_empty: bool,
+    lock_timeout: float | None,
+) -> int:
+    """Compute the plan and write out/ and the checkpoint.
+
+    Under the exclusive lock on DIR/.lock: loads every input, recovers the allocation
+    checkpoint (quarantining a corrupt one), places every instance, writes out/plan.json,
+    out/nodes/<node>.json (the node's JSON Patch), out/instances/<id>/ (OCI config and hosts),
+    out/status.json and a new checkpoint generation when allocations changed. Files are written
+    atomically and only when their content changed. If the inputs changed during the run, it
+    runs again (at most 5 passes).
+
+    With --store etcd://…: takes the unit's leader key (waiting up to --lock-timeout for a
+    running leader; by default it fails at once), copies the unit into DIR, runs as above in
+    DIR and commits out/ and checkpoint/ to etcd: the OCI configs and last good inputs first
+    (as many transactions as etcd's limits need), then the checkpoint with the node patches,
+    status and plan in one transaction. Every commit is guarded by the leader key.
+
+    Exit codes: 0 done (unplaceable instances are reported in status), 1 error.
+    """
+    opts = ReconcileOptions(
+        mode=_mode(mode),
+        allow_empty=allow_empty,
+        lock_timeout=lock_timeout,
+        configs=default_config_builder(),
+    )
+    return _run_reconcile(state_dir, opts, as_json, store_url)
+
+
+@cli.command()
+@click.argument("planfile", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@state_option
+@json_option
+@_allow_empty_option
+def apply(planfile: Path, state_dir: Path, as_json: bool, allow_empty: bool) -> int:
+    """Apply a saved plan if its inputs have not changed since.
+
+    PLANFILE is the output of `reconciler plan --json` (or a copy of out/plan.json). Its
+    inputs.fingerprint covers every input file and the checkpoint generation; when it still
+    matches, this runs `reconcile` with the plan's mode, which writes exactly that plan.
+
+    Exit codes: 0 applied, 4 stale plan (the inputs or the checkpoint changed), 1 error.
+    """
+    _require_state(state_dir)
+    try:
+        saved = json.loads(planfile.read_text())
+        want = saved["inputs"]["fingerprint"]
+        saved_mode = saved["inputs"].get("mode")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise click.ClickException(f"{planfile}: not a plan file ({e})") from None
+    opts = ReconcileOptions(
+        mode=_mode(saved_mode),
+        allow_empty=allow_empty,
+        configs=default_config_builder(),
+    )
+    with StateLock(state_dir):
+        try:
+            comp = compute_once(state_dir, opts, read_only=True)
+        except ReconcileError as e:
+            _err_console().print(f"error: {e}", markup=False)
+            return EXIT_ERROR
+        if comp.plan.fingerprint != want:
+            _err_console().print(
+                f"error: stale plan: {planfile} was computed from other inputs "
+                f"({want} != {comp.plan.fingerprint}); run plan again",
+                markup=False,
+            )
+            return EXIT_STALE
+    return _run_reconcile(state_dir, opts, as_json)
+
+
+@cli.command()
+@state_option
+@json_option
+@_allow_empty_option
+def rebalance(state_dir: Path, as_json: bool, allow_empty: bool) -> int:
+    """Rebalance now: place everything afresh, pinning balancingPolicy: disabled instances.
+
+    A fresh placement in instance order in which instances whose service has
+    balancingPolicy: disabled keep their node and runtime first. Moves carry the reason
+    "rebalanced". Writes like `reconcile`.
+
+    Exit codes: 0 done, 1 error.
+    """
+    opts = ReconcileOptions(
+        mode="rebalance", allow_empty=allow_empty, configs=default_config_builder()
+    )
+    return _run_reconcile(state_dir, opts, as_json)
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    try:
+        return parse_duration(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+TAKEOVER_SLACK = 2
+"""Seconds beyond ``--lease`` within which a standby takes over from a dead leader: etcd
+deletes the key of an expired lease at its next expiry check (every 0.5 s), the standby sees
+it gone at its next look (every 0.25 s), then takes it (two requests)."""
+
+
+@cli.command()
+@state_option
+@store_option
+@_mode_option
+@_allow_empty_option
+@click.option(
+    "--lease",
+    "lease_ttl",
+    type=click.IntRange(1, 3600),
+    default=10,
+    show_default=True,
+    help="With --store: seconds the leader's lease lasts without a refresh; a standby "
+    f"replica takes over at most LEASE + {TAKEOVER_SLACK} s after the leader dies (etcd "
+    "expires the lease up to LEASE s after the last refresh, then deletes the leader key at "
+    "its next check; the standby sees it gone within 0.25 s).",
+)
+@click.option(
+    "--debounce",
+    default="200ms",
+    show_default=True,
+    callback=_duration,
+    help="Quiet time after the last change before a run (e.g. 200ms, 1s).",
+)
+@click.option(
+    "--resync",
+    default="60s",
+    show_default=True,
+    callback=_duration,
+    help="Full reconcile at least this often, even without events (e.g. 60s, 5m).",
+)
+def watch(
+    state_dir: Path,
+    store_url: str | None,
+    mode: str | None,
+    allow_empty: bool,
+    lease_ttl: int,
+    debounce: float,
+    resync: float,
+) -> int:
+    """Reconcile on every change of the inputs, until SIGTERM.
+
+    Watches the state directory (unit.yaml, desired/, nodes/, actual/; never out/ or
+    checkpoint/) with inotify, waits for DEBOUNCE of quiet, then runs one reconcile, which
+    re-reads every input. A full reconcile also runs every RESYNC, so an event lost by the
+    kernel queue or a file outside the state directory is never missed for long. Logs one
+    line per run on stderr (readable in journalctl). SIGTERM or SIGINT stops it cleanly.
+
+    With --store etcd://…: any number of replicas may run; they elect one leader through a
+    lease on PREFIX/.leader. The leader copies the unit into DIR, reconciles, commits out/ and
+    checkpoint/ guarded by its leadership (the checkpoint and the plans in one transaction),
+    then follows etcd's watch events
+    (resyncing from a snapshot after a compaction or a lost watch). The others stand by and
+    take over at most --lease + 2 seconds after the leader's death (at once after a SIGTERM,
+    which releases the lease).
+
+    Exit codes: 0 stopped by a signal, 1 error.
+    """
+    logging.getLogger("reconciler").setLevel(min(logging.INFO, logging.getLogger().level))
+    opts = ReconcileOptions(
+        mode=_mode(mode), allow_empty=allow_empty, configs=default_config_builder()
+    )
+    wopts = WatchOptions(debounce=debounce, resync=resync)
+    if store_url is not None:
+        return store_watch_loop(_etcd(store_url), state_dir, opts, wopts, ttl=lease_ttl)
+    return watch_loop(state_dir, opts, wopts)
+
+
+@cli.command()
+@click.option("--node", "node_id", required=True, help="The node this agent runs on (its id).")
+@state_option
+@store_option
+@json_option
+@click.option(
+    "--runtime",
+    type=click.Choice(["runc"]),
+    default="runc",
+    show_default=True,
+    help="The OCI runtime binary that runs the containers.",
+)
+@click.option(
+    "--runc-root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="runc's state directory (--root); give each local agent its own.",
+)
+@click.option(
+    "--once/--watch",
+    default=True,
+    show_default=True,
+    help="Apply the current plan once, or keep applying every new plan until SIGTERM.",
+)
+@click.option(
+    "--stop-timeout",
+    default="10s",
+    show_default=True,
+    callback=_duration,
+    help="How long a container gets between SIGTERM and SIGKILL.",
+)
+@click.option(
+    "--log-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Append each container's stdout and stderr to LOG_DIR/<container>.log.",
+)
+def agent(
+    node_id: str,
+    state_dir: Path,
+    store_url: str | None,
+    as_json: bool,
+    runtime: str,
+    runc_root: Path | None,
+    once: bool,
+    stop_timeout: float,
+    log_dir: Path | None,
+) -> int:
+    """The node agent: apply out/nodes/NODE.json to this node with runc.
+
+    Refuses a plan whose revision test fails against actual/NODE.yaml (a stale plan: nothing
+    is started or stopped). For each stop: runc kill (SIGTERM, then SIGKILL after
+    --stop-timeout) and runc delete; for each start: runc run --detach with the bundle
+    out/instances/<id>/ (config.json, hosts). A running instance is never started twice. Then
+    writes actual/NODE.yaml with revision + 1 and each instance's real state from runc state
+    (running: active, created: activating, stopped or gone: failed), which closes the loop: the
+    next plan is empty. Containers are named <node>.<instance id>.
+
+    With --store etcd://…: the node's patch, its actual document and the bundles the patch
+    starts are read from etcd into DIR (the same path on every machine, as the OCI configs
+    name it), and actual/NODE.yaml is written back in a
+    transaction that fails if anyone changed it since it was read (a stale write: exit 1,
+    nothing written; the next run reads the new version).
+
+    A container found stopped or missing while its instance is desired here is started again
+    as the service's restartPolicy says (always, on-failure, never), the first time at once,
+    then after a back-off of 10 s doubling to 5 min, kept in DIR/.agent-NODE.json; actual
+    records each instance's restartCount, lastExit and why it is failed.
+
+    Exit codes: 0 applied (or nothing to do, as when run twice in a row), 4 stale plan, 1
+    error: a start failed, NODE is no node of the unit (no nodes/NODE.yaml, plan or actual),
+    or the run could not be done. With --watch: runs until SIGTERM, then 0.
+    """
+    if store_url is None:
+        _require_state(state_dir)
+    del runtime  # only runc is supported (crun refuses this kind of cgroup setup)
+    runc = Runc(binary="runc", root=runc_root)
+    store = _etcd(store_url) if store_url is not None else None
+    if not once:
+        logging.getLogger("reconciler").setLevel(min(logging.INFO, logging.getLogger().level))
+        if store is not None:
+            agent_watch_store(
+                store,
+                state_dir,
+                node_id,
+                runc,
+                threading.Event(),
+                stop_timeout=stop_timeout,
+                log_dir=log_dir,
+            )
+            return EXIT_OK
+        agent_watch(
+            state_dir, node_id, runc, threading.Event(), stop_timeout=stop_timeout, log_dir=log_dir
+        )
+        return EXIT_OK
+    try:
+        if store is not None:
+            report = run_agent_via_store(
+                store, state_dir, node_id, runc, stop_timeout=stop_timeout, log_dir=log_dir
+            )
+        else:
+            report = run_agent_once(
+                state_dir, node_id, runc, stop_timeout=stop_timeout, log_dir=log_dir
+            )
+    except (AgentError, RuncError, LockTimeout, StoreError, OSError) as e:
+        _err_console().print(f"error: {e}", markup=False)
+        return EXIT_ERROR
+    if as_json:
+        _print_json(report.to_json())
+    else:
+        _console().print(report.summary(), markup=False)
+        for iid, why in sorted(report.failed.items()):
+            _console().print(f"  failed {iid}: {why}", markup=False)
+    if report.stale:
+        return EXIT_STALE
+    return EXIT_ERROR if report.start_failed else EXIT_OK
+
+
+def _copy(source: StateStore, target: StateStore, verb: str, as_json: bool) -> int:
+    try:
+        written, deleted = copy_unit(source, target)
+    except (StoreError, OSError) as e:
+        _err_console().print(f"error: {e}", markup=False)
+        return EXIT_ERROR
+    if as_json:
+        _print_json({"from": source.url, "to": target.url, "written": written, "deleted": deleted})
+    else:
+        _console().print(
+            f"{verb} {source.url} -> {target.url}: {written} document(s) written, "
+            f"{deleted} deleted",
+            markup=False,
+        )
+    return EXIT_OK
+
+
+@cli.command(name="export")
+@state_option
+@required_store_option
+@json_option
+def export_cmd(state_dir: Path, store_url: str, as_json: bool) -> int:
+    """Copy a unit from etcd into the state directory DIR.
+
+    Afterwards DIR holds exactly the unit's documents (unit.yaml, desired/, nodes/, actual/,
+    resources/, out/, checkpoint/): files the store does not have are deleted there, each file
+    is written atomically. Run it under no other writer of DIR; any command (plan, status,
+    explain, reconcile) then works on DIR offline.
+
+    Exit codes: 0 done, 1 error.
+    """
+    try:
+        ensure_dir(state_dir)
+    except (FileReadError, OSError) as e:
+        _err_console().print(f"error: {e}", markup=False)
+        return EXIT_ERROR
+    with StateLock(state_dir):
+        return _copy(_etcd(store_url), FileStore(state_dir), "exported", as_json)
+
+
+@cli.command(name="import")
+@state_option
+@required_store_option
+@click.option(
+    "--force", is_flag=True, help="Import even while a controller leads the unit in etcd."
+)
+@json_option
+def import_cmd(state_dir: Path, store_url: str, force: bool, as_json: bool) -> int:
+    """Copy the unit in the state directory DIR into etcd.
+
+    Afterwards PREFIX holds exactly DIR's documents (its checkpoint included, so placements
+    carry over): keys DIR does not have are deleted. A large unit takes several transactions
+    (within the limits the URL gives), the deletions in the last; an import that fails part-way
+    leaves part of it: run it again. Refused while a controller leads the unit (its next commit
+    would undo part of the import) unless --force.
+
+    Exit codes: 0 done, 1 error.
+    """
+    _require_state(state_dir)
+    store = _etcd(store_url)
+    try:
+        holder = store.leader()
+    except StoreError as e:
+        _err_console().print(f"error: {e}", markup=False)
+        return EXIT_ERROR
+    if holder is not None and not force:
+        _err_console().print(
+            f"error: {holder} leads {store.url}; stop it first (or --force)", markup=False
+        )
+        return EXIT_ERROR
+    with StateLock(state_dir):
+        return _copy(FileStore(state_dir), store, "imported", as_json)
+
+
+_STATUS_MAX_BYTES = 1 << 32
+"""status.json is about 750 bytes per instance (15 MB at 20,000); this only bounds a wrong file."""
+
+
+@cli.command()
+@state_option
+@snapshot_store_option(("out/status.json",))
+@json_option
+def status(state_dir: Path, as_json: bool) -> int:
+    """Show nodes, instances, failures, alerts and invalid inputs.
+
+    Reads out/status.json as the last reconcile wrote it (run `reconciler reconcile` first):
+    per node capacity / reserved / free of CPU, RAM, storage, state, runtime slots and
+    devices; per instance its node, runtime, devices and observed state; failures with their
+    summaries; raised alerts; invalid input files with their errors.
+
+    Exit codes: 0 shown, 1 no status yet or error.
+    """
+    _require_state(state_dir)
+    path = state_dir / "out" / "status.json"
+    if path.parent.is_symlink():
+        raise click.ClickException(f"{path.parent} is a symlink; refusing to read through it")
+    try:
+        raw, _ = read_bytes_at(path, _STATUS_MAX_BYTES)
+        doc = json.loads(raw)
+    except FileReadError as e:
+        if not os.path.lexists(path):
+            raise click.ClickException(
+                f"{path} does not exist: run `reconciler reconcile` first"
+            ) from None
+        raise click.ClickException(f"{path}: {e}") from None
+    except ValueError as e:
+        raise click.ClickException(f"{path}: {e}") from None
+    if not isinstance(doc, dict):
+        raise click.ClickException(f"{path}: not a status report")
+    if as_json:
+        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        return EXIT_OK
+    try:
+        render_status(_console(), doc)
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise click.ClickException(
+            f"{path}: not a status report of this version ({type(e).__name__}: {e}); "
+            "run `reconciler reconcile` again"
+        ) from None
+    return EXIT_OK
+
+
+def _mode(mode: str | None) -> Mode | None:
+    if mode == "stable":
+        return "stable"
+    if mode == "fresh":
+        return "fresh"
+    if mode == "rebalance":
+        return "rebalance"
+    return None
+
+
+def _find_instance(services: Sequence[Service], needle: str) -> str | None:
+    for inst in expand_instances(list(services)):
+        if needle in (inst.id, inst.label, f"{inst.item_id}:{inst.index}"):
+            return inst.id
+    return None
+
+
+@cli.command()
+@click.argument("instance")
+@state_option
+@snapshot_store_option(_READS_INPUTS)
+@json_option
+@_mode_option
+def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> int:
+    """Explain why INSTANCE is where it is, or why it cannot be placed.
+
+    INSTANCE is an instance id (uuid) or ITEM:SUBJECT:INDEX (ITEM:INDEX for the default
+    subject). Every filter is evaluated on every node against the final placement of everyone
+    else, and the node x filter matrix is printed with the reason of each failing cell.
+
+    Exit codes: 0 explained, 1 unknown instance or error.
+    """
+    _require_state(state_dir)
+    view, diags = load_state(state_dir)
+    _report_diagnostics(diags)
+    services = view.services_sorted()
+    iid = _find_instance(services, instance)
+    if iid is None:
+        raise click.ClickException(f"no desired instance {instance!r}")
+    loaded = load_checkpoint(state_dir / "checkpoint", view.actual, quarantine=False)
+    exp = explain_instance(
+        view.unit,
+        list(view.nodes.values()),
+        services,
+        iid,
+        loaded.checkpoint.previous(),
+        _mode(mode),
+    )
+    if as_json:
+        _print_json(
+            {
+                "instanceId": iid,
+                "label": exp.instance.label,
+                "filters": list(exp.filters),
+                "placement": None
+                if exp.placement is None
+                else {
+                    "nodeId": exp.placement.node_id,
+                    "runtimeId": exp.placement.runtime_id,
+                    "version": exp.placement.version,
+                    # kept where it runs while its current spec places nowhere
+                    "held": exp.failure is not None,
+                },
+                "version": exp.instance.version,
+                "failure": None if exp.failure is None else failure_json(exp.failure),
+                "nodes": [
+                    {
+                        "nodeId": node_id,
+                        "droppedBy": dropped,
+                        "filters": {
+                            code: {"pass": why is None, "reason": why}
+                            for code, why in zip(exp.filters, cells, strict=True)
+                        },
+                    }
+                    for node_id, cells, dropped in exp.rows
+                ],
+            }
+        )
+    else:
+        render_explanation(_console(), exp)
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: run the CLI and turn every outcome into an exit code, never a traceback.
+
+    Standard output that cannot be written (``> /dev/full``: ENOSPC; any other error) is one
+    line on stderr and exit 1; a reader that went away (EPIPE: ``| head``) ends the command
+    quietly, as other tools do, with exit 1 (whatever it printed was cut short). A file error
+    no command caught, or a bug, is one line on stderr and exit 1 (``-vv`` logs the traceback).
+    """
+    real_stdout = sys.stdout
+    sys.stdout = cast(TextIO, _Stdout(real_stdout))
+    try:
+        rv = cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
+        sys.stdout.flush()  # what is still buffered fails here, not at the interpreter's exit
+    except StdoutError as e:
+        _silence(real_stdout)
+        if e.errno != errno.EPIPE:
+            _stderr_line(f"error: writing to standard output: {e.strerror or e}")
+        return EXIT_ERROR
+    except click.UsageError as e:
+        e.show()
+        return EXIT_USAGE
+    except click.ClickException as e:
+        e.show()
+        return EXIT_ERROR
+    except click.exceptions.Abort:
+        _err_console().print("aborted")
+        return 130
+    except click.exceptions.Exit as e:
+        return int(e.exit_code)
+    except OSError as e:
+        return _fail(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), e)
+    except FileReadError as e:
+        return _fail(str(e), e)
+    except Exception as e:  # a bug: one line, the traceback only at -vv
+        return _fail(f"internal error: {type(e).__name__}: {e}", e)
+    finally:
+        sys.stdout = real_stdout
+    return int(rv) if isinstance(rv, int) else EXIT_OK
+
+
+def _fail(message: str, e: BaseException) -> int:
+    log.debug("traceback", exc_info=e)
+    _stderr_line(f"error: {message}")
+    return EXIT_ERROR
+
+
+def _stderr_line(text: str) -> None:
+    with contextlib.suppress(OSError):  # stderr itself may be gone
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+
+class StdoutError(OSError):
+    """Standard output could not be written (a full disk, a closed pipe)."""
+
+
+class _Stdout:
+    """Standard output, whose write errors are told apart from every other file's."""
+
+    def __init__(self, inner: TextIO) -> None:
+        self._inner = inner
+
+    def write(self, text: str) -> int:
+        try:
+            return self._inner.write(text)
+        except OSError as e:
+            raise StdoutError(e.errno, e.strerror) from None
+
+    def flush(self) -> None:
+        try:
+            self._inner.flush()
+        except OSError as e:
+            raise StdoutError(e.errno, e.strerror) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _silence(stdout: TextIO) -> None:
+    """Point ``stdout`` at /dev/null, so that the interpreter's own flush at exit does not
+    fail again on what is still buffered."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stdout.fileno())
+        os.close(devnull)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""The OCI step of ``reconcile``: build every placed instance's config with the real host
+lookups (the system group database, the devices under /dev), or with lookups and a policy
+given by the caller (tests that run containers on device nodes made in a temp directory)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from itertools import compress, repeat
+from operator import attrgetter, is_, is_not, not_
+from pathlib import Path
+from typing import Any
+
+from reconciler.controller.reconcile import ConfigBuilder
+from reconciler.io.fsio import FileReadError, read_bytes_at
+from reconciler.io.loader import StateView
+from reconciler.model.documents import Node, Service
+from reconciler.model.values import instance_ids, validate_id
+from reconciler.oci.builder import (
+    BuildMemo,
+    BuildResult,
+    BuiltConfig,
+    ConfigJob,
+    DeviceLookup,
+    DevicePolicy,
+    GroupLookup,
+    build_all,
+    same_placement_inputs,
+)
+from reconciler.oci.hostdevices import HostDevices, SystemGroups
+from reconciler.oci.writer import instances_dir
+from reconciler.placement.instances import BalanceResult, Placement
+from reconciler.planning.checkpoint import Allocation, Checkpoint
+
+__all__ = ["default_config_builder", "resolve_rootfs"]
+
+_INSTANCE_ID = attrgetter("instance_id")
+_KEY = attrgetter("item_id", "subject_id")
+
+
+def resolve_rootfs(state_dir: Path, rootfs: str) -> str:
+    """An image rootfs relative to the state directory, or absolute (SPEC §3.2)."""
+    path = Path(rootfs)
+    return os.path.normpath(path if path.is_absolute() else state_dir.resolve() / path)
+
+
+def default_config_builder(
+    *,
+    groups: GroupLookup | None = None,
+    devices: DeviceLookup | None = None,
+    policy: DevicePolicy | None = None,
+) -> ConfigBuilder:
+    """The builder ``reconcile`` runs: by default the system group database, the devices under
+    ``/dev`` and the default policy (host devices under ``/dev``).
+
+    The builder keeps a :class:`BuildMemo`: a long-running caller (``watch``) that runs it again
+    rebuilds only the configs whose inputs or host answers changed since its last run, and an
+    instance whose service and node are the same objects as in the last run (the loader keeps
+    the objects of unchanged files), with the same placement fields and uid/gid, costs a few
+    comparisons: its previous job is passed back to :func:`build_all` as is."""
+    group_lookup: GroupLookup = groups if groups is not None else SystemGroups()
+    device_lookup: DeviceLookup = devices if devices is not None else HostDevices()
+    device_policy = policy if policy is not None else DevicePolicy()
+    memo = BuildMemo()
+    last_base: str | None = None  # the instances directory of the previous run
+    # the previous run's result and what it built (for a result that names its changes since)
+    last_result: BalanceResult | None = None
+    last_built: BuildResult | None = None
+    # the previous run's nodes, allocations by instance and services (the mappings themselves)
+    last: tuple[Mapping[str, Node], dict[str, Allocation | None], Mapping[Any, Service]] = (
+        {},
+        {},
+        {},
+    )
+
+    def build(
+        state_dir: Path, view: StateView, result: BalanceResult, cp: Checkpoint
+    ) -> BuildResult:
+        nonlocal last_base, last, last_result, last_built
+        nodes = view.nodes
+        allocations = cp.allocations
+        resolved = state_dir.resolve()  # once per run, not per instance
+        base = str(instances_dir(resolved))
+        # a job of the previous run is passed back as is when its inputs are the same objects
+        # (service, node) and values (the placement's fields the build reads, uid, gid): its
+        # rootfs and hosts path depend only on the service and the instances directory
+        reuse = base == last_base
+        last_base = None  # until this run's jobs are built
+        rootfs: dict[str, str] = {}  # per run: image rootfs -> resolved path
+
+        def rootfs_of(image_rootfs: str) -> str:
+            got = rootfs.get(image_rootfs)
+            if got is None:
+                got = rootfs[image_rootfs] = resolve_rootfs(resolved, image_rootfs)
+            return got
+
+        was, done = last_result, last_built
+        last_result = last_built = None
+        held = result.held
+        if reuse and nodes is last[0] and was is not None and done is not None and not held:
+            since = result.changed_since(was)
+            if result is was and view.services is not last[2]:
+                since = None  # (an edited service's placements are not known: built in full)
+            if since is not None:
+                built = _patched(since, done, view, result, allocations, rootfs_of, base)
+                last_base, last_result, last_built = base, result, built
+                last = (nodes, dict(allocations), view.services)
+                return built
+        services = {s.key: s for s in view.services.values()}
+        placements = result.placements
+        iids = list(map(_INSTANCE_ID, placements))
+        allocs = list(map(allocations.get, iids))
+        olds = memo.jobs(iids) if reuse else [None] * len(iids)
+        # C-level passes first: a job whose placement and allocation are the very objects of
+        # the last run, on the same nodes, of a service that did not change, is taken as is
+        same: list[bool] = [False] * len(iids)
+        if reuse and nodes is last[0]:
+            checks = [
+                map(is_, map(getattr, olds, repeat("placement"), repeat(None)), placements),
+                map(is_, map(last[1].get, iids), allocs),
+                map(is_not, allocs, repeat(None)),
+            ]
+            if view.services is not last[2]:
+                changed = {k for k, s in view.services.items() if last[2].get(k) is not s}
+                if changed:
+                    checks.append(map(not_, map(changed.__contains__, map(_KEY, placements))))
+            same = list(map(all, zip(*checks, strict=True)))
+        jobs: list[ConfigJob | None] = [
+            old if ok else None for old, ok in zip(olds, same, strict=True)
+        ]
+        for k in compress(range(len(iids)), map(not_, same)):
+            p, iid, alloc, old = placements[k], iids[k], allocs[k], olds[k]
+            if alloc is None or iid in held:
+                jobs[k] = None
+                continue
+            service = services[(p.item_id, p.subject_id)]
+            jobs[k] = _job(iid, p, alloc, service, nodes[p.node_id], old, rootfs_of, base)
+        built = build_all(
+            list(filter(None, jobs)),
+            groups=group_lookup,
+            devices=device_lookup,
+            policy=device_policy,
+            memo=memo,
+        )
+        if held:
+            built = _with_held(built, held, iids, base)
+        last_base, last_result, last_built = base, result, built
+        last = (nodes, dict(allocations), view.services)
+        return built
+
+    def _patched(
+        since: frozenset[str],
+        done: BuildResult,
+        view: StateView,
+        result: BalanceResult,
+        allocations: Mapping[str, Allocation],
+        rootfs_of: Callable[[str], str],
+        base: str,
+    ) -> BuildResult:
+        """The last run's build, with only the instances that can differ built again: those
+        ``since`` names (placed, moved or removed since the last result), those of a service
+        or with an allocation that is not the last run's object, and those whose build asked
+        the host something (its answers are checked again). Every other instance's job would
+        be the very one of the last run (same service, node, placement, uid and gid)."""
+        _nodes, last_allocs, last_services = last
+        redo = set(since)
+        if view.services is not last_services:
+            # an edited service's configs can change while its placements do not (``since``
+            # names changed placements only): every instance of one, from its instance counts
+            keys = view.services.keys() | last_services.keys()
+            now_then = map(is_not, map(view.services.get, keys), map(last_services.get, keys))
+            for key in compress(keys, now_then):  # (a C-level pass finds the edited ones)
+                now, then = view.services.get(key), last_services.get(key)
+                count = max(s.instances for s in (now, then) if s is not None)
+                redo.update(instance_ids(key[0], key[1], 0, count))
+        ids = allocations.keys()
+        redo.update(compress(ids, map(is_not, map(last_allocs.get, ids), allocations.values())))
+        redo.update(last_allocs.keys() - ids)
+        redo |= memo.asking()
+        by_id = result.by_id
+        jobs: list[ConfigJob] = []
+        removed: list[str] = []
+        for iid in sorted(redo):
+            p, alloc = by_id.get(iid), allocations.get(iid)
+            if p is None or alloc is None:
+                removed.append(iid)
+                continue
+            service = view.services[(p.item_id, p.subject_id)]
+            node = view.nodes[p.node_id]
+            jobs.append(_job(iid, p, alloc, service, node, memo.job(iid), rootfs_of, base))
+        some = build_all(
+            jobs,
+            groups=group_lookup,
+            devices=device_lookup,
+            policy=device_policy,
+            memo=memo,
+            removed=removed,
+        )
+        built, errors = dict(done.built), dict(done.errors)
+        for iid in redo:
+            built.pop(iid, None)
+            errors.pop(iid, None)
+        built.update(some.built)
+        errors.update(some.errors)
+        return BuildResult(built, errors, since=(done.built, frozenset(redo)))
+
+    return build
+
+
+def _with_held(
+    built: BuildResult, held: frozenset[str], order: list[str], base: str
+) -> BuildResult:
+    """``built`` with each held instance's config as it is on disk: a held instance keeps the
+    config of its last placement (its spec is not the current one, which places nowhere). One
+    whose config is gone (out/ was wiped) cannot be started again until its spec places."""
+    configs, errors = dict(built.built), dict(built.errors)
+    for iid in sorted(held):
+        try:
+            data, _ = read_bytes_at(f"{base}/{iid}/config.json", HELD_MAX_BYTES)
+            hosts, _ = read_bytes_at(f"{base}/{iid}/hosts", HELD_MAX_BYTES)
+            configs[iid] = BuiltConfig(data, hosts.decode())
+        except (FileReadError, UnicodeDecodeError) as e:
+            errors[iid] = (
+                f"held where it runs, but the config of its last placement cannot be read "
+                f"(out/instances/{iid}/config.json: {e}); the current spec places nowhere"
+            )
+    rank = {iid: k for k, iid in enumerate(order)}
+    return BuildResult(
+        dict(sorted(configs.items(), key=lambda kv: rank.get(kv[0], -1))),
+        dict(sorted(errors.items(), key=lambda kv: rank.get(kv[0], -1))),
+    )
+
+
+HELD_MAX_BYTES = 16 * 1024 * 1024
+"""The largest config (or hosts file) a held instance's is read back up to."""
+
+
+def _job(
+    iid: str,
+    p: Placement,
+    alloc: Allocation,
+    service: Service,
+    node: Node,
+    old: ConfigJob | None,
+    rootfs_of: Callable[[str], str],
+    base: str,
+) -> ConfigJob:
+    """The job of one instance: ``old`` (the last run's) when its inputs are the same objects
+    and values, else a new one."""
+    if (
+        old is not None
+        and old.service is service
+        and old.node is node
+        and old.uid == alloc.uid
+        and old.gid == alloc.gid
+        and (old.placement is p or same_placement_inputs(old.placement, p))
+    ):
+        return old
+    validate_id(iid, "instance id")
+    return ConfigJob(
+        service=service,
+        placement=p,
+        node=node,
+        rootfs=rootfs_of(service.image.rootfs),
+        uid=alloc.uid,
+        gid=alloc.gid,
+        hosts_path=f"{base}/{iid}/hosts",  # as oci_writer.hosts_path
+    )

@@ -1,0 +1,287 @@
+"""The status document (SPEC §12): ``out/status.json`` and ``reconciler status``.
+
+A pure function of what one reconcile computed: per node capacity / reserved / free of every
+inventory, per instance where it runs and what the agents report, failures with their summaries,
+raised alerts, and the invalid input files with their errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from reconciler.io.loader import Diagnostic, StateView
+from reconciler.model.documents import ActualInstance, Node, Service, UnitConfig
+from reconciler.model.inventory import Inventory
+from reconciler.model.jsonbytes import document, fragment, join_object, member
+from reconciler.placement.balancer import NodeSlot, node_states
+from reconciler.placement.instances import BalanceResult, Placement
+from reconciler.placement.sharing import REGISTRY
+from reconciler.placement.sharing.shared_count import UNLIMITED
+from reconciler.planning.plans import failure_json
+
+__all__ = [
+    "STATUS_FORMAT_VERSION",
+    "NodeStatusCache",
+    "build_status",
+    "node_statuses",
+    "status_bytes",
+]
+
+STATUS_FORMAT_VERSION = 1
+
+
+def _inv(inv: Inventory | None) -> dict[str, int] | None:
+    if inv is None:
+        return None
+    return {"capacity": inv.capacity, "reserved": inv.used, "free": inv.free}
+
+
+def _node_status(slot: NodeSlot) -> dict[str, Any]:
+    node = slot.node
+    runtimes = {}
+    for rt in slot.runtimes:
+        runtimes[rt.runtime.id] = {
+            "type": rt.runtime.type,
+            "slots": _inv(rt.slots),  # None: unlimited
+            "cpu": _inv(rt.cpu),
+            "ram": _inv(rt.ram),
+        }
+    resources = {}
+    for name, state in sorted(slot.resources.items()):
+        unlimited = state.slots.capacity >= UNLIMITED
+        resources[name] = {
+            "sharedCount": 0 if unlimited else state.slots.capacity,
+            "used": state.slots.used,
+            "free": None if unlimited else state.slots.free,
+        }
+    devices = {}
+    for resource, pool in sorted(slot.pools.items()):
+        st = REGISTRY[pool.policy].status(pool)
+        devices[resource] = {
+            "policy": st.policy,
+            "total": st.total,
+            "healthy": st.healthy,
+            "allocated": st.allocated,
+            **({"devices": st.detail} if st.detail else {}),
+        }
+    return {
+        "type": node.type,
+        "state": node.state,
+        "connected": node.connected,
+        "priority": slot.priority,
+        "labels": sorted(slot.labels),
+        "cpu": _inv(slot.cpu),
+        "ram": _inv(slot.ram),
+        "partitions": {
+            "storage": _inv(slot.partition("storages")),
+            "state": _inv(slot.partition("states")),
+        },
+        "runtimes": runtimes,
+        "resources": resources,
+        "devices": devices,
+        "instances": len(slot.placed),
+    }
+
+
+Observed = tuple[str, ActualInstance | None]
+"""An instance's state, and its agent's record when it reports it on its placed node."""
+
+InstanceKey = tuple[Placement, Observed, tuple[int, int] | None]
+"""What an instance's status record is made of: its placement, what is observed, uid/gid."""
+
+_NodeKey = tuple[UnitConfig | None, Node, tuple[Placement, ...], tuple[Service | None, ...]]
+
+
+class NodeStatusCache:
+    """Per node, its status entry of the last :func:`node_statuses` call and what it was
+    computed from: the unit, the node's document, the placements on the node (in result
+    order) and their services. A node's inventories are its own capacities with its own
+    placements reserved again, so while all of these are equal its entry is the same."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[_NodeKey, dict[str, Any]]] = {}
+        self.recomputed = 0  # in the last call: nodes whose entry was computed again
+        # status_bytes: each node entry's and each instance record's pretty JSON
+        self._node_fragments: dict[str, tuple[dict[str, Any], bytes]] = {}
+        self._instance_fragments: dict[str, tuple[InstanceKey, bytes]] = {}
+        self._instance_order: list[str] = []  # the fragments' ids, sorted
+        # (the joined sections are not kept: 7 MB each at 20,000 instances, and a run that
+        # changes nothing, the only one a kept join would serve, joins them in a few ms)
+
+
+def node_statuses(
+    view: StateView, result: BalanceResult, cache: NodeStatusCache | None = None
+) -> dict[str, dict[str, Any]]:
+    """The ``nodes`` section of the status: every node's inventories with the result's
+    placements reserved, by node id. With ``cache``, only the nodes whose inputs changed since
+    the cache's last call are replayed."""
+    if cache is None:
+        slots = node_states(view.unit, list(view.nodes.values()), view.services_sorted(), result)
+        return {node_id: _node_status(slots[node_id]) for node_id in sorted(slots)}
+    services = {s.key: s for s in view.services.values()}
+    on_node: dict[str, list[Placement]] = {}
+    for p in result.placements:
+        on_node.setdefault(p.node_id, []).append(p)
+    keys: dict[str, _NodeKey] = {}
+    stale: list[Node] = []
+    for node in view.nodes.values():
+        placed = tuple(on_node.get(node.id, ()))
+        key: _NodeKey = (
+            view.unit,
+            node,
+            placed,
+            tuple(services.get((p.item_id, p.subject_id)) for p in placed),
+        )
+        keys[node.id] = key
+        old = cache._entries.get(node.id)
+        if old is None or old[0] != key:
+            stale.append(node)
+    fresh: dict[str, dict[str, Any]] = {}
+    if stale:
+        stale_ids = {n.id for n in stale}
+        placements = tuple(p for p in result.placements if p.node_id in stale_ids)
+        needed = {(p.item_id, p.subject_id) for p in placements}
+        slots = node_states(
+            view.unit,
+            stale,
+            [s for s in view.services_sorted() if s.key in needed],
+            BalanceResult(placements, (), frozenset(), held=result.held),
+        )
+        fresh = {node_id: _node_status(slot) for node_id, slot in slots.items()}
+    entries = {
+        node_id: (key, fresh[node_id] if node_id in fresh else cache._entries[node_id][1])
+        for node_id, key in keys.items()
+    }
+    cache._entries = entries
+    cache.recomputed = len(fresh)
+    return {node_id: entries[node_id][1] for node_id in sorted(entries)}
+
+
+def _observed(view: StateView) -> dict[str, tuple[str, ActualInstance]]:
+    """Per instance id, the node an agent reports it on and its record there."""
+    observed: dict[str, tuple[str, ActualInstance]] = {}
+    for node_id, doc in view.actual.items():
+        for iid, inst in doc.instances.items():
+            observed[iid] = (node_id, inst)
+    return observed
+
+
+def _state(p: Placement, observed: Mapping[str, tuple[str, ActualInstance]]) -> Observed:
+    seen = observed.get(p.instance_id)
+    return (seen[1].state, seen[1]) if seen is not None and seen[0] == p.node_id else _PENDING
+
+
+_PENDING: Observed = ("pending", None)
+
+
+def _instance_record(p: Placement, seen: Observed, ids: tuple[int, int] | None) -> dict[str, Any]:
+    state, inst = seen
+    record: dict[str, Any] = {
+        "itemId": p.item_id,
+        "subjectId": p.subject_id,
+        "index": p.index,
+        "version": p.version,
+        "priority": p.priority,
+        "nodeId": p.node_id,
+        "runtimeId": p.runtime_id,
+        "devices": {r: list(ids) for r, ids in p.devices},
+        "resources": list(p.resources),
+        "state": state,
+    }
+    if inst is not None:  # what its agent reports beyond the state (only when there is any)
+        if inst.restartCount:
+            record["restartCount"] = inst.restartCount
+        if inst.lastExit is not None:
+            record["lastExit"] = inst.lastExit.model_dump(mode="json")
+        if inst.reason is not None:
+            record["reason"] = inst.reason
+    if p.unhealthy_devices:
+        record["unhealthyDevices"] = list(p.unhealthy_devices)
+    if ids is not None:
+        record["uid"], record["gid"] = ids
+    return record
+
+
+def _invalid(diagnostics: Sequence[Diagnostic]) -> dict[str, list[dict[str, Any]]]:
+    invalid: dict[str, list[dict[str, Any]]] = {}
+    for d in diagnostics:
+        invalid.setdefault(d.path, []).append(d.to_json())
+    return {path: invalid[path] for path in sorted(invalid)}
+
+
+def build_status(
+    view: StateView,
+    result: BalanceResult,
+    slots: Mapping[str, NodeSlot] | None,
+    diagnostics: Sequence[Diagnostic],
+    *,
+    alerts: Sequence[Mapping[str, Any]] = (),
+    uids: Mapping[str, tuple[int, int]] | None = None,
+    cache: NodeStatusCache | None = None,
+) -> dict[str, Any]:
+    """The status document; ``slots`` None: the node states are derived here (see
+    :func:`node_statuses`, which ``cache`` is given to)."""
+    if slots is None:
+        nodes = node_statuses(view, result, cache)
+    else:
+        nodes = {node_id: _node_status(slots[node_id]) for node_id in sorted(slots)}
+    observed = _observed(view)
+    ids = uids or {}
+    instances = {
+        p.instance_id: _instance_record(p, _state(p, observed), ids.get(p.instance_id))
+        for p in result.placements
+    }
+    return {
+        "formatVersion": STATUS_FORMAT_VERSION,
+        "nodes": nodes,
+        "instances": instances,
+        "failures": [failure_json(f) for f in result.failures],
+        "alerts": list(alerts),
+        "invalidInputs": _invalid(diagnostics),
+    }
+
+
+def status_bytes(
+    view: StateView,
+    result: BalanceResult,
+    diagnostics: Sequence[Diagnostic],
+    *,
+    alerts: Sequence[Mapping[str, Any]] = (),
+    uids: Mapping[str, tuple[int, int]] | None = None,
+    cache: NodeStatusCache,
+) -> bytes:
+    """``pretty_json(build_status(view, result, None, diagnostics, ...))``, put together from
+    the pieces (:func:`jsonio.member`) of the nodes and instances ``cache`` holds while their
+    inputs are the same (a node's entry object, an instance's placement object, state, ids)."""
+    nodes = node_statuses(view, result, cache)
+    old_nodes, old_instances = cache._node_fragments, cache._instance_fragments
+    node_frags: dict[str, tuple[dict[str, Any], bytes]] = {}
+    for node_id, entry in nodes.items():
+        got = old_nodes.get(node_id)
+        if got is None or got[0] is not entry:
+            got = (entry, member(node_id, fragment(entry, 2), 1))
+        node_frags[node_id] = got
+    observed = _observed(view)
+    ids = uids or {}
+    instance_frags: dict[str, tuple[InstanceKey, bytes]] = {}
+    for p in result.placements:
+        iid = p.instance_id
+        key: InstanceKey = (p, _state(p, observed), ids.get(iid))
+        known = old_instances.get(iid)
+        if known is None or known[0][0] is not p or known[0][1:] != key[1:]:
+            known = (key, member(iid, fragment(_instance_record(p, key[1], key[2]), 2), 1))
+        instance_frags[iid] = known
+    if instance_frags.keys() != old_instances.keys():
+        cache._instance_order = sorted(instance_frags)
+    cache._node_fragments, cache._instance_fragments = node_frags, instance_frags
+    instances = [instance_frags[i][1] for i in cache._instance_order]
+    members = [
+        ("alerts", fragment(list(alerts), 1)),
+        ("failures", fragment([failure_json(f) for f in result.failures], 1)),
+        ("formatVersion", fragment(STATUS_FORMAT_VERSION, 1)),
+        ("instances", join_object(instances, 1)),
+        ("invalidInputs", fragment(_invalid(diagnostics), 1)),
+        ("nodes", join_object([node_frags[n][1] for n in sorted(node_frags)], 1)),
+    ]
+    return document(members)

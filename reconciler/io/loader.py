@@ -1,0 +1,708 @@
+"""Loading a state directory (SPEC §2, §5).
+
+:func:`load_state` is a function of (previous view, directory) → (new view, diagnostics):
+
+- each file is read, parsed and validated on its own, so one bad file never affects another;
+- a file that cannot be read, parsed or validated is reported as ``file:line:col: message`` and
+  the object it held **keeps its last good version** from the previous view (a first-ever
+  invalid file means the object does not exist yet);
+- a file whose stat key (device, inode, size, mtime, ctime) and, failing that, whose content hash
+  is unchanged is not parsed again. A stat key is only trusted when the file had been quiet for a
+  couple of seconds when it was read (:func:`~reconciler.io.fsio.settled_key`): a same-size rewrite
+  within one timestamp tick would otherwise go unseen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import operator
+import os
+import stat
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ValidationError
+
+from reconciler.io.fsio import (
+    FileReadError,
+    StatKey,
+    Unreadable,
+    iter_files,
+    read_bytes_at,
+    settled_key,
+    stat_key,
+)
+from reconciler.io.resources import ResourcesFileError, parse_resources_json
+from reconciler.io.yamlsafe import DEFAULT_MAX_BYTES, Parsed, YamlRejected, parse_yaml
+from reconciler.model.documents import (
+    DEFAULT_UNIT_MAX_INSTANCES,
+    ActualState,
+    Node,
+    Service,
+    UnitConfig,
+)
+from reconciler.model.values import ID_PATTERN, RESOURCE_NAME_PATTERN
+
+__all__ = [
+    "Diagnostic",
+    "Doc",
+    "Fallback",
+    "FileRecord",
+    "LoadOptions",
+    "StateView",
+    "format_validation_error",
+    "instance_limit_guard",
+    "load_state",
+    "mass_deletion_guard",
+]
+
+Severity = Literal["error", "warning"]
+
+
+@dataclass(frozen=True, order=True)
+class Diagnostic:
+    path: str
+    line: int
+    col: int
+    message: str
+    severity: Severity = "error"
+
+    def __str__(self) -> str:
+        tag = "warning: " if self.severity == "warning" else ""
+        return f"{self.path}:{self.line}:{self.col}: {tag}{self.message}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "line": self.line,
+            "col": self.col,
+            "severity": self.severity,
+            "message": self.message,
+        }
+
+
+Doc = UnitConfig | Service | Node | ActualState
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """What the last load saw of one input file."""
+
+    key: StatKey | None
+    sha256: str
+    deps: tuple[tuple[str, StatKey | None], ...]  # other files read for it (resourcesFile)
+    good: Doc | None  # the last good object, possibly from an earlier content
+    diagnostics: tuple[Diagnostic, ...]  # problems of the current content
+    current: bool = False  # True when ``good`` is the file's current content
+    deps_sha256: str = ""  # sha256 of the contents of ``deps`` (what the input hash covers)
+
+
+Fallback = Callable[[str], "Doc | None"]
+"""The last good version of an input file by relative path, kept across processes."""
+
+FallbackUnder = Callable[[str], "Mapping[str, Doc]"]
+"""The last good versions of every input file whose relative path starts with a prefix (a
+directory's, ending in ``/``), kept across processes."""
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    max_bytes: int = DEFAULT_MAX_BYTES
+    fallback: Fallback | None = None  # consulted when a file is invalid and no view has it
+    fallback_under: FallbackUnder | None = None
+    """Consulted when a directory cannot be read, for its files no view has."""
+
+
+@dataclass(frozen=True)
+class StateView:
+    """Everything the controller reads, as typed objects."""
+
+    root: Path
+    unit: UnitConfig | None = None
+    services: Mapping[tuple[str, str], Service] = field(default_factory=dict)
+    nodes: Mapping[str, Node] = field(default_factory=dict)
+    actual: Mapping[str, ActualState] = field(default_factory=dict)
+    files: Mapping[str, FileRecord] = field(default_factory=dict)
+    input_hash: str = ""
+    hash_lines: tuple[bytes, ...] = field(default=(), repr=False, compare=False)
+    """What :attr:`input_hash` covers, one line per file in ``files`` order (kept so the next
+    load re-encodes only the files that changed)."""
+    duplicates: int = field(default=0, repr=False, compare=False)
+    """Service files ignored because an earlier file defines the same service."""
+    unreadable: tuple[str, ...] = ()
+    """The input directories that could not be read (relative paths ending in ``/``; each
+    has a record in ``files`` that carries its error): their files keep their last good
+    versions."""
+
+    def services_sorted(self) -> list[Service]:
+        return [self.services[k] for k in sorted(self.services)]
+
+
+_KIND_OF_DIR: dict[str, tuple[str, type[BaseModel]]] = {
+    "unit": ("UnitConfig", UnitConfig),
+    "desired": ("Service", Service),
+    "nodes": ("Node", Node),
+    "actual": ("ActualState", ActualState),
+}
+
+
+def _data_path(data: Any, loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
+    """Keep only the parts of a pydantic location that step through the data."""
+    out: list[str | int] = []
+    cur = data
+    for part in loc:
+        in_dict = isinstance(cur, dict) and part in cur
+        in_list = isinstance(cur, list) and isinstance(part, int) and 0 <= part < len(cur)
+        if in_dict or in_list:
+            out.append(part)
+            cur = cur[part]
+        elif isinstance(cur, dict) and isinstance(part, str) and part not in cur:
+            # an unknown or missing key: point at the key when it exists, else the parent
+            if any(k == part for k in cur):
+                out.append(part)
+            break
+    return tuple(out)
+
+
+def format_validation_error(
+    display: str, parsed: Parsed, error: ValidationError
+) -> list[Diagnostic]:
+    diags: list[Diagnostic] = []
+    for err in error.errors(include_url=False):
+        loc = tuple(err["loc"])
+        path = _data_path(parsed.data, loc)
+        if err["type"] == "extra_forbidden":
+            path = (*path, loc[-1]) if loc and path and path[-1] != loc[-1] else path
+            line, col = parsed.position(path, prefer_key=True)
+            msg = f"unknown field {loc[-1]!r}" if loc else "unknown field"
+        else:
+            line, col = parsed.position(path)
+            msg = _friendly(err)
+        shown = loc[:-1] if err["type"] == "extra_forbidden" else loc
+        where = ".".join(str(p) for p in shown)
+        diags.append(Diagnostic(display, line, col, f"{where}: {msg}" if where else msg))
+    return sorted(diags, key=lambda d: (d.line, d.col))
+
+
+_PATTERN_HINTS = {
+    ID_PATTERN: "an id uses letters, digits, '.', '_' and '-', starts and ends with a letter or "
+    "digit, and has at most 63 characters",
+    RESOURCE_NAME_PATTERN: "a resource name is an id, optionally prefixed by a domain and '/' "
+    "(example.com/gpu)",
+}
+
+
+def _friendly(err: Any) -> str:
+    msg = str(err["msg"])
+    if msg.startswith("Value error, "):
+        return msg[len("Value error, ") :]
+    kind = err["type"]
+    got = err.get("input")
+    if kind == "string_pattern_mismatch":
+        pattern = err.get("ctx", {}).get("pattern", "")
+        hint = _PATTERN_HINTS.get(pattern, f"it must match {pattern}")
+        return f"invalid value {got!r}: {hint}"
+    if kind == "missing":
+        return "required field is missing"
+    if kind.endswith("_type") or kind.endswith("_parsing") or kind == "literal_error":
+        shown = repr(got)
+        if len(shown) > 60:
+            shown = shown[:57] + "..."
+        return f"{msg} (got {shown})"
+    return msg
+
+
+def _validate(display: str, raw: bytes, dir_kind: str, max_bytes: int) -> Doc | list[Diagnostic]:
+    try:
+        parsed = parse_yaml(raw, max_bytes=max_bytes)
+    except YamlRejected as e:
+        return [Diagnostic(display, e.line, e.col, e.message)]
+    data = parsed.data
+    kind, model = _KIND_OF_DIR[dir_kind]
+    if not isinstance(data, dict):
+        return [Diagnostic(display, 1, 1, "a document must be a mapping of fields")]
+    got = data.get("kind")
+    if got is not None and got != kind:
+        line, col = parsed.position(("kind",))
+        where = "unit.yaml" if dir_kind == "unit" else f"{dir_kind}/"
+        return [Diagnostic(display, line, col, f"kind: expected {kind} in {where}, got {got!r}")]
+    try:
+        obj = model.model_validate(data)
+    except ValidationError as e:
+        return format_validation_error(display, parsed, e)
+    assert isinstance(obj, UnitConfig | Service | Node | ActualState)
+    return obj
+
+
+def _resolve_resources_file(
+    root: Path, node: Node, display: str, parsed_pos: tuple[int, int], max_bytes: int
+) -> tuple[Node | None, list[Diagnostic], tuple[tuple[str, StatKey | None], ...], str]:
+    """Load a node's resourcesFile into ``resources``; None when the file is invalid."""
+    assert node.resourcesFile is not None
+    target = Path(node.resourcesFile)
+    if not target.is_absolute():
+        target = root / target
+    line, col = parsed_pos
+    try:
+        raw, key = read_bytes_at(target, max_bytes)
+    except FileReadError as e:
+        if not target.exists() and not target.is_symlink():
+            warn = Diagnostic(
+                display, line, col, f"resourcesFile {target} is missing: no resources", "warning"
+            )
+            missing = ((str(target), None),)
+            return node.model_copy(update={"resources": ()}), [warn], missing, "missing"
+        return None, [Diagnostic(display, line, col, f"resourcesFile {target}: {e}")], (), ""
+    deps = ((str(target), settled_key(key, time.time_ns())),)
+    sha = hashlib.sha256(raw).hexdigest()
+    if len(raw) > max_bytes:
+        diag = Diagnostic(str(target), 1, 1, f"file is over {max_bytes} bytes")
+        return None, [diag], deps, sha
+    try:
+        entries = parse_resources_json(raw)
+    except ResourcesFileError as e:
+        msg = f"{e.message} (resources of node {node.id})"
+        return None, [Diagnostic(str(target), e.line, e.col, msg)], deps, sha
+    return node.model_copy(update={"resources": entries}), [], deps, sha
+
+
+def _deps_unchanged(deps: tuple[tuple[str, StatKey | None], ...]) -> bool:
+    for path, key in deps:
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            if key is not None:
+                return False
+            continue
+        if key is None or stat_key(st) != key:
+            return False
+    return True
+
+
+def _load_one(
+    root: Path,
+    rel: str,
+    dir_kind: str,
+    key: StatKey | None,
+    prev: FileRecord | None,
+    opts: LoadOptions,
+) -> FileRecord:
+    if prev is not None and key is not None and prev.key == key and _deps_unchanged(prev.deps):
+        return prev
+    display = str(root / rel)
+
+    def keep() -> Doc | None:
+        return _last_good(rel, prev, opts)
+
+    if key is None:
+        diag = Diagnostic(display, 1, 1, "is a symlink or not a regular file; not read")
+        return FileRecord(None, "", (), keep(), (diag,))
+    try:
+        raw, read_key = read_bytes_at(root / rel, opts.max_bytes)
+    except FileReadError as e:
+        return FileRecord(None, "", (), keep(), (Diagnostic(display, 1, 1, str(e)),))
+    real_key = settled_key(read_key, time.time_ns())
+    sha = hashlib.sha256(raw).hexdigest()
+    if prev is not None and prev.sha256 == sha and _deps_unchanged(prev.deps):
+        return FileRecord(
+            real_key, sha, prev.deps, prev.good, prev.diagnostics, prev.current, prev.deps_sha256
+        )
+    result = _validate(display, raw, dir_kind, opts.max_bytes)
+    if isinstance(result, list):
+        return FileRecord(real_key, sha, (), keep(), tuple(result))
+    diags: list[Diagnostic] = []
+    deps: tuple[tuple[str, StatKey | None], ...] = ()
+    deps_sha = ""
+    obj: Doc = result
+    stem = rel.rsplit("/", 1)[-1].removesuffix(".yaml").removesuffix(".yml")
+    if isinstance(obj, Node):
+        if obj.id != stem:
+            msg = f"id: the node id {obj.id!r} must equal the file name {stem!r}"
+            line, col = _position_of(raw, "id", opts.max_bytes)
+            diag = Diagnostic(display, line, col, msg)
+            return FileRecord(real_key, sha, (), keep(), (diag,))
+        if obj.resourcesFile is not None:
+            pos = _position_of(raw, "resourcesFile", opts.max_bytes)
+            node, diags, deps, deps_sha = _resolve_resources_file(
+                root, obj, display, pos, opts.max_bytes
+            )
+            if node is None:
+                return FileRecord(real_key, sha, deps, keep(), tuple(diags), False, deps_sha)
+            obj = node
+    if isinstance(obj, ActualState) and obj.nodeId != stem:
+        msg = f"nodeId: {obj.nodeId!r} must equal the file name {stem!r}"
+        line, col = _position_of(raw, "nodeId", opts.max_bytes)
+        return FileRecord(real_key, sha, (), keep(), (Diagnostic(display, line, col, msg),))
+    if prev is not None and prev.good is not None and prev.good == obj:
+        obj = prev.good  # the same object for the same content: later stages compare by identity
+    return FileRecord(real_key, sha, deps, obj, tuple(diags), True, deps_sha)
+
+
+def _position_of(raw: bytes, key: str, max_bytes: int) -> tuple[int, int]:
+    """Where a top-level field's value sits in a file that already parsed once."""
+    return parse_yaml(raw, max_bytes=max_bytes).position((key,))
+
+
+def _last_good(rel: str, prev: FileRecord | None, opts: LoadOptions) -> Doc | None:
+    if prev is not None and prev.good is not None:
+        return prev.good
+    if opts.fallback is not None:
+        return opts.fallback(rel)
+    return None
+
+
+def _regular_key(path: Path) -> StatKey | None:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return stat_key(st) if stat.S_ISREG(st.st_mode) else None
+
+
+def load_state(
+    root: Path,
+    previous: StateView | None = None,
+    opts: LoadOptions | None = None,
+    *,
+    changed: Collection[str] | None = None,
+) -> tuple[StateView, list[Diagnostic]]:
+    """Read every input file of ``root``; see the module docstring for the rules.
+
+    ``changed`` (with a ``previous`` view of the same root) is a hint from a file watcher: the
+    paths, relative to ``root``, that may have changed since ``previous`` was loaded. Only those
+    are looked at (plus every resourcesFile a node read, which may live outside the watched
+    directory); every other file keeps its record without a ``stat``. The result is the full
+    pass's whenever the hint is complete. A hint that is not one input file (a directory, a
+    symlink, a path the layout does not know) makes it a full pass. A caller that uses hints
+    must still run a full pass afterwards to stay level-triggered (``reconcile`` does: SPEC
+    §14), since a file watcher can lose events."""
+    opts = opts or LoadOptions()
+    prev_files = previous.files if previous is not None and previous.root == root else {}
+    files: dict[str, FileRecord] | None = None
+    if changed is not None and prev_files and previous is not None and not previous.unreadable:
+        files = _hinted_files(root, prev_files, changed, opts)
+    if files is None:
+        files = _all_files(root, prev_files, opts)
+    same = previous is not None and previous.root == root and previous.files.keys() == files.keys()
+    patched = _patched(previous, files) if same and previous is not None else None
+    if patched is not None:
+        # (C-level passes over every record: a warm run's few diagnostics)
+        with_any = filter(None, map(_DIAGNOSTICS, files.values()))
+        return patched, list(itertools.chain.from_iterable(with_any))
+    return _assembled(root, files)
+
+
+def _all_files(
+    root: Path, prev_files: Mapping[str, FileRecord], opts: LoadOptions
+) -> dict[str, FileRecord]:
+    """Every input file's record, each file stat'ed (and read when its stat key changed)."""
+    files: dict[str, FileRecord] = {}
+    # in sorted order of the relative paths ("actual/" < "desired/" < "nodes/" < "unit.yaml";
+    # each directory's files sorted), so ``files`` is sorted as it is built (and sorted again
+    # when a directory could not be read)
+    unreadable: list[Unreadable] = []
+    for dir_kind, recursive in _INPUT_DIRS:
+        for found in iter_files(
+            root / dir_kind, YAML_SUFFIXES, recursive=recursive, unreadable=unreadable
+        ):
+            rel = f"{dir_kind}/{found.rel}"
+            files[rel] = _load_one(root, rel, dir_kind, found.key, prev_files.get(rel), opts)
+        if unreadable:
+            _keep_unreadable(root, dir_kind, unreadable, files, prev_files, opts)
+            unreadable.clear()
+    unit_path = root / "unit.yaml"
+    if unit_path.exists() or unit_path.is_symlink():
+        ukey = _regular_key(unit_path)
+        files["unit.yaml"] = _load_one(
+            root, "unit.yaml", "unit", ukey, prev_files.get("unit.yaml"), opts
+        )
+    if any(rel.endswith("/") for rel in files):
+        files = {rel: files[rel] for rel in sorted(files)}
+    return files
+
+
+_INPUT_DIRS = (("actual", False), ("desired", True), ("nodes", False))
+YAML_SUFFIXES = (".yaml", ".yml")
+"""Input documents in desired/, nodes/ and actual/ end in either."""
+
+
+def _keep_unreadable(
+    root: Path,
+    dir_kind: str,
+    unreadable: list[Unreadable],
+    files: dict[str, FileRecord],
+    prev_files: Mapping[str, FileRecord],
+    opts: LoadOptions,
+) -> None:
+    """A directory that cannot be read is not a directory whose files were deleted (SPEC §5):
+    it gets a record of its own (key ``<dir>/``) that carries the error, and every input file
+    the previous view or the last good store knows under it keeps its last good version."""
+    for sub, why in unreadable:
+        prefix = f"{dir_kind}/{sub}/" if sub else f"{dir_kind}/"
+        display = str(root / prefix.rstrip("/"))
+        msg = f"cannot read the directory: {why}; its files keep their last good versions"
+        files[prefix] = FileRecord(None, "", (), None, (Diagnostic(display, 1, 1, msg),))
+        for rel, rec in prev_files.items():
+            if rel.startswith(prefix) and rel != prefix and rel not in files:
+                files[rel] = rec if not rec.diagnostics else replace(rec, diagnostics=())
+        if opts.fallback_under is not None:
+            for rel, doc in opts.fallback_under(prefix).items():
+                if rel not in files and rel.startswith(prefix):
+                    files[rel] = FileRecord(None, "", (), doc, ())
+
+
+class _FullPass(Exception):
+    """A hint only a full pass can resolve."""
+
+
+def _hinted_record(
+    root: Path, rel: str, prev_files: Mapping[str, FileRecord], opts: LoadOptions
+) -> tuple[bool, FileRecord | None]:
+    """What the full pass would find at the hinted path ``rel``: (False, _) when it loads no
+    file there, (True, None) when a file it had loaded is gone, (True, record) for a file it
+    loads. Raises :class:`_FullPass` where only a walk can tell (a directory, a symlink)."""
+    parts = rel.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        raise _FullPass(rel)
+    if any(part.startswith(".") for part in parts):
+        return False, None  # hidden files and directories are never inputs
+    try:
+        st: os.stat_result | None = os.lstat(root / rel)
+    except FileNotFoundError:
+        st = None
+    except OSError:
+        raise _FullPass(rel) from None
+    if st is None:
+        prefix = rel + "/"
+        if any(known.startswith(prefix) for known in prev_files):
+            raise _FullPass(rel)  # a directory of inputs went away
+        return (True, None) if rel in prev_files else (False, None)
+    if stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode):
+        raise _FullPass(rel)
+    kind = _input_kind(root, parts)
+    if kind is None:
+        return False, None
+    if not stat.S_ISREG(st.st_mode):
+        raise _FullPass(rel)
+    return True, _load_one(root, rel, kind, stat_key(st), prev_files.get(rel), opts)
+
+
+def _input_kind(root: Path, parts: list[str]) -> str | None:
+    """The kind of input the full pass loads at ``parts`` ("unit" for unit.yaml), or None.
+    Raises :class:`_FullPass` when a directory on the way is not a plain directory."""
+    if parts == ["unit.yaml"]:
+        return "unit"
+    recursive = next((r for kind, r in _INPUT_DIRS if kind == parts[0]), None)
+    if recursive is None or len(parts) < 2 or not parts[-1].endswith(YAML_SUFFIXES):
+        return None
+    if len(parts) > 2 and not recursive:
+        return None
+    for n in range(1, len(parts)):  # the walk neither follows symlinks nor leaves the tree
+        try:
+            st = os.lstat(root.joinpath(*parts[:n]))
+        except OSError:
+            raise _FullPass("/".join(parts)) from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise _FullPass("/".join(parts))
+    return parts[0]
+
+
+def _hinted_files(
+    root: Path, prev_files: Mapping[str, FileRecord], changed: Collection[str], opts: LoadOptions
+) -> dict[str, FileRecord] | None:
+    """The records of a full pass, computed from ``prev_files`` by looking only at the hinted
+    paths and at the resourcesFiles nodes read; None when a hint needs the full pass."""
+    updates: dict[str, FileRecord | None] = {}
+    try:
+        for rel in sorted(set(changed)):
+            loads, rec = _hinted_record(root, rel, prev_files, opts)
+            if loads:
+                updates[rel] = rec
+    except _FullPass:
+        return None
+    with_deps = itertools.compress(prev_files.items(), map(_DEPS, prev_files.values()))
+    for rel, old in with_deps:  # (a C-level pass over the records: few have deps)
+        if rel not in updates and not _deps_unchanged(old.deps):
+            kind = "unit" if rel == "unit.yaml" else rel.split("/", 1)[0]
+            updates[rel] = _load_one(root, rel, kind, _regular_key(root / rel), old, opts)
+    files = dict(prev_files)
+    for rel, rec in updates.items():
+        if rec is None:
+            files.pop(rel, None)
+        else:
+            files[rel] = rec
+    if all(rel in prev_files for rel in updates):
+        return files  # the same paths: the order of ``prev_files`` (sorted) holds
+    return {rel: files[rel] for rel in sorted(files)}  # the full pass's order: sorted paths
+
+
+_DEPS = operator.attrgetter("deps")
+_DIAGNOSTICS = operator.attrgetter("diagnostics")
+
+
+def _hash_line(rel: str, rec: FileRecord) -> bytes:
+    # contents only (SPEC §10): never a path or a stat key, which differ between copies and
+    # over time for the same bytes
+    return f"{rel}\0{rec.sha256}\0{rec.deps_sha256}\0".encode()
+
+
+def _assembled(root: Path, files: dict[str, FileRecord]) -> tuple[StateView, list[Diagnostic]]:
+    """The view of ``files`` (sorted by path), built from nothing, and every file's
+    diagnostics in path order; a service defined twice is taken from the first file and the
+    second is reported."""
+    diagnostics: list[Diagnostic] = []
+    duplicates = 0
+    unit: UnitConfig | None = None
+    services: dict[tuple[str, str], Service] = {}
+    service_file: dict[tuple[str, str], str] = {}
+    nodes: dict[str, Node] = {}
+    actual: dict[str, ActualState] = {}
+    for rel, rec in files.items():
+        diagnostics.extend(rec.diagnostics)
+        obj = rec.good
+        if isinstance(obj, UnitConfig):
+            unit = obj
+        elif isinstance(obj, Service):
+            if obj.key in services:
+                diagnostics.append(
+                    Diagnostic(
+                        str(root / rel),
+                        1,
+                        1,
+                        f"service {obj.id} (subject {obj.subject}) is already defined in "
+                        f"{root / service_file[obj.key]}; this file is ignored",
+                    )
+                )
+                duplicates += 1
+                continue
+            services[obj.key] = obj
+            service_file[obj.key] = rel
+        elif isinstance(obj, Node):
+            nodes[obj.id] = obj
+        elif isinstance(obj, ActualState):
+            actual[obj.nodeId] = obj
+    lines = tuple(_hash_line(rel, rec) for rel, rec in files.items())
+    digest = hashlib.sha256(b"".join(lines)).hexdigest()
+    unreadable = tuple(rel for rel in files if rel.endswith("/"))
+    view = StateView(
+        root, unit, services, nodes, actual, files, digest, lines, duplicates, unreadable
+    )
+    return view, diagnostics
+
+
+def _patched(previous: StateView, files: dict[str, FileRecord]) -> StateView | None:
+    """The view of ``files`` made from ``previous`` (same root, same paths) by replacing the
+    objects of the files whose record changed, when each changed file defined the same object
+    (same kind and key) before and after; else None (build it from nothing). The result equals
+    :func:`_assembled`'s, dictionary order included: every key keeps its place."""
+    old_files = previous.files
+    # (C-level passes: positions of the records that are not the previous view's objects)
+    moved = map(operator.is_not, files.values(), map(old_files.__getitem__, files))
+    at = list(itertools.compress(itertools.count(), moved))
+    if at:
+        rels, recs = list(files), list(files.values())
+        changed = [(n, rels[n], recs[n]) for n in at]
+    else:
+        changed = []
+    lines = list(previous.hash_lines)
+    if len(lines) != len(files) or previous.duplicates:
+        return None  # a service defined twice: the full assembly reports it
+    if not changed:
+        return replace(previous, files=files)
+    unit = previous.unit
+    services: dict[tuple[str, str], Service] = {}
+    nodes: dict[str, Node] = {}
+    actual: dict[str, ActualState] = {}
+    for n, rel, rec in changed:
+        old, new = old_files[rel].good, rec.good
+        lines[n] = _hash_line(rel, rec)
+        if new is old:
+            continue
+        if isinstance(new, Service) and isinstance(old, Service) and new.key == old.key:
+            services[new.key] = new
+        elif isinstance(new, Node) and isinstance(old, Node) and new.id == old.id:
+            nodes[new.id] = new
+        elif isinstance(new, ActualState) and isinstance(old, ActualState):
+            if new.nodeId != old.nodeId:
+                return None
+            actual[new.nodeId] = new
+        elif isinstance(new, UnitConfig) and isinstance(old, UnitConfig):
+            unit = new
+        else:
+            return None
+    digest = hashlib.sha256(b"".join(lines)).hexdigest()
+    return StateView(
+        previous.root,
+        unit,
+        {**previous.services, **services} if services else previous.services,
+        {**previous.nodes, **nodes} if nodes else previous.nodes,
+        {**previous.actual, **actual} if actual else previous.actual,
+        files,
+        digest,
+        tuple(lines),
+        unreadable=previous.unreadable,  # the same paths: the same directories
+    )
+
+
+def mass_deletion_guard(
+    view: StateView, *, allow_empty: bool, allocated: int = 0
+) -> Diagnostic | None:
+    """SPEC §5: refuse to stop everything when every desired file, or every node file,
+    vanished or broke at once while instances run (``actual/``) or are allocated
+    (``allocated``: the checkpoint's), unless ``allow_empty``."""
+    if allow_empty:
+        return None
+    running = sum(len(a.instances) for a in view.actual.values())
+    if not view.services:
+        if running == 0:
+            return None
+        return Diagnostic(
+            str(view.root / "desired"),
+            1,
+            1,
+            f"no valid desired service left while {running} instance(s) run; refusing to stop "
+            "them all (pass --allow-empty if that is what you want)",
+        )
+    if view.nodes or (running == 0 and allocated == 0):
+        return None
+    what = f"{running} instance(s) run" if running else f"{allocated} instance(s) are allocated"
+    return Diagnostic(
+        str(view.root / "nodes"),
+        1,
+        1,
+        f"no valid node left while {what}; refusing to stop them all and drop their "
+        "allocations (pass --allow-empty if that is what you want)",
+    )
+
+
+def instance_limit_guard(view: StateView) -> Diagnostic | None:
+    """Refuse a unit whose services together ask for more instances than unit.yaml's
+    ``maxInstances`` allows (each service is bounded by its model): nothing is placed and
+    nothing stopped, so a typo cannot make a run grow without bound, nor stop what runs. The
+    error points at the ``instances`` of the service that asks for the most."""
+    limit = view.unit.maxInstances if view.unit is not None else DEFAULT_UNIT_MAX_INSTANCES
+    total = sum(s.instances for s in view.services.values())
+    if total <= limit:
+        return None
+    largest = max(view.services.values(), key=lambda s: (s.instances, s.key))
+    rel = next((r for r, rec in view.files.items() if rec.good is largest), None)
+    line, col = 1, 1
+    if rel is not None:
+        try:
+            raw, _key = read_bytes_at(view.root / rel, DEFAULT_MAX_BYTES)
+            line, col = _position_of(raw, "instances", DEFAULT_MAX_BYTES)
+        except (FileReadError, YamlRejected):
+            pass  # changed since it was loaded: the file's start
+    where = "unit.yaml's maxInstances" if view.unit is not None else "the default maxInstances"
+    return Diagnostic(
+        str(view.root / (rel or "desired")),
+        line,
+        col,
+        f"instances: the services ask for {total} instances in all, over {where} of {limit} "
+        f"(this one asks for {largest.instances}); nothing is placed or stopped until the "
+        "total is within the limit (raise maxInstances in unit.yaml if that is meant)",
+    )

@@ -1,0 +1,1016 @@
+"""OCI runtime configs for placed instances (SPEC §11): a pure builder.
+
+:func:`build_config` turns (service, placement, node) plus the instance's uid/gid, rootfs and
+hosts-file path into the content of ``config.json`` (OCI runtime-spec 1.0.2, accepted by runc)
+and of the instance's ``hosts`` file. It touches no file and no clock: the two lookups that need
+the host (group names to gids, device paths to device nodes) are injected as :class:`GroupLookup`
+and :class:`DeviceLookup`; :mod:`reconciler.oci.hostdevices` has the real ones.
+
+The steps run in the order of SPEC §11 (see docs/oci.md): defaults, uid/gid, root, process from
+the image, instance env, hostname and sysctl, quotas, the named resources in the service's order,
+the allocated pool devices, hosts. Every problem is an :class:`OciError` with one line naming the
+instance and the cause; :func:`build_all` builds many instances and keeps going past failures.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import posixpath
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import compress, repeat
+from operator import attrgetter, is_, not_
+from typing import Any, Literal, Protocol
+
+from reconciler.model.documents import Device, HostEntry, Mount, Node, Service
+from reconciler.model.jsonbytes import pretty_json
+from reconciler.model.values import INT64_MAX
+from reconciler.placement.instances import Placement
+
+__all__ = [
+    "CPU_PERIOD",
+    "DEFAULT_ENV",
+    "KNOWN_OPTION_KEYS",
+    "MIN_CPU_QUOTA",
+    "NEVER_THROUGH",
+    "OCI_VERSION",
+    "RESTART_POLICY_ANNOTATION",
+    "BuildMemo",
+    "BuildResult",
+    "BuiltConfig",
+    "ConfigJob",
+    "DeviceLookup",
+    "DeviceLookupError",
+    "DeviceNode",
+    "DevicePolicy",
+    "DeviceSpec",
+    "GroupLookup",
+    "OciError",
+    "build_all",
+    "build_config",
+    "canonical_path",
+    "config_json",
+    "content_digest",
+    "cpu_quota",
+    "devices_env_name",
+    "intersect_access",
+    "is_glob",
+    "is_under",
+    "parse_device_string",
+    "same_placement_inputs",
+]
+
+OCI_VERSION = "1.0.2"
+RESTART_POLICY_ANNOTATION = "org.reconciler.restartPolicy"
+"""The OCI config annotation that carries a service's restartPolicy to the agent (absent:
+``always``, the default)."""
+
+CPU_PERIOD = 100_000
+MIN_CPU_QUOTA = 1_000
+DEFAULT_ENV = (
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "TERM=xterm",
+)
+KNOWN_OPTION_KEYS = frozenset({"size", "mode", "uid", "gid", "nr_inodes"})
+# Per-process views of the host: a host device path may never be, or resolve through, these
+# (``/dev/stdin`` -> ``/proc/self/fd/0`` is whatever the controller's stdin happens to be).
+NEVER_THROUGH = ("/proc", "/dev/fd")
+_MAX_ID = 2**32 - 1
+_ACCESS_ORDER = "rwm"
+_GLOB_CHARS = frozenset("*?[")
+_HOSTNAME_RE = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+    r"(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*$"
+)
+_ENV_NAME_RE = re.compile(r"[^A-Za-z0-9]")
+
+# The defaults of `runc spec` (runc 1.1), minus the terminal and with ambient capabilities left
+# out (a non-root user cannot hold ambient capabilities without inheritable ones).
+_CAPABILITIES = ("CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE")
+_NAMESPACES = ("pid", "network", "ipc", "uts", "mount")
+_MASKED_PATHS = (
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/sys/firmware",
+    "/proc/scsi",
+)
+_READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
+_DEFAULT_MOUNTS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    ("/proc", "proc", "proc", ()),
+    ("/dev", "tmpfs", "tmpfs", ("nosuid", "strictatime", "mode=755", "size=65536k")),
+    (
+        "/dev/pts",
+        "devpts",
+        "devpts",
+        ("nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"),
+    ),
+    ("/dev/shm", "tmpfs", "shm", ("nosuid", "noexec", "nodev", "mode=1777", "size=65536k")),
+    ("/dev/mqueue", "mqueue", "mqueue", ("nosuid", "noexec", "nodev")),
+    ("/sys", "sysfs", "sysfs", ("nosuid", "noexec", "nodev", "ro")),
+    ("/sys/fs/cgroup", "cgroup", "cgroup", ("nosuid", "noexec", "nodev", "relatime", "ro")),
+)
+_TMP_OPTIONS = ("nosuid", "nodev", "mode=1777")
+_HOSTS_OPTIONS = ("rbind", "ro")
+
+
+class OciError(ValueError):
+    """An instance's config cannot be built; the message is one line naming instance and cause."""
+
+    def __init__(self, instance: str, cause: str) -> None:
+        super().__init__(f"{instance}: {cause}")
+        self.instance = instance
+        self.cause = cause
+
+
+class DeviceLookupError(ValueError):
+    """Raised by a :class:`DeviceLookup` when a host path cannot be expanded."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceNode:
+    """One character or block device found on the host.
+
+    ``path`` is where it resolves (symlinks followed); ``found`` is where the expansion met it
+    (inside the directory or glob that was expanded, symlinks not resolved), empty when that is
+    ``path`` itself. The builder maps ``found`` to the container path.
+    """
+
+    path: str
+    type: Literal["c", "b"]
+    major: int
+    minor: int
+    file_mode: int  # permission bits, 0..0o777
+    uid: int
+    gid: int
+    found: str = ""
+
+    @property
+    def where(self) -> str:
+        return self.found or self.path
+
+
+class GroupLookup(Protocol):
+    """Group name → gid, or None when the system has no such group."""
+
+    def __call__(self, name: str, /) -> int | None: ...
+
+
+class DeviceLookup(Protocol):
+    """Expands a host device path (a device, a directory, a glob) into device nodes.
+
+    A directory is walked recursively (directory symlinks followed), a glob is expanded; only
+    character and block devices are returned. Raises :class:`DeviceLookupError`.
+    """
+
+    def expand(self, host_path: str, /) -> Sequence[DeviceNode]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DevicePolicy:
+    """Checks on top of the OCI schema (SPEC §11, last paragraph)."""
+
+    host_roots: tuple[str, ...] = ("/dev",)  # host devices must resolve under one of these
+    container_root: str = "/dev"  # container device paths live strictly below it
+    protected_mounts: tuple[str, ...] = ("/proc", "/sys")  # no mount at or below these (nor /)
+    option_keys: frozenset[str] = KNOWN_OPTION_KEYS  # allowed keys of key=value mount options
+
+
+_DEFAULT_POLICY = DevicePolicy()
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSpec:
+    """A resource's device string ``host[:container[:permissions]]``, parsed."""
+
+    host: str
+    container: str
+    permissions: str
+
+
+@dataclass(frozen=True)
+class BuiltConfig:
+    """A built config, kept as the bytes of its config.json (its :func:`content_digest` is
+    memoized). Bytes, not the nested dicts: 20,000 configs held as dicts took about 140 MiB,
+    as bytes about 70; a watcher keeps the last run's configs in its memo."""
+
+    data: bytes  # config.json: sorted keys, two-space indent, a final newline
+    hosts: str  # the content of the instance's hosts file
+    _digest: str | None = field(default=None, init=False, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any], hosts: str) -> BuiltConfig:
+        return cls(pretty_json(config), hosts)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """config.json's content, parsed again (a new dict on every call)."""
+        parsed: dict[str, Any] = json.loads(self.data)
+        return parsed
+
+
+# ---------------------------------------------------------------- small pure helpers
+
+
+def is_glob(path: str) -> bool:
+    return any(c in _GLOB_CHARS for c in path)
+
+
+def is_under(path: str, root: str) -> bool:
+    """``path`` is ``root`` or below it; both canonical (see :func:`canonical_path`)."""
+    root = root.rstrip("/") or "/"
+    return path == root or path.startswith("/" if root == "/" else root + "/")
+
+
+def canonical_path(path: str) -> str:
+    """The path the kernel (and runc, through Go's ``filepath.Clean``) means: ``.``, ``..``, a
+    trailing ``/`` and repeated ``/`` removed, including the leading ``//`` that
+    ``posixpath.normpath`` keeps (POSIX leaves it implementation-defined; Linux reads ``/``)."""
+    norm = posixpath.normpath(path)
+    return "/" + norm.lstrip("/") if norm.startswith("/") else norm
+
+
+def _check_access(value: str, what: str) -> str:
+    if not value or any(c not in _ACCESS_ORDER for c in value) or len(set(value)) != len(value):
+        raise ValueError(f"invalid {what} {value!r}: use letters from 'rwm', each once")
+    return value
+
+
+def intersect_access(permissions: str, mode: str) -> str:
+    """Letters present in both, in ``rwm`` order (``rw`` ∩ ``r`` = ``r``)."""
+    return "".join(c for c in _ACCESS_ORDER if c in permissions and c in mode)
+
+
+def parse_device_string(text: str) -> DeviceSpec:
+    """``host[:container[:permissions]]``; the container path defaults to the host path (for a
+    glob, to its literal directory prefix) and the permissions to ``rwm``."""
+    parts = text.split(":")
+    if len(parts) > 3:
+        raise ValueError(f"device {text!r}: expected host[:container[:permissions]]")
+    host = parts[0]
+    if not host.startswith("/"):
+        raise ValueError(f"device {text!r}: the host path must be absolute")
+    container = parts[1] if len(parts) > 1 and parts[1] else ""
+    if not container:
+        container = _glob_base(host) if is_glob(host) else canonical_path(host)
+    permissions = parts[2] if len(parts) > 2 and parts[2] else "rwm"
+    _check_access(permissions, f"permissions in device {text!r}")
+    return DeviceSpec(host, container, permissions)
+
+
+def _glob_base(pattern: str) -> str:
+    """The literal directory prefix of a glob: ``/dev/dri/render*`` → ``/dev/dri``."""
+    parts = canonical_path(pattern).split("/")
+    literal: list[str] = []
+    for part in parts:
+        if is_glob(part):
+            break
+        literal.append(part)
+    return "/".join(literal) or "/"
+
+
+def cpu_quota(dmips_limit: int, num_cores: int, max_dmips: int) -> int:
+    """CFS quota for a period of 100000 µs: limit * period * cores / maxDMIPS, rounded down,
+    at least 1000 and at most the runtime's int64."""
+    if max_dmips <= 0:
+        raise ValueError("cannot derive a cpu quota: the node's maxDMIPS is 0")
+    return min(INT64_MAX, max(MIN_CPU_QUOTA, dmips_limit * CPU_PERIOD * num_cores // max_dmips))
+
+
+def devices_env_name(resource: str) -> str:
+    """``example.com/gpu`` → ``DEVICES_EXAMPLE_COM_GPU``."""
+    return "DEVICES_" + _ENV_NAME_RE.sub("_", resource.upper())
+
+
+def config_json(built: BuiltConfig) -> bytes:
+    """The bytes of config.json: sorted keys, two-space indent, a final newline."""
+    return built.data
+
+
+def content_digest(built: BuiltConfig) -> str:
+    """sha256 (hex) of the hosts file's bytes, a NUL, and config.json's bytes: what
+    :mod:`reconciler.oci.writer` records per instance (computed once per :class:`BuiltConfig`,
+    so a memoized build costs no serialisation)."""
+    digest = built._digest
+    if digest is None:
+        digest = hashlib.sha256(built.hosts.encode() + b"\0" + config_json(built)).hexdigest()
+        object.__setattr__(built, "_digest", digest)
+    return digest
+
+
+# ---------------------------------------------------------------- the draft being built
+
+
+@dataclass
+class _Draft:
+    """Mutable working state of one build; never escapes :func:`build_config`."""
+
+    env: list[str]
+    mounts: list[dict[str, Any]]
+    gids: list[int] = field(default_factory=list)
+    devices: list[dict[str, Any]] = field(default_factory=list)
+    rules: list[dict[str, Any]] = field(default_factory=list)  # one per entry of devices
+    hosts: list[tuple[str, str]] = field(default_factory=list)
+
+    def set_env(self, entry: str) -> None:
+        name = entry.split("=", 1)[0]
+        for i, existing in enumerate(self.env):
+            if existing.split("=", 1)[0] == name:
+                self.env[i] = entry
+                return
+        self.env.append(entry)
+
+    def set_mount(self, mount: dict[str, Any]) -> None:
+        for i, existing in enumerate(self.mounts):
+            if existing["destination"] == mount["destination"]:
+                self.mounts[i] = mount
+                return
+        self.mounts.append(mount)
+
+    def add_gid(self, gid: int) -> None:
+        if gid not in self.gids:
+            self.gids.append(gid)
+
+    def set_device(self, entry: dict[str, Any], rule: dict[str, Any]) -> None:
+        for i, existing in enumerate(self.devices):
+            if existing["path"] == entry["path"]:
+                self.devices[i] = entry
+                self.rules[i] = rule
+                return
+        self.devices.append(entry)
+        self.rules.append(rule)
+
+    def add_host(self, ip: str, hostname: str) -> None:
+        if (ip, hostname) not in self.hosts:
+            self.hosts.append((ip, hostname))
+
+
+class _Fail(Exception):
+    """Internal: a cause, turned into an OciError naming the instance by build_config."""
+
+
+def _mount(destination: str, mtype: str, source: str, options: Iterable[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"destination": destination, "type": mtype, "source": source}
+    opts = list(options)
+    if opts:
+        out["options"] = opts
+    return out
+
+
+# ---------------------------------------------------------------- policy checks
+
+
+def _check_mount(m: Mount, origin: str, policy: DevicePolicy) -> None:
+    """The destination is judged by its canonical form, the one runc mounts on: ``//proc``,
+    ``/./proc``, ``/proc/`` and ``/data/../proc`` are all ``/proc``."""
+    dest = m.destination
+    if not dest.startswith("/"):
+        raise _Fail(f"{origin}: mount destination {dest!r} is not absolute")
+    canon = canonical_path(dest)
+    means = "" if canon == dest else f" (it means {canon!r})"
+    if canon == "/":
+        raise _Fail(f"{origin}: mount destination {dest!r} is not allowed{means}: it is the root")
+    for protected in policy.protected_mounts:
+        if is_under(canon, protected):
+            raise _Fail(
+                f"{origin}: mount destination {dest!r} is not allowed{means}: "
+                f"it is at or under {protected}"
+            )
+    if canon != dest:
+        raise _Fail(f"{origin}: mount destination {dest!r} is not normalized (write {canon!r})")
+    for opt in m.options:
+        if "," in opt:
+            raise _Fail(
+                f"{origin}: mount option {opt!r} for {dest} holds ','; give one option per element"
+            )
+        if "=" in opt:
+            key = opt.split("=", 1)[0]
+            if key not in policy.option_keys:
+                known = ", ".join(sorted(policy.option_keys))
+                raise _Fail(
+                    f"{origin}: mount option {opt!r} for {dest}: key {key!r} is not allowed "
+                    f"(known keys: {known})"
+                )
+
+
+def _check_host_entry(h: HostEntry, origin: str) -> None:
+    try:
+        ipaddress.ip_address(h.ip)
+    except ValueError:
+        raise _Fail(f"{origin}: host entry {h.hostname!r} has an invalid ip {h.ip!r}") from None
+    if not _HOSTNAME_RE.match(h.hostname):
+        raise _Fail(f"{origin}: host entry has an invalid hostname {h.hostname!r}")
+
+
+def _check_container_path(
+    path: str, origin: str, policy: DevicePolicy, *, base: bool = False
+) -> None:
+    """A device's container path lies strictly below the container root; the base path of a
+    directory or glob may also be the root itself (``/dev/dri/*:/dev``)."""
+    root = policy.container_root.rstrip("/")
+    if not path.startswith("/") or canonical_path(path) != path:
+        raise _Fail(f"{origin}: container device path {path!r} is not absolute and normalized")
+    if not path.startswith(root + "/") and not (base and path == root):
+        raise _Fail(f"{origin}: container device path {path!r} is not under {root}/")
+
+
+def _check_host_path(path: str, origin: str, policy: DevicePolicy) -> None:
+    norm = canonical_path(path)
+    if not path.startswith("/") or not any(is_under(norm, r) for r in policy.host_roots):
+        roots = ", ".join(policy.host_roots)
+        raise _Fail(f"{origin}: host device {path!r} is outside the allowed roots ({roots})")
+    for never in NEVER_THROUGH:
+        if is_under(norm, never):
+            raise _Fail(f"{origin}: host device {path!r} is under {never}, never a device source")
+
+
+# ---------------------------------------------------------------- steps
+
+
+def _apply_device_string(
+    draft: _Draft,
+    text: str,
+    mode: str,
+    origin: str,
+    devices: DeviceLookup,
+    policy: DevicePolicy,
+) -> None:
+    try:
+        spec = parse_device_string(text)
+    except ValueError as e:
+        raise _Fail(f"{origin}: {e}") from None
+    _check_host_path(spec.host, f"{origin}: device {text!r}", policy)
+    _check_container_path(spec.container, f"{origin}: device {text!r}", policy, base=True)
+    try:
+        found = devices.expand(spec.host)
+    except DeviceLookupError as e:
+        raise _Fail(f"{origin}: device {text!r}: {e}") from None
+    access = intersect_access(spec.permissions, mode)
+    host = canonical_path(spec.host)
+    base = _glob_base(spec.host) if is_glob(spec.host) else host
+    seen: set[str] = set()
+    for node in sorted(found, key=lambda n: n.where):
+        where = canonical_path(node.where)
+        if where in seen:
+            continue
+        seen.add(where)
+        what = f"{origin}: device {text!r}"
+        if node.type not in ("c", "b"):
+            raise _Fail(f"{what}: {node.path!r} is not a character or block device")
+        numbers = (node.major, node.minor, node.uid, node.gid)
+        if not all(0 <= n <= _MAX_ID for n in numbers) or not 0 <= node.file_mode <= 0o777:
+            raise _Fail(f"{what}: {node.path!r} has an invalid major, minor, mode, uid or gid")
+        _check_host_path(node.path, what, policy)
+        _check_host_path(where, what, policy)
+        rel = "." if where == host else posixpath.relpath(where, base)
+        if rel == ".." or rel.startswith("../"):
+            raise _Fail(f"{what}: {where!r} was found outside {base!r}")
+        target = spec.container if rel == "." else posixpath.join(spec.container, rel)
+        _check_container_path(target, what, policy)
+        if not access:
+            continue  # permissions ∩ mode is empty: the device is not exposed at all
+        entry = {
+            "path": target,
+            "type": node.type,
+            "major": node.major,
+            "minor": node.minor,
+            "fileMode": node.file_mode,
+            "uid": node.uid,
+            "gid": node.gid,
+        }
+        rule = {
+            "allow": True,
+            "type": node.type,
+            "major": node.major,
+            "minor": node.minor,
+            "access": access,
+        }
+        draft.set_device(entry, rule)
+
+
+def _apply_resources(
+    draft: _Draft,
+    service: Service,
+    node: Node,
+    groups: GroupLookup,
+    devices: DeviceLookup,
+    policy: DevicePolicy,
+) -> None:
+    by_name = {r.name: r for r in node.host_resources}
+    for request in service.resources:
+        origin = f"resource {request.name!r}"
+        res = by_name.get(request.name)
+        if res is None:
+            raise _Fail(f"node {node.id!r} has no resource named {request.name!r}")
+        for group in res.groups:
+            gid = groups(group)
+            if gid is None:
+                raise _Fail(f"{origin}: unknown group {group!r} (not in the group database)")
+            if not 0 <= gid <= _MAX_ID:
+                raise _Fail(f"{origin}: group {group!r} has an invalid gid {gid}")
+            draft.add_gid(gid)
+        for m in res.mounts:
+            _check_mount(m, origin, policy)
+            draft.set_mount(_mount(m.destination, m.type, m.source, m.options))
+        for env in res.envs:
+            draft.set_env(env)
+        for text in res.devices:
+            _apply_device_string(draft, text, request.mode, origin, devices, policy)
+        for h in res.hosts:
+            _check_host_entry(h, origin)
+            draft.add_host(h.ip, h.hostname)
+
+
+def _apply_pool_devices(
+    draft: _Draft,
+    placement: Placement,
+    node: Node,
+    devices: DeviceLookup,
+    policy: DevicePolicy,
+) -> None:
+    pools = {p.resource: p for p in node.devicePools}
+    for resource, ids in placement.devices:
+        pool = pools.get(resource)
+        if pool is None:
+            raise _Fail(f"node {node.id!r} has no device pool {resource!r}")
+        by_id: dict[str, Device] = {d.id: d for d in pool.devices}
+        for device_id in ids:
+            dev = by_id.get(device_id)
+            if dev is None:
+                raise _Fail(f"device pool {resource!r} on node {node.id!r} has no {device_id!r}")
+            origin = f"device {resource}/{device_id}"
+            for text in dev.devices:
+                _apply_device_string(draft, text, _ACCESS_ORDER, origin, devices, policy)
+            for env in dev.envs:
+                draft.set_env(env)
+        draft.set_env(f"{devices_env_name(resource)}={','.join(ids)}")
+
+
+def _check_final(config: Mapping[str, Any]) -> None:
+    """Invariants of the finished config, whatever the steps did."""
+    linux = config["linux"]
+    rules = linux["resources"]["devices"]
+    if rules[0] != {"allow": False, "access": "rwm"}:
+        raise _Fail("the device cgroup rules do not start with deny-all")
+    for rule in rules[1:]:
+        if not rule.get("allow"):
+            continue
+        if rule.get("type") not in ("c", "b") or not all(
+            isinstance(rule.get(k), int) for k in ("major", "minor")
+        ):
+            raise _Fail(f"device allow rule without type, major and minor: {rule}")
+        if not rule.get("access"):
+            raise _Fail(f"device allow rule without access: {rule}")
+
+
+def build_config(
+    service: Service,
+    placement: Placement,
+    node: Node,
+    *,
+    rootfs: str,
+    uid: int,
+    gid: int,
+    hosts_path: str,
+    groups: GroupLookup,
+    devices: DeviceLookup,
+    policy: DevicePolicy = _DEFAULT_POLICY,
+) -> BuiltConfig:
+    """The OCI config and hosts file of one placed instance (SPEC §11), or :class:`OciError`."""
+    label = f"instance {placement.instance_id} ({placement.label})"
+    try:
+        return _build(
+            service, placement, node, rootfs, uid, gid, hosts_path, groups, devices, policy
+        )
+    except _Fail as e:
+        raise OciError(label, str(e)) from None
+
+
+def _build(
+    service: Service,
+    placement: Placement,
+    node: Node,
+    rootfs: str,
+    uid: int,
+    gid: int,
+    hosts_path: str,
+    groups: GroupLookup,
+    devices: DeviceLookup,
+    policy: DevicePolicy,
+) -> BuiltConfig:
+    if service.key != (placement.item_id, placement.subject_id):
+        raise _Fail(f"service {service.id}:{service.subject} does not match the placement")
+    if node.id != placement.node_id:
+        raise _Fail(f"placed on node {placement.node_id!r}, not {node.id!r}")
+    if not rootfs.startswith("/"):
+        raise _Fail(f"rootfs {rootfs!r} is not an absolute path")
+    if not hosts_path.startswith("/"):
+        raise _Fail(f"hosts file path {hosts_path!r} is not absolute")
+    for what, value in (("uid", uid), ("gid", gid)):
+        if not 0 <= value <= _MAX_ID:
+            raise _Fail(f"{what} {value} is out of range")
+
+    # 1. defaults
+    draft = _Draft(
+        env=list(DEFAULT_ENV),
+        mounts=[_mount(d, t, s, o) for d, t, s, o in _DEFAULT_MOUNTS],
+    )
+    # 2-4. uid/gid, root, process from the image
+    image = service.image
+    args = [*image.entrypoint, *image.cmd]
+    if not args:
+        raise _Fail("the image has neither entrypoint nor cmd: nothing to run")
+    for env in image.env:
+        draft.set_env(env)
+    # 5. instance env
+    draft.set_env(f"INSTANCE_ID={placement.instance_id}")
+    draft.set_env(f"ITEM_ID={placement.item_id}")
+    draft.set_env(f"SUBJECT_ID={placement.subject_id}")
+    draft.set_env(f"INSTANCE_INDEX={placement.index}")
+    # 6. hostname and sysctl
+    hostname = service.hostname or placement.instance_id
+    sysctl = {key: service.sysctl[key] for key in sorted(service.sysctl)}  # names: SysctlName
+    # 7. quotas
+    quotas = service.quotas
+    resources: dict[str, Any] = {"devices": [{"allow": False, "access": "rwm"}]}
+    rlimits: list[dict[str, Any]] = []
+    if quotas.cpuDMIPSLimit is not None:
+        try:
+            quota = cpu_quota(quotas.cpuDMIPSLimit, node.numCores, node.maxDMIPS)
+        except ValueError as e:
+            raise _Fail(str(e)) from None
+        resources["cpu"] = {"quota": quota, "period": CPU_PERIOD}
+    if quotas.ramLimit is not None:
+        resources["memory"] = {"limit": quotas.ramLimit}
+    if quotas.pidsLimit is not None:
+        resources["pids"] = {"limit": quotas.pidsLimit}
+    if quotas.noFileLimit is not None:
+        rlimits.append(
+            {"type": "RLIMIT_NOFILE", "soft": quotas.noFileLimit, "hard": quotas.noFileLimit}
+        )
+    if quotas.tmpLimit is not None:
+        options = (*_TMP_OPTIONS, f"size={quotas.tmpLimit}")
+        draft.set_mount(_mount("/tmp", "tmpfs", "tmpfs", options))
+    # 8. named resources, in the service's order
+    _apply_resources(draft, service, node, groups, devices, policy)
+    # 9. allocated pool devices, by resource
+    _apply_pool_devices(draft, placement, node, devices, policy)
+    # 10. hosts, bind-mounted read-only at /etc/hosts (last, so nothing shadows it)
+    lines = ["127.0.0.1 localhost", f"127.0.1.1 {hostname}"]
+    lines += [f"{ip} {name}" for ip, name in draft.hosts]
+    hosts = "\n".join(lines) + "\n"
+    draft.set_mount(_mount("/etc/hosts", "bind", hosts_path, _HOSTS_OPTIONS))
+
+    user: dict[str, Any] = {"uid": uid, "gid": gid}
+    if draft.gids:
+        user["additionalGids"] = list(draft.gids)
+    caps = list(_CAPABILITIES)
+    process: dict[str, Any] = {
+        "terminal": False,
+        "user": user,
+        "args": args,
+        "env": list(draft.env),
+        "cwd": image.workingDir,
+        "capabilities": {"bounding": caps, "effective": caps[:], "permitted": caps[:]},
+        "noNewPrivileges": True,
+    }
+    if rlimits:
+        process["rlimits"] = rlimits
+    resources["devices"] += draft.rules
+    linux: dict[str, Any] = {
+        "resources": resources,
+        "namespaces": [{"type": t} for t in _NAMESPACES],
+        "maskedPaths": list(_MASKED_PATHS),
+        "readonlyPaths": list(_READONLY_PATHS),
+    }
+    if draft.devices:
+        linux["devices"] = list(draft.devices)
+    if sysctl:
+        linux["sysctl"] = sysctl
+    config: dict[str, Any] = {
+        "ociVersion": OCI_VERSION,
+        "process": process,
+        "root": {"path": rootfs, "readonly": False},
+        "hostname": hostname,
+        "mounts": list(draft.mounts),
+        "linux": linux,
+    }
+    if service.restartPolicy != "always":  # for the node agent (absent: the default)
+        config["annotations"] = {RESTART_POLICY_ANNOTATION: service.restartPolicy}
+    _check_final(config)
+    return BuiltConfig.of(config, hosts)
+
+
+# ---------------------------------------------------------------- many instances
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigJob:
+    """The inputs of one :func:`build_config` call besides the lookups and the policy."""
+
+    service: Service
+    placement: Placement
+    node: Node
+    rootfs: str
+    uid: int
+    gid: int
+    hosts_path: str
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    built: dict[str, BuiltConfig]  # instance id → config, for every job that succeeded
+    errors: dict[str, str]  # instance id → the one-line OciError message
+    # (both in the order of the jobs given: instance order from ``reconcile``)
+    since: tuple[Mapping[str, BuiltConfig], frozenset[str]] | None = field(
+        default=None, compare=False, repr=False
+    )
+    """Set by a builder that patched its last result: that result's ``built`` and a superset
+    of the ids whose entry is not the very same object in both (built, rebuilt or removed
+    since); the configs writer then looks at those only."""
+
+
+class _RunLookups:
+    """The host lookups of one :func:`build_all` call: each distinct question (a group name, a
+    device path) is asked of the host once per call, and every answer a build used is recorded,
+    so that a memoized build can be checked against this call's answers."""
+
+    def __init__(self, groups: GroupLookup, devices: DeviceLookup) -> None:
+        self._groups = groups
+        self._devices = devices
+        self._gids: dict[str, int | None] = {}
+        self._nodes: dict[str, tuple[DeviceNode, ...] | str] = {}  # str: the lookup's error
+        self.asked: list[_Asked] = []
+
+    def gid(self, name: str) -> int | None:
+        if name not in self._gids:
+            self._gids[name] = self._groups(name)
+        return self._gids[name]
+
+    def nodes(self, host_path: str) -> tuple[DeviceNode, ...] | str:
+        answer = self._nodes.get(host_path)
+        if answer is None:
+            try:
+                answer = tuple(self._devices.expand(host_path))
+            except DeviceLookupError as e:
+                answer = str(e)
+            self._nodes[host_path] = answer
+        return answer
+
+    def answer(self, asked: _Asked) -> object:
+        kind, key, _ = asked
+        return self.gid(key) if kind == "group" else self.nodes(key)
+
+    # the GroupLookup and DeviceLookup a build is given
+
+    def group(self, name: str, /) -> int | None:
+        gid = self.gid(name)
+        self.asked.append(("group", name, gid))
+        return gid
+
+    def expand(self, host_path: str, /) -> Sequence[DeviceNode]:
+        answer = self.nodes(host_path)
+        self.asked.append(("device", host_path, answer))
+        if isinstance(answer, str):
+            raise DeviceLookupError(answer)
+        return answer
+
+
+_Asked = tuple[Literal["group", "device"], str, object]
+"""A host lookup a build made: (kind, group name or host device path, the answer)."""
+
+
+def _same(a: object, b: object) -> bool:
+    return a is b or a == b
+
+
+def same_placement_inputs(a: Placement, b: Placement) -> bool:
+    """Whether two placements are the same input to :func:`build_config`, which reads only
+    these fields of a placement (its version, priority, runtime id, requested amounts, named
+    resources and cause are not in the config; tests check the fields it reads)."""
+    return a is b or (
+        a.instance_id == b.instance_id
+        and a.node_id == b.node_id
+        and a.index == b.index
+        and a.item_id == b.item_id
+        and a.subject_id == b.subject_id
+        and a.devices == b.devices
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Memoized:
+    job: ConfigJob
+    policy: DevicePolicy
+    asked: tuple[_Asked, ...]  # every host lookup the build made, in order, with its answer
+    outcome: BuiltConfig | str  # str: the one-line OciError message
+
+    def holds_for(
+        self,
+        job: ConfigJob,
+        policy: DevicePolicy,
+        lookups: _RunLookups,
+        checked: dict[int, bool] | None = None,
+    ) -> bool:
+        """The build would give the same outcome now: every input equal and every host lookup
+        it made answered the same way in this call (the build is a pure function of these).
+
+        The job given back by :meth:`BuildMemo.job` is recognized by identity. ``checked``:
+        per ``id`` of an ``asked`` tuple, whether its answers hold in this call, so that builds
+        sharing one tuple (:class:`BuildMemo` interns them) are checked once per call; the
+        caller keeps every tuple it holds ids of alive for as long as ``checked``."""
+        old = self.job
+        if old is not job and not (
+            same_placement_inputs(old.placement, job.placement)
+            and old.rootfs == job.rootfs
+            and old.uid == job.uid
+            and old.gid == job.gid
+            and old.hosts_path == job.hosts_path
+            and _same(old.service, job.service)
+            and _same(old.node, job.node)
+        ):
+            return False
+        if not _same(self.policy, policy):
+            return False
+        asked = self.asked
+        if not asked:
+            return True
+        if checked is None:
+            return all(lookups.answer(a) == a[2] for a in asked)
+        holds = checked.get(id(asked))
+        if holds is None:
+            holds = checked[id(asked)] = all(lookups.answer(a) == a[2] for a in asked)
+        return holds
+
+
+class BuildMemo:
+    """What the last :func:`build_all` call given this memo built, per instance id, with the
+    exact inputs and host answers each build used. The next call reuses a build only when its
+    job (service, placement (the fields the build reads: :func:`same_placement_inputs`), node,
+    rootfs, uid, gid, hosts path) and policy are equal and every
+    group and device lookup it made gives the same answer in that call; anything else is built
+    again. A memo is tied to one pair of lookups (given other lookups, it starts empty).
+
+    Cost of a reused build: a caller that passes back the job :meth:`job` returns (when its
+    inputs are the same objects) costs an identity check, and the host answers a build used
+    are checked once per call for all the builds that asked the same questions (equal ``asked``
+    tuples are interned: one object per distinct sequence of questions and answers)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, _Memoized] = {}
+        self._lookups: tuple[GroupLookup, DeviceLookup] | None = None
+        self._interned: dict[tuple[_Asked, ...], tuple[_Asked, ...]] = {}
+        self._asking: set[str] = set()  # the entries whose build asked the host something
+        self.reused = 0  # in the last call: builds taken from the memo
+        self.built = 0  # in the last call: builds run
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def jobs(self, instance_ids: list[str]) -> list[ConfigJob | None]:
+        """:meth:`job` of each id (one C-level pass)."""
+        return list(map(_JOB, map(self._entries.get, instance_ids, repeat(_ABSENT))))
+
+    def asking(self) -> set[str]:
+        """The ids whose last build asked the host something (a group, a device): a caller
+        that passes back only some jobs (``build_all(..., removed=...)``) must pass these,
+        whose answers are checked again on each call."""
+        return set(self._asking)
+
+    def job(self, instance_id: str) -> ConfigJob | None:
+        """The job this instance's config was built from in the last call, if any. A caller
+        whose inputs for the instance are the very objects (and values) of that job can pass
+        it back instead of a new, equal job: :func:`build_all` recognizes it by identity."""
+        entry = self._entries.get(instance_id)
+        return None if entry is None else entry.job
+
+
+_instance_id_of = attrgetter("placement.instance_id")
+_JOB = attrgetter("job")
+_POLICY = attrgetter("policy")
+_ASKED = attrgetter("asked")
+_OUTCOME = attrgetter("outcome")
+
+
+class _Absent:
+    """Stands for "no build last call" in :func:`build_all`'s C-level passes."""
+
+    job = None
+    policy = None
+    asked = (None,)  # not empty: never taken as is
+
+
+_ABSENT = _Absent()
+
+
+def build_all(
+    jobs: Iterable[ConfigJob],
+    *,
+    groups: GroupLookup,
+    devices: DeviceLookup,
+    policy: DevicePolicy = _DEFAULT_POLICY,
+    memo: BuildMemo | None = None,
+    removed: Iterable[str] | None = None,
+) -> BuildResult:
+    """Build every job; one instance's failure never stops the others (SPEC §11).
+
+    Each distinct group name and host device path is looked up once per call (all instances
+    see the same answers). With ``memo``, builds of the previous call whose inputs and host
+    answers are unchanged are reused (see :class:`BuildMemo`).
+
+    ``removed`` (with ``memo``): the jobs are only some of the caller's, and these ids are no
+    longer built; the memo's entries of the other ids stay as they are (the caller knows each
+    one's job is the very one of its entry, and that it asked the host nothing: see
+    :meth:`BuildMemo.asking`). The result holds the given jobs only."""
+    lookups = _RunLookups(groups, devices)
+    previous: dict[str, _Memoized] = {}
+    interned: dict[tuple[_Asked, ...], tuple[_Asked, ...]] = {}
+    same_lookups = False
+    if memo is not None:
+        same_lookups = memo._lookups is not None and (
+            memo._lookups[0] is groups and memo._lookups[1] is devices
+        )
+        if same_lookups:
+            previous, interned = memo._entries, memo._interned
+    if removed is not None and not same_lookups:
+        raise ValueError("a call with some jobs only needs the memo of the same lookups")
+    # per id() of an asked tuple of `previous` (alive until the end of the call): it holds now
+    checked: dict[int, bool] = {}
+    todo = list(jobs)
+    iids = list(map(_instance_id_of, todo))
+    olds: list[Any] = list(map(previous.get, iids, repeat(_ABSENT)))
+    # a build whose job is the very object of the last call's, under the same policy, that
+    # asked the host nothing, is taken as is: found by C-level passes, not a loop body each
+    same = list(
+        map(
+            all,
+            zip(
+                map(is_, map(_JOB, olds), todo),
+                map(is_, map(_POLICY, olds), repeat(policy)),
+                map(not_, map(_ASKED, olds)),
+                strict=True,
+            ),
+        )
+    )
+    entries: dict[str, _Memoized] = dict(zip(iids, olds, strict=True))
+    reused = same.count(True)
+    for k in compress(range(len(todo)), map(not_, same)):
+        job, iid, entry = todo[k], iids[k], olds[k]
+        if entry is not _ABSENT and entry.holds_for(job, policy, lookups, checked):
+            reused += 1
+        else:
+            lookups.asked = []
+            outcome: BuiltConfig | str
+            try:
+                outcome = build_config(
+                    job.service,
+                    job.placement,
+                    job.node,
+                    rootfs=job.rootfs,
+                    uid=job.uid,
+                    gid=job.gid,
+                    hosts_path=job.hosts_path,
+                    groups=lookups.group,
+                    devices=lookups,
+                    policy=policy,
+                )
+            except OciError as e:
+                outcome = str(e)
+            asked = tuple(lookups.asked)
+            if asked:
+                asked = interned.setdefault(asked, asked)
+            entry = _Memoized(job, policy, asked, outcome)
+        entries[iid] = entry
+    outcomes = list(map(_OUTCOME, entries.values()))
+    built: dict[str, BuiltConfig] = dict(zip(entries, outcomes, strict=True))
+    errors: dict[str, str] = {}
+    if any(map(isinstance, outcomes, repeat(str))):
+        errors = {iid: out for iid, out in built.items() if isinstance(out, str)}
+        built = {iid: out for iid, out in built.items() if not isinstance(out, str)}
+    if memo is not None:
+        asking = set(compress(entries, map(_ASKED, entries.values())))
+        if removed is not None:  # the other ids' entries, as they were (same lookups: above)
+            kept = dict(previous)
+            gone = set(removed)
+            for iid in gone:
+                kept.pop(iid, None)
+            asking |= memo._asking - gone - entries.keys()
+            kept.update(entries)
+            entries = kept
+        if len(interned) > 2 * len(entries) + 64:  # drop the tuples no build uses any more
+            interned = {e.asked: e.asked for e in entries.values() if e.asked}
+        memo._entries = entries
+        memo._asking = asking
+        memo._lookups = (groups, devices)
+        memo._interned = interned
+        memo.reused = reused
+        memo.built = len(entries) - reused
+    return BuildResult(built, errors)

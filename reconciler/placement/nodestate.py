@@ -1,0 +1,680 @@
+r"""Node states during a balance call (SPEC §6, §7.3) and the integer core of reservations.
+
+A :class:`NodeSlot` is one node's working state: its CPU, RAM, partition and runtime pools are
+mutable integer :class:`Pool`\ s changed in place (no object per reservation); the filters,
+``explain`` and status read them as immutable :class:`~reconciler.model.inventory.Inventory` values
+(SPEC §6.1). Named host resources (SPEC §6.2, the shared-count policy: one slot per user)
+are integer pools too, read as the policy's pool states; device pools are the sharing
+policies' immutable pool states (SPEC §6.3), allocated through the policies. Both are built on
+first use, from empty states shared by the nodes of the call.
+
+:func:`claim` is the hot path of the balancer: the dynamic filters of SPEC §7.4 on integers and
+the reservation at once. :func:`take` reserves on a given runtime (or raises, changing nothing),
+:func:`release_reservation` gives a reservation back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from reconciler.model.documents import Node, NodeConfig, ResourceRatios, Runtime, UnitConfig
+from reconciler.model.inventory import (
+    OVER_CAPACITY,
+    RELEASE_BELOW_ZERO,
+    CapacityError,
+    Inventory,
+    ReleaseError,
+)
+from reconciler.placement.instances import Cause, DeviceIds, Instance, Requested
+from reconciler.placement.sharing import REGISTRY, ShareRequest
+from reconciler.placement.sharing.base import Item, PoolState
+
+__all__ = [
+    "NO_KEEP",
+    "Basics",
+    "NodeConfigs",
+    "NodeSlot",
+    "Pool",
+    "RequestKey",
+    "Reservation",
+    "RuntimeSlot",
+    "Settings",
+    "StateCache",
+    "claim",
+    "make_slot",
+    "node_basics",
+    "release_reservation",
+    "take",
+]
+
+_DEFAULT_RATIOS = ResourceRatios()
+_DEFAULT_CONFIG_PRIORITY = 0
+
+_SHARED = REGISTRY["shared-count"]
+
+RequestKey = tuple[int, int, int, int, bool]
+"""What requested amounts depend on besides the service: a node's ratios, and whether it is
+overloaded (SPEC §7.2)."""
+
+
+class Pool:
+    """The mutable integer state behind one inventory (SPEC §6.1) during a balance call.
+
+    Every inventory the balancer works with is ``Inventory.simple(name, capacity)``: no
+    reserved part, allocation ratio 1, unit and step 1. For those, ``can_provide(amount)`` is
+    ``amount == 0 or 0 < amount <= free``; requested amounts are never negative and ``free``
+    never is either (nothing is taken beyond it), so that is ``amount <= free`` here.
+    Reservations change ``free`` in place (no object per reservation); :attr:`inventory` is
+    the immutable Inventory the filters, ``explain`` and status read.
+    """
+
+    __slots__ = ("capacity", "free", "name")
+
+    def __init__(self, name: str, capacity: int) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.free = capacity
+
+    def copy(self) -> Pool:
+        new = Pool.__new__(Pool)
+        new.name, new.capacity, new.free = self.name, self.capacity, self.free
+        return new
+
+    @property
+    def inventory(self) -> Inventory:
+        inv = Inventory.simple(self.name, self.capacity)
+        used = self.capacity - self.free
+        return inv.consume(used) if used else inv
+
+
+class SharedPool(Pool):
+    """The slots of one named host resource (SPEC §6.2) during a balance call: the
+    shared-count policy's pool state, whose only changing part is its slots inventory (each
+    user takes one slot: ``allocate`` consumes 1, ``release`` gives 1 back, and ``filter``
+    asks ``can_provide(1)``), kept as an integer pool like CPU and RAM. A reservation changes
+    ``free`` instead of making two immutable objects (a state and its inventory) through the
+    policy; :attr:`state` is the policy's state with the slots taken, equal to the one its
+    ``allocate`` calls would have made (the tests compare)."""
+
+    __slots__ = ("empty",)
+
+    def __init__(self, empty: PoolState) -> None:
+        super().__init__(empty.resource, empty.slots.capacity)
+        self.empty = empty  # the policy's state with no slot taken (shared across nodes)
+
+    def copy(self) -> SharedPool:
+        new = SharedPool.__new__(SharedPool)
+        new.name, new.capacity, new.free = self.name, self.capacity, self.free
+        new.empty = self.empty
+        return new
+
+    @property
+    def state(self) -> PoolState:
+        used = self.capacity - self.free
+        empty = self.empty
+        return empty.evolve(empty.slots.consume(used)) if used else empty
+
+
+def _over(pool: Pool, amount: int) -> CapacityError:
+    return CapacityError(
+        f"{pool.name}: cannot consume {amount} (free {pool.free} of capacity {pool.capacity})",
+        OVER_CAPACITY,
+    )
+
+
+class RuntimeSlot:
+    """One runtime of a node: its instance slots (None: unlimited) and its own CPU and RAM
+    pools (``allowedDMIPS``/``allowedRAM``; None: the node's pools)."""
+
+    __slots__ = ("cpu_pool", "id", "ram_pool", "runtime", "slot_pool")
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        slot_pool: Pool | None,
+        cpu_pool: Pool | None,
+        ram_pool: Pool | None,
+    ) -> None:
+        self.runtime = runtime
+        self.id = runtime.id
+        self.slot_pool = slot_pool
+        self.cpu_pool = cpu_pool
+        self.ram_pool = ram_pool
+
+    @property
+    def slots(self) -> Inventory | None:
+        return self.slot_pool.inventory if self.slot_pool is not None else None
+
+    @property
+    def cpu(self) -> Inventory | None:
+        return self.cpu_pool.inventory if self.cpu_pool is not None else None
+
+    @property
+    def ram(self) -> Inventory | None:
+        return self.ram_pool.inventory if self.ram_pool is not None else None
+
+    def copy(self) -> RuntimeSlot:
+        return RuntimeSlot(
+            self.runtime,
+            self.slot_pool.copy() if self.slot_pool is not None else None,
+            self.cpu_pool.copy() if self.cpu_pool is not None else None,
+            self.ram_pool.copy() if self.ram_pool is not None else None,
+        )
+
+
+@dataclass(slots=True)
+class Reservation:
+    """What one instance holds on a node: the runtime (index in ``NodeSlot.runtimes``), the
+    requested amounts, named resources, device ids with the requests that got them, and why
+    it was last moved there (``cause``)."""
+
+    instance: Instance
+    runtime_index: int
+    requested: Requested
+    resources: tuple[str, ...]
+    devices: DeviceIds
+    device_requests: tuple[ShareRequest, ...]
+    cause: Cause | None = None
+
+
+StateCache = dict[tuple[object, ...], PoolState]
+"""Empty pool states by what they are built from, shared by the nodes of one balance call:
+they are immutable, and the nodes of a unit mostly declare the same named resources and
+device pools, so each is built once rather than once per node."""
+
+
+class NodeSlot:
+    """One node's working state during a balance call.
+
+    Amounts are integer pools changed in place; ``cpu``, ``ram``, ``partition(kind)`` and each
+    runtime's ``slots``/``cpu``/``ram`` give them as immutable Inventories. Named resources
+    are integer pools too (:class:`SharedPool`), read as the shared-count policy's states
+    through ``resources``; device pools are the sharing policies' immutable pool states. Both
+    are built on first use.
+    """
+
+    __slots__ = (
+        "_empty",
+        "_pools",
+        "_resource_pools",
+        "_resources",
+        "cpu_pool",
+        "id",
+        "labels",
+        "node",
+        "order_base",
+        "overloaded",
+        "partition_of",
+        "partition_pools",
+        "placed",
+        "priority",
+        "ram_pool",
+        "ratios",
+        "request_key",
+        "runtimes",
+        "shared_partition",
+        "state_pool",
+        "storage_pool",
+    )
+
+    def __init__(
+        self,
+        node: Node,
+        settings: Settings,
+        cpu_pool: Pool,
+        ram_pool: Pool,
+        runtimes: list[RuntimeSlot],  # sorted by (type, id)
+        partition_pools: dict[str, Pool],
+        partition_of: dict[str, str],  # "storages"/"states" -> partition name
+        overloaded: frozenset[str] = frozenset(),
+        empty_states: StateCache | None = None,  # shared with the call's other nodes
+    ) -> None:
+        self.node = node
+        self.id = node.id
+        self.priority, self.labels, self.ratios, ratios = settings
+        self.cpu_pool = cpu_pool
+        self.ram_pool = ram_pool
+        self.runtimes = runtimes
+        self.partition_pools = partition_pools
+        self.partition_of = partition_of
+        storages, states = partition_of.get("storages"), partition_of.get("states")
+        self.storage_pool = partition_pools[storages] if storages is not None else None
+        self.state_pool = partition_pools[states] if states is not None else None
+        self.shared_partition = storages == states
+        self._resource_pools: dict[str, SharedPool] | None = None
+        self._resources: dict[str, PoolState] | None = None  # their states, until one changes
+        self._pools: dict[str, PoolState] | None = None
+        self._empty: StateCache = {} if empty_states is None else empty_states
+        self.placed: dict[str, Reservation] = {}
+        self.overloaded = overloaded
+        self.request_key: RequestKey = (*ratios, bool(overloaded))
+        self.order_base = 0  # set by the balancer's run: its place in the choice order
+
+    @property
+    def cpu(self) -> Inventory:
+        return self.cpu_pool.inventory
+
+    @property
+    def ram(self) -> Inventory:
+        return self.ram_pool.inventory
+
+    @property
+    def partitions(self) -> dict[str, Inventory]:
+        return {name: pool.inventory for name, pool in self.partition_pools.items()}
+
+    def partition_key(self, kind: str) -> str | None:
+        return self.partition_of.get(kind)
+
+    def partition(self, kind: str) -> Inventory | None:
+        key = self.partition_of.get(kind)
+        return self.partition_pools[key].inventory if key is not None else None
+
+    @property
+    def resource_pools(self) -> dict[str, SharedPool]:
+        """Named host resources, by name, as integer pools (change them with
+        :meth:`take_slots` and :meth:`give_resources`)."""
+        if self._resource_pools is None:
+            empty = self._empty
+            pools = {}
+            for r in self.node.host_resources:
+                key = (_SHARED.name, r.name, r.sharedCount)
+                state = empty.get(key)
+                if state is None:
+                    state = empty[key] = _SHARED.new_state(r.name, (Item(r.name),), r.sharedCount)
+                pools[r.name] = SharedPool(state)
+            self._resource_pools = pools
+        return self._resource_pools
+
+    @property
+    def resources(self) -> dict[str, PoolState]:
+        """Named host resources (the shared-count policy's states), by name."""
+        if self._resources is None:
+            self._resources = {name: p.state for name, p in self.resource_pools.items()}
+        return self._resources
+
+    def free_slots(self, requests: Iterable[ShareRequest]) -> list[SharedPool] | None:
+        """The pools of the named resources asked, when each has a free slot (the shared-count
+        policy's ``filter``), else None (also for a resource the node lacks)."""
+        pools = self._resource_pools
+        if pools is None:
+            pools = self.resource_pools
+        held = []
+        for r in requests:
+            pool = pools.get(r.resource)
+            if pool is None or pool.free < 1:
+                return None
+            held.append(pool)
+        return held
+
+    def take_slots(self, pools: Iterable[SharedPool]) -> None:
+        """Take a slot of each of ``pools`` (:meth:`free_slots`' answer)."""
+        for pool in pools:
+            pool.free -= 1
+        self._resources = None
+
+    def give_resources(self, names: Iterable[str]) -> None:
+        """Give back a slot of each named resource (raises ReleaseError if none is taken)."""
+        pools = self.resource_pools
+        for name in names:
+            _give(pools[name], 1)
+        self._resources = None
+
+    @property
+    def pools(self) -> dict[str, PoolState]:
+        """Device pools, by resource."""
+        if self._pools is None:
+            empty = self._empty
+            pools = {}
+            for p in self.node.devicePools:
+                devices = tuple([(d.id, d.healthy, d.memory) for d in p.devices])
+                key = (p.policy, p.resource, devices)
+                state = empty.get(key)
+                if state is None:
+                    items = tuple([Item(*device) for device in devices])
+                    state = empty[key] = REGISTRY[p.policy].new_state(p.resource, items)
+                pools[p.resource] = state
+            self._pools = pools
+        return self._pools
+
+    def clone(self) -> NodeSlot:
+        new = NodeSlot.__new__(NodeSlot)
+        copies = {name: pool.copy() for name, pool in self.partition_pools.items()}
+        new.node, new.id, new.priority = self.node, self.id, self.priority
+        new.labels, new.ratios = self.labels, self.ratios
+        new.cpu_pool, new.ram_pool = self.cpu_pool.copy(), self.ram_pool.copy()
+        new.runtimes = [rt.copy() for rt in self.runtimes]
+        new.partition_pools, new.partition_of = copies, self.partition_of
+        storages, states = self.partition_of.get("storages"), self.partition_of.get("states")
+        new.storage_pool = copies[storages] if storages is not None else None
+        new.state_pool = copies[states] if states is not None else None
+        new.shared_partition = self.shared_partition
+        pools = self._resource_pools
+        new._resource_pools = (
+            {name: pool.copy() for name, pool in pools.items()} if pools is not None else None
+        )
+        new._resources = self._resources  # never changed in place: replaced on a change
+        new._pools = dict(self._pools) if self._pools is not None else None
+        new._empty = self._empty
+        new.placed = dict(self.placed)
+        new.overloaded, new.request_key = self.overloaded, self.request_key
+        new.order_base = self.order_base
+        return new
+
+
+def _node_config(unit: UnitConfig | None, node: Node) -> NodeConfig | None:
+    return unit.config_for(node.id, node.type) if unit is not None else None
+
+
+def _runtime_order(rt: Runtime) -> tuple[str, str]:
+    return (rt.type, rt.id)
+
+
+Settings = tuple[int, frozenset[str], ResourceRatios, tuple[int, int, int, int]]
+"""What a node takes from its unit.yaml entry: priority, labels, ratios (and as a tuple)."""
+
+_DEFAULT_SETTINGS: Settings = (
+    _DEFAULT_CONFIG_PRIORITY,
+    frozenset(),
+    _DEFAULT_RATIOS,
+    (_DEFAULT_RATIOS.cpu, _DEFAULT_RATIOS.ram, _DEFAULT_RATIOS.storage, _DEFAULT_RATIOS.state),
+)
+
+
+def _settings(cfg: NodeConfig | None) -> Settings:
+    if cfg is None:
+        return _DEFAULT_SETTINGS
+    r = cfg.resourceRatios
+    return (cfg.priority, frozenset(cfg.labels), r, (r.cpu, r.ram, r.storage, r.state))
+
+
+class NodeConfigs:
+    """The unit.yaml entry of each node of one balance call (``UnitConfig.config_for``) and its
+    settings. An entry naming a node id serves that node only, so every other node's entry
+    depends on its type alone: it is looked up once per type, not once per node."""
+
+    __slots__ = ("_by_type", "_named", "_settings", "unit")
+
+    def __init__(self, unit: UnitConfig | None) -> None:
+        self.unit = unit
+        named = [e.nodeId for e in unit.nodes if e.nodeId is not None] if unit is not None else []
+        self._named = frozenset(named)
+        self._by_type: dict[str, NodeConfig | None] = {}
+        self._settings: dict[int, Settings] = {}  # by the entry's identity
+
+    def entry(self, node: Node) -> tuple[NodeConfig | None, Settings]:
+        unit = self.unit
+        if unit is None:
+            return None, _DEFAULT_SETTINGS
+        by_type = self._by_type
+        if node.id in self._named:
+            cfg = unit.config_for(node.id, node.type)
+        elif node.type in by_type:
+            cfg = by_type[node.type]
+        else:
+            cfg = by_type[node.type] = unit.config_for(node.id, node.type)
+        settings = self._settings.get(id(cfg))
+        if settings is None:
+            settings = self._settings[id(cfg)] = _settings(cfg)
+        return cfg, settings
+
+
+Basics = tuple[Settings, int, int]
+"""What the choice order and the node classes need of a node: its settings and the capacity
+of its CPU and RAM pools (SPEC §7.3)."""
+
+
+def node_basics(
+    unit: UnitConfig | None,
+    node: Node,
+    overload: frozenset[str],
+    configs: NodeConfigs | None = None,
+) -> Basics:
+    """``configs``: the call's lookup of unit.yaml entries (``unit``'s), shared across nodes."""
+    if configs is None:
+        cfg = _node_config(unit, node)
+        settings = _settings(cfg)
+    else:
+        cfg, settings = configs.entry(node)
+    usage = node.usage
+    sys_cpu = sys_ram = 0
+    if usage is not None:
+        own_cpu = own_ram = 0
+        for u in usage.instances.values():
+            own_cpu += u.cpu
+            own_ram += u.ram
+        sys_cpu = max(0, usage.cpu - own_cpu)
+        sys_ram = max(0, usage.ram - own_ram)
+    cpu_base, ram_base = node.maxDMIPS, node.totalRAM
+    if overload and cfg is not None and cfg.alertRules is not None:
+        rules = cfg.alertRules
+        if "cpu" in overload and rules.cpu is not None:
+            cpu_base = node.maxDMIPS * rules.cpu.minThreshold // 100
+        if "ram" in overload and rules.ram is not None:
+            ram_base = node.totalRAM * rules.ram.minThreshold // 100
+    return (settings, max(0, cpu_base - sys_cpu), max(0, ram_base - sys_ram))
+
+
+def make_slot(
+    unit: UnitConfig | None,
+    node: Node,
+    overload: frozenset[str],
+    basics: Basics | None = None,
+    empty_states: StateCache | None = None,
+) -> NodeSlot:
+    settings, cpu, ram = basics if basics is not None else node_basics(unit, node, overload)
+    listed = node.runtimes
+    runtimes = []
+    for rt in sorted(listed, key=_runtime_order) if len(listed) > 1 else listed:
+        most, own_cpu, own_ram = rt.maxInstances, rt.allowedDMIPS, rt.allowedRAM
+        runtimes.append(
+            RuntimeSlot(
+                rt,
+                Pool(f"{rt.id}/instances", most) if most else None,
+                Pool(f"{rt.id}/cpu", own_cpu) if own_cpu is not None else None,
+                Pool(f"{rt.id}/ram", own_ram) if own_ram is not None else None,
+            )
+        )
+    partitions: dict[str, Pool] = {}
+    partition_of: dict[str, str] = {}
+    for part in node.partitions:
+        for kind in ("storages", "states"):
+            if kind in part.types and kind not in partition_of:
+                partition_of[kind] = part.name
+                partitions[part.name] = Pool(part.name, part.totalSize)
+    return NodeSlot(
+        node,
+        settings,
+        Pool("cpu", cpu),
+        Pool("ram", ram),
+        runtimes,
+        partitions,
+        partition_of,
+        overload,
+        empty_states,
+    )
+
+
+NO_KEEP: Mapping[str, tuple[str, ...]] = MappingProxyType({})
+
+
+_NOTHING: tuple[int, DeviceIds] = (-1, ())
+
+
+def claim(
+    slot: NodeSlot,
+    req: Requested,
+    runtimes: tuple[int, ...],
+    resources: tuple[ShareRequest, ...],
+    devices: tuple[ShareRequest, ...],
+    keep: Mapping[str, tuple[str, ...]],
+) -> tuple[int, DeviceIds]:
+    """The dynamic filters of SPEC §7.4 (``Resources``, ``Devices``, ``Cpu``, ``Ram``,
+    ``Storage``, ``State``, ``MaxInstances``) on integers and, where they pass, the
+    reservation: the smallest of ``runtimes`` (indexes that passed the static filters,
+    ascending) on which everything fits is taken at once, and returned with the device ids
+    given; ``(-1, ())`` and nothing changed when nothing fits.
+
+    The same answers as the filter units of :mod:`reconciler.placement.filters`, which stay the
+    definition (``evaluate``, ``explain``, failure summaries and ``exhaustive=True`` use them;
+    the property tests compare). Amounts are never negative, nor is what a pool has free, so
+    ``Inventory.can_provide(need)`` is ``need <= free`` here, and a named resource asks for
+    one free slot (:class:`SharedPool`). A device request is served by its policy's
+    ``allocate``, which refuses (ValueError) exactly when its ``filter`` does.
+    """
+    held = None
+    if resources:
+        held = slot.free_slots(resources)
+        if held is None:
+            return _NOTHING
+    given: list[tuple[str, PoolState, tuple[str, ...]]] | None = None
+    if devices:
+        given = []
+        pools = slot.pools
+        for d in devices:
+            pool = pools.get(d.resource)
+            if pool is None:
+                return _NOTHING
+            try:
+                new, got = REGISTRY[pool.policy].allocate(pool, d, keep.get(d.resource, ()))
+            except ValueError:
+                return _NOTHING
+            given.append((d.resource, new, tuple(sorted(got))))
+    storage, state = req.storage, req.state
+    storage_pool, state_pool = slot.storage_pool, slot.state_pool
+    if storage and (storage_pool is None or storage > storage_pool.free):
+        return _NOTHING
+    if state:
+        if state_pool is None:
+            return _NOTHING
+        if (state + storage if slot.shared_partition else state) > state_pool.free:
+            return _NOTHING
+    cpu, ram = req.cpu, req.ram
+    node_cpu, node_ram = slot.cpu_pool, slot.ram_pool
+    all_runtimes = slot.runtimes
+    for i in runtimes:
+        rt = all_runtimes[i]
+        cpu_pool = rt.cpu_pool or node_cpu
+        if cpu > cpu_pool.free:
+            continue
+        ram_pool = rt.ram_pool or node_ram
+        if ram > ram_pool.free:
+            continue
+        instances = rt.slot_pool
+        if instances is not None:
+            if instances.free < 1:
+                continue
+            instances.free -= 1
+        # everything fits here: take it
+        cpu_pool.free -= cpu
+        ram_pool.free -= ram
+        if storage_pool is not None:
+            storage_pool.free -= storage
+        if state_pool is not None:
+            state_pool.free -= state
+        if held:
+            slot.take_slots(held)
+        if given:
+            for resource, new, _ in given:
+                pools[resource] = new
+            return i, tuple([(resource, ids) for resource, _, ids in given])
+        return i, ()
+    return _NOTHING
+
+
+def take(
+    slot: NodeSlot,
+    runtime_index: int,
+    req: Requested,
+    resources: tuple[ShareRequest, ...],
+    devices: tuple[ShareRequest, ...],
+    keep: Mapping[str, tuple[str, ...]],
+) -> DeviceIds:
+    """Take everything the instance needs on ``slot`` at once, or raise and change nothing;
+    returns the device ids given, per resource. (Amounts are never negative, so a pool can
+    provide ``amount`` exactly when ``amount <= free``.)"""
+    rt = slot.runtimes[runtime_index]
+    cpu = rt.cpu_pool if rt.cpu_pool is not None else slot.cpu_pool
+    ram = rt.ram_pool if rt.ram_pool is not None else slot.ram_pool
+    instances = rt.slot_pool
+    storage, state = req.storage, req.state
+    if req.cpu > cpu.free:
+        raise _over(cpu, req.cpu)
+    if req.ram > ram.free:
+        raise _over(ram, req.ram)
+    if instances is not None and instances.free < 1:
+        raise _over(instances, 1)
+    storage_pool = slot.storage_pool
+    if storage:
+        if storage_pool is None:
+            raise ValueError("no partition typed storages")
+        if storage > storage_pool.free:
+            raise _over(storage_pool, storage)
+    state_pool = slot.state_pool
+    if state:
+        if state_pool is None:
+            raise ValueError("no partition typed states")
+        need = state + storage if slot.shared_partition else state
+        if need > state_pool.free:
+            raise _over(state_pool, need)
+    held = slot.free_slots(resources) if resources else None
+    if held is None and resources:
+        for r in resources:
+            short = slot.resource_pools[r.resource]  # (KeyError for a resource the node lacks)
+            if short.free < 1:
+                raise _over(short, 1)
+    given: list[tuple[str, PoolState]] = []
+    ids: list[tuple[str, tuple[str, ...]]] = []
+    if devices:
+        pools = slot.pools
+        for d in devices:
+            pool = pools[d.resource]
+            new, got = REGISTRY[pool.policy].allocate(pool, d, keep.get(d.resource, ()))
+            given.append((d.resource, new))
+            ids.append((d.resource, tuple(sorted(got))))
+    # everything succeeded: commit
+    cpu.free -= req.cpu
+    ram.free -= req.ram
+    if instances is not None:
+        instances.free -= 1
+    if storage_pool is not None:
+        storage_pool.free -= storage
+    if state_pool is not None:
+        state_pool.free -= state
+    if held:
+        slot.take_slots(held)
+    for resource, after in given:
+        slot.pools[resource] = after
+    return tuple(ids)
+
+
+def _give(pool: Pool, amount: int) -> None:
+    if amount < 0 or amount > pool.capacity - pool.free:
+        raise ReleaseError(
+            f"{pool.name}: cannot release {amount} ({pool.capacity - pool.free} used)",
+            RELEASE_BELOW_ZERO,
+        )
+    pool.free += amount
+
+
+def release_reservation(slot: NodeSlot, iid: str) -> Reservation:
+    res = slot.placed.pop(iid)
+    req = res.requested
+    rt = slot.runtimes[res.runtime_index]
+    _give(rt.cpu_pool if rt.cpu_pool is not None else slot.cpu_pool, req.cpu)
+    _give(rt.ram_pool if rt.ram_pool is not None else slot.ram_pool, req.ram)
+    if rt.slot_pool is not None:
+        _give(rt.slot_pool, 1)
+    if slot.storage_pool is not None:
+        _give(slot.storage_pool, req.storage)
+    if slot.state_pool is not None:
+        _give(slot.state_pool, req.state)
+    if res.resources:
+        slot.give_resources(res.resources)
+    if res.device_requests:
+        pools = slot.pools
+        for d, (_, ids) in zip(res.device_requests, res.devices, strict=True):
+            state = pools[d.resource]
+            pools[d.resource] = REGISTRY[state.policy].release(state, d, ids)
+    return res

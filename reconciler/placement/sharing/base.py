@@ -1,0 +1,151 @@
+"""The sharing-policy interface and its value types."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from reconciler.model.inventory import Inventory
+
+__all__ = ["PoolState", "PoolStatus", "ShareRequest", "SharingPolicy", "Status", "StatusCode"]
+
+
+class StatusCode(StrEnum):
+    """The closed set of outcomes of :meth:`SharingPolicy.filter` (as in Volcano/Kubernetes)."""
+
+    SUCCESS = "Success"
+    ERROR = "Error"  # the request itself is wrong for this pool (e.g. memory on an exclusive pool)
+    UNSCHEDULABLE = "Unschedulable"  # not now: the pool is (partly) taken
+    UNRESOLVABLE = "UnschedulableAndUnresolvable"  # never on this node, whatever is released
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    code: StatusCode
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.code is StatusCode.SUCCESS
+
+
+SUCCESS = Status(StatusCode.SUCCESS)
+
+
+@dataclass(frozen=True, slots=True)
+class ShareRequest:
+    """What one instance asks of one pool: ``count`` items, or one item with ``memory``."""
+
+    resource: str
+    count: int = 1
+    memory: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One shareable thing of a pool (a device; for shared-count, the resource itself)."""
+
+    id: str
+    healthy: bool = True
+    memory: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolState:
+    """The immutable state of one pool on one node.
+
+    ``slots`` counts whole items in use (an Inventory, SPEC §6.1); ``memory_used`` is per item
+    for memory-sharing policies; ``holders`` counts users per item.
+    """
+
+    resource: str
+    policy: str
+    items: tuple[Item, ...]
+    slots: Inventory
+    holders: tuple[tuple[str, int], ...] = ()
+    memory_used: tuple[tuple[str, int], ...] = ()
+    by_id: dict[str, Item] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.by_id:
+            object.__setattr__(self, "by_id", {i.id: i for i in self.items})
+
+    def holders_of(self, item_id: str) -> int:
+        for key, n in self.holders:
+            if key == item_id:
+                return n
+        return 0
+
+    def evolve(
+        self,
+        slots: Inventory,
+        holders: tuple[tuple[str, int], ...] | None = None,
+        memory_used: tuple[tuple[str, int], ...] | None = None,
+    ) -> PoolState:
+        """The next state of the same pool (same items, so the id index is shared)."""
+        new = object.__new__(PoolState)
+        _set = object.__setattr__
+        _set(new, "resource", self.resource)
+        _set(new, "policy", self.policy)
+        _set(new, "items", self.items)
+        _set(new, "slots", slots)
+        _set(new, "holders", self.holders if holders is None else holders)
+        _set(new, "memory_used", self.memory_used if memory_used is None else memory_used)
+        _set(new, "by_id", self.by_id)
+        return new
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStatus:
+    resource: str
+    policy: str
+    total: int
+    healthy: int
+    allocated: int
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class SharingPolicy(ABC):
+    """One way of sharing a pool; stateless, all state lives in :class:`PoolState`."""
+
+    name: ClassVar[str]
+
+    def new_state(self, resource: str, items: tuple[Item, ...], limit: int = 0) -> PoolState:
+        """The empty pool, items sorted by id; ``limit`` is the shared count where the policy
+        has one (device pools have none: their slots are their items)."""
+        ordered = tuple(sorted(items, key=lambda i: i.id))
+        return PoolState(resource, self.name, ordered, Inventory.simple(resource, len(ordered)))
+
+    @abstractmethod
+    def filter(self, state: PoolState, request: ShareRequest, keep: tuple[str, ...] = ()) -> Status:
+        """Whether ``allocate`` would succeed; ``keep`` asks for exactly these ids again."""
+
+    @abstractmethod
+    def allocate(
+        self, state: PoolState, request: ShareRequest, keep: tuple[str, ...] = ()
+    ) -> tuple[PoolState, tuple[str, ...]]:
+        """Take what ``request`` asks; raises ValueError when ``filter`` would fail."""
+
+    @abstractmethod
+    def release(self, state: PoolState, request: ShareRequest, ids: tuple[str, ...]) -> PoolState:
+        """Give back what an earlier ``allocate`` returned."""
+
+    def status(self, state: PoolState) -> PoolStatus:
+        return PoolStatus(
+            state.resource,
+            state.policy,
+            total=len(state.items),
+            healthy=sum(1 for i in state.items if i.healthy),
+            allocated=sum(1 for _, n in state.holders if n > 0),
+        )
+
+
+def bump(pairs: tuple[tuple[str, int], ...], key: str, delta: int) -> tuple[tuple[str, int], ...]:
+    """Add ``delta`` to ``key`` in a sorted tuple of pairs; drops zero entries."""
+    d = dict(pairs)
+    d[key] = d.get(key, 0) + delta
+    if d[key] == 0:
+        del d[key]
+    return tuple(sorted(d.items()))

@@ -1,0 +1,1 @@
+"""Where a unit lives: the state directory and etcd, behind one interface."""
