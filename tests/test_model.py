@@ -666,7 +666,7 @@ class ControllerMachine(RuleBasedStateMachine):
                 "from freezegun import freeze_time\n"
                 "from reconciler.cli.commands import main\n"
                 "with freeze_time(datetime.fromtimestamp(float(sys.argv[2]), timezone.utc)):\n"
-                "    rc = main(['plan', '--json', '--state', sys.argv[1]])\n"
+                "    rc = main(['plan', '--json', '--allow-invalid', '--state', sys.argv[1]])\n"
                 "sys.exit(rc)\n"
             )
             proc = subprocess.run(
@@ -678,7 +678,15 @@ class ControllerMachine(RuleBasedStateMachine):
             )
             want_rc = 3 if c.plan.failures else 2 if c.plan.changes_present else 0
             assert proc.returncode == want_rc, proc.stderr.decode()
-            assert json.loads(proc.stdout) == doc
+            got = json.loads(proc.stdout)
+            # (past the gate: invalid files are listed and the plan is not complete)
+            invalid = got.pop("invalidFiles", [])
+            got.pop("invalidInputs", None)
+            assert invalid == sorted(str(self.state / rel) for rel in self.corrupt)
+            if invalid:
+                assert got["complete"] is False
+                got["complete"] = doc["complete"]
+            assert got == doc
             assert snapshot(self.state, with_mtime=True) == before
 
     @rule(nth=st.integers(1, 40))
