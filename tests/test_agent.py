@@ -285,6 +285,22 @@ def test_a_missing_actual_file_is_revision_zero(state: Path) -> None:
     assert read_actual(state).revision == 1
 
 
+def test_the_revision_wraps_to_one_after_the_largest_a_document_holds(state: Path) -> None:
+    """An actual document at revision 2^63-1 (the most the loader accepts): the agent's next
+    write is revision 1, which the controller's loader still reads, not 2^63 (refused, so the
+    node would keep its last good actual document forever)."""
+    top = 2**63 - 1
+    runc = FakeRunc()
+    write_actual(state, top, {})
+    write_patch(state, top, add={A0: RECORDS[A0]})
+    make_bundle(state, A0)
+    report = once(state, runc)
+    assert report.revision == 1 and report.started == (A0,)
+    view, diagnostics = load_state(state)
+    assert diagnostics == []
+    assert view.actual[NODE].revision == 1
+
+
 def test_a_version_bump_restarts_the_container(state: Path) -> None:
     runc = FakeRunc()
     runc.add(cid(A0))

@@ -65,7 +65,7 @@ from reconciler.io.signals import stop_on_signals
 from reconciler.io.yamlsafe import DEFAULT_MAX_BYTES, YamlRejected, parse_yaml
 from reconciler.model.documents import ActualInstance, ActualState, LastExit, RestartPolicy
 from reconciler.model.jsonbytes import pretty_json
-from reconciler.model.values import validate_id
+from reconciler.model.values import INT64_MAX, validate_id
 from reconciler.planning.plans import empty_actual_document, pointer
 
 __all__ = [
@@ -77,6 +77,7 @@ __all__ = [
     "container_id",
     "instances_added",
     "instances_listed",
+    "next_revision",
     "observed_state",
     "run_agent_logged",
     "run_agent_once",
@@ -545,6 +546,13 @@ def _observe(
     return _Seen(state, why or None, after, restarted=True)
 
 
+def next_revision(revision: int) -> int:
+    """The revision an agent writes after ``revision``: one more, and 1 after the largest a
+    document may hold (2^63-1), so the counter never leaves the range the loader accepts (a
+    plan tests for equality only, so wrapping is safe)."""
+    return revision + 1 if revision < INT64_MAX else 1
+
+
 # ---------------------------------------------------------------- one run
 
 
@@ -722,7 +730,8 @@ def _run_locked(
     changed = bool(removed or added) or records != old["instances"]
     written = False
     if changed:
-        new["revision"] = revision + 1
+        revision = next_revision(revision)
+        new["revision"] = revision
         doc = ActualState.model_validate(new)  # never write what the loader would refuse
         data = pretty_json(doc.model_dump(mode="json", exclude_none=True)).decode()
         try:
@@ -730,7 +739,6 @@ def _run_locked(
             atomic_write(actual_path, data.encode())
         except FileReadError as e:
             raise AgentError(str(e)) from None
-        revision += 1
         written = True
     report = AgentReport(
         node_id,
