@@ -74,7 +74,8 @@ from reconciler.placement.balancer import balance
 from reconciler.placement.instances import BalanceResult
 from reconciler.planning.plans import make_plan, started_record
 
-from .statedir import bump_instances, iter_input_files
+from .statedir import bump_instances, copy_state_dir, edit_target, iter_input_files
+from .synth import SHAPES
 
 __all__ = ["Stages", "floor_parse", "machine_description", "main", "peak_rss_mib"]
 
@@ -236,8 +237,24 @@ class Table:
             print(f"{what:<{w0}}  {t:>{w1}}  {ratio:>7}  {note}".rstrip())
 
 
+def add_unit_options(parser: argparse.ArgumentParser) -> None:
+    """``--shape`` and ``--state``: which unit a benchmark measures."""
+    parser.add_argument(
+        "--shape", choices=SHAPES, default="homogeneous", help="the generated fleet's shape"
+    )
+    parser.add_argument(
+        "--state",
+        type=Path,
+        help="measure a copy of this state directory's inputs instead of a generated unit",
+    )
+
+
 def _generate(root: Path, args: argparse.Namespace) -> None:
-    """Write the state directory in a child process: its memory stays out of our peak RSS."""
+    """The state directory to measure: a copy of ``--state`` (its inputs), or one generated in
+    a child process (its memory stays out of our peak RSS) of ``--shape``."""
+    if getattr(args, "state", None) is not None:
+        copy_state_dir(args.state, root)
+        return
     cmd = [
         sys.executable,
         "-m",
@@ -251,6 +268,8 @@ def _generate(root: Path, args: argparse.Namespace) -> None:
         str(args.seed),
         "--node-format",
         args.node_format,
+        "--shape",
+        getattr(args, "shape", "homogeneous"),
     ]
     subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
 
@@ -357,6 +376,7 @@ def main() -> None:
     parser.add_argument("--instances", type=int, default=20000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--node-format", choices=("yaml", "json"), default="yaml")
+    add_unit_options(parser)
     parser.add_argument("--no-configs", action="store_true", help="do not build OCI configs")
     parser.add_argument("--dir", type=Path, help="where to create the state dirs (default: /tmp)")
     parser.add_argument("--keep", action="store_true", help="keep the state dirs")
@@ -416,15 +436,13 @@ def _bench(args: argparse.Namespace, base: Path, root: Path) -> None:
     del second
 
     # one desired-file edit, then reconcile (what watch runs after its debounce)
-    victim = min(s.id for s in view.services.values())
-    _progress(f"edit desired/{victim}.yaml (instances + 1), reconcile")
+    victim = edit_target(root)
+    _progress(f"edit {victim} (instances + 1), reconcile")
     bump_instances(root, victim, +1)
     # an event's run trusts that out/ holds what the last run wrote (watch verifies on its
     # first run and every resync, as the runs above did), and loads first the file its events
     # named (then stats every input after writing, as watch's runs do)
-    edit_opts = dataclasses.replace(
-        opts, verify=False, changed=frozenset({f"desired/{victim}.yaml"})
-    )
+    edit_opts = dataclasses.replace(opts, verify=False, changed=frozenset({victim}))
     opts = dataclasses.replace(opts, verify=False)
     edited, edited_stages = _run(root, edit_opts, "after edit", second_view)
     gc.collect()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Any, Literal
 
 import yaml
 
-from .synth import synth_documents
+from .synth import SHAPES, synth_documents
 
 __all__ = [
     "NodeFormat",
@@ -106,6 +107,7 @@ def write_state_dir(
     *,
     node_format: NodeFormat = "yaml",
     actual_every: int = 4,
+    shape: str = "homogeneous",
 ) -> StateDirInfo:
     """Write a synthetic state directory at ``root`` (created; it must not hold any input yet).
 
@@ -116,7 +118,7 @@ def write_state_dir(
     unit_path = root / "unit.yaml"
     if unit_path.exists() or any((root / d).exists() for d in ("desired", "nodes", "actual")):
         raise FileExistsError(f"{root} already holds a state directory")
-    unit, nodes, services = synth_documents(n_nodes, n_instances, seed)
+    unit, nodes, services = synth_documents(n_nodes, n_instances, seed, shape)
     for sub in ("desired", "nodes", "actual"):
         (root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
     n_bytes = _write(unit_path, _person_yaml(unit, "unit configuration"))
@@ -169,10 +171,36 @@ def iter_input_files(root: Path) -> Iterator[Path]:
             yield path
 
 
-def bump_instances(root: Path, service_id: str, delta: int = 1) -> Path:
-    """Edit ``desired/<service_id>.yaml`` as an editor saves it (a new file renamed over the
-    old one): its ``instances`` count changes by ``delta``. Returns the path."""
-    path = root / "desired" / f"{service_id}.yaml"
+def copy_state_dir(src: Path, dst: Path) -> None:
+    """Copy an existing state directory's inputs to ``dst`` (a benchmark writes there): not its
+    ``out/``, ``checkpoint/``, lock or agent state."""
+    shutil.copytree(
+        src,
+        dst,
+        symlinks=True,
+        ignore=shutil.ignore_patterns("out", "checkpoint", ".lock", ".agent-*"),
+    )
+
+
+def edit_target(root: Path) -> str:
+    """The desired file a benchmark edits: the first (in path order) whose top-level
+    ``instances:`` line counts at least one instance. Returns its path relative to ``root``."""
+    for path in sorted((root / "desired").rglob("*")):
+        if path.suffix not in (".yaml", ".yml") or path.name.startswith("."):
+            continue
+        for line in path.read_text().splitlines():
+            count = line.split(":", 1)[1].strip() if line.startswith("instances:") else ""
+            if count.isdigit() and int(count) >= 1:
+                return str(path.relative_to(root))
+    raise ValueError(f"{root}/desired holds no file with a top-level 'instances:' line of 1+")
+
+
+def bump_instances(root: Path, target: str, delta: int = 1) -> Path:
+    """Edit a desired file as an editor saves it (a new file renamed over the old one): its
+    ``instances`` count changes by ``delta``. ``target``: a path relative to ``root``
+    (``desired/x.yaml``), or a service id of a generated directory (``desired/<id>.yaml``).
+    Returns the path."""
+    path = root / target if "/" in target else root / "desired" / f"{target}.yaml"
     text = path.read_text()
     lines = text.splitlines(keepends=True)
     for n, line in enumerate(lines):
@@ -198,6 +226,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--node-format", choices=("yaml", "json"), default="yaml")
     parser.add_argument("--actual-every", type=int, default=4)
+    parser.add_argument("--shape", choices=SHAPES, default="homogeneous")
     args = parser.parse_args()
     fmt: NodeFormat = "json" if args.node_format == "json" else "yaml"
     info = write_state_dir(
@@ -207,6 +236,7 @@ def main() -> None:
         args.seed,
         node_format=fmt,
         actual_every=args.actual_every,
+        shape=args.shape,
     )
     print(
         f"{info.root}: {info.n_nodes} nodes, {info.n_services} services, "

@@ -39,8 +39,15 @@ from reconciler.controller.configs import default_config_builder
 from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
 from reconciler.io.lastgood import LastGoodStore
 
-from .reconcile import _generate, _steady_actual, _write_actual, floor_parse, machine_description
-from .statedir import bump_instances, iter_input_files
+from .reconcile import (
+    _generate,
+    _steady_actual,
+    _write_actual,
+    add_unit_options,
+    floor_parse,
+    machine_description,
+)
+from .statedir import bump_instances, edit_target, iter_input_files
 
 __all__ = ["main"]
 
@@ -89,6 +96,7 @@ def edit_parser(doc: str, edits_help: str) -> argparse.ArgumentParser:
         default="yaml",
         help="how node files are written (default: yaml)",
     )
+    add_unit_options(parser)
     parser.add_argument("--dir", type=Path, help="where to create the state dir (default: /tmp)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     return parser
@@ -130,11 +138,11 @@ def _bench(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     opts = ReconcileOptions(configs=_timer(times, "configs", builder), cache=ReconcileCache())
     cold = reconcile(root, opts)
     view = cold.computed.view
-    victim = min(s.id for s in view.services.values())
+    victim = edit_target(root)
     _write_actual(root, _steady_actual(cold.computed.result))
     opts = dataclasses.replace(opts, recheck=False, verify=False)
     view = reconcile(root, opts, view).computed.view
-    edit = dataclasses.replace(opts, changed=frozenset({f"desired/{victim}.yaml"}))
+    edit = dataclasses.replace(opts, changed=frozenset({victim}))
     out_at: list[float] = []
     originals = {name: getattr(rec, name) for name in (*_TIMED, "atomic_write_many")}
     sync = LastGoodStore.sync

@@ -45,7 +45,7 @@ from reconciler.controller.watch import WatchOptions, watch_loop
 from reconciler.model.documents import ActualState
 
 from .reconcile import _generate, _steady_actual, floor_parse, machine_description
-from .statedir import bump_instances, iter_input_files
+from .statedir import bump_instances, edit_target, iter_input_files
 from .warm import edit_parser, in_scratch_dir
 
 __all__ = ["main"]
@@ -146,7 +146,7 @@ def _summary(values: list[float]) -> dict[str, float]:
 def _bench(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     _generate(root, args)
     floor = min(floor_parse(list(iter_input_files(root))) for _ in range(3))
-    victim = min(p.stem for p in (root / "desired").glob("*.yaml"))
+    victim = edit_target(root)
     w = _Watcher(root, args.debounce)
     t0 = time.perf_counter()
     gc.callbacks.append(w._gc)

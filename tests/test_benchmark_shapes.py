@@ -1,0 +1,95 @@
+"""The benchmarks' named fleet shapes and ``benchmarks.balancer`` on any unit: each shape is a
+valid unit of the size asked, with the property its name promises (checked on the documents
+and on a balance, not on timings)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.balancer import measure, read_unit
+from benchmarks.statedir import bump_instances, copy_state_dir, edit_target
+from benchmarks.synth import LATE_PREFIX, SHAPES, synth_documents, synth_unit
+
+from .conftest import DEMO
+
+N_NODES, N_INSTANCES = 120, 480
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_shape_is_a_valid_unit_of_the_size_asked(shape: str) -> None:
+    _, nodes, services = synth_unit(N_NODES, N_INSTANCES, 3, shape)  # validates every document
+    assert len(nodes) == N_NODES
+    assert sum(s.instances for s in services) == N_INSTANCES
+    assert synth_documents(N_NODES, N_INSTANCES, 3, shape) == synth_documents(
+        N_NODES, N_INSTANCES, 3, shape
+    )  # deterministic per seed
+
+
+def test_the_shapes_are_what_their_names_say() -> None:
+    _, nodes, services = synth_unit(N_NODES, N_INSTANCES, 3, "many-small")
+    assert len(services) == N_INSTANCES
+    _, nodes, services = synth_unit(N_NODES, N_INSTANCES, 3, "few-big")
+    assert len(services) == 10
+    unit, nodes, _ = synth_unit(N_NODES, N_INSTANCES, 3, "heterogeneous")
+    assert unit is not None and len(unit.nodes) == N_NODES  # an entry per node
+    runtime_ids = [rt.id for n in nodes for rt in n.runtimes]
+    assert len(set(runtime_ids)) == len(runtime_ids)  # every node its own runtime ids
+    assert len({n.type for n in nodes}) == N_NODES
+    assert all(n.usage is not None for n in nodes)
+    _, nodes, _ = synth_unit(N_NODES, N_INSTANCES, 3, "devices")
+    with_pools = sum(1 for n in nodes if n.devicePools)
+    assert 0.15 * N_NODES < with_pools < 0.45 * N_NODES
+
+
+@pytest.mark.parametrize(("shape", "percent"), [("unplaceable-1", 1), ("unplaceable-15", 15)])
+def test_unplaceable_shapes_fail_that_share_of_the_instances(shape: str, percent: int) -> None:
+    got = measure(synth_unit(N_NODES, N_INSTANCES, 3, shape))
+    failed = got["stable"]["failed"]
+    # whole services are made unplaceable until the share is reached (at most 20 over)
+    assert N_INSTANCES * percent // 100 <= failed <= N_INSTANCES * percent // 100 + 20
+    assert got["fresh"]["failed"] == failed
+
+
+def test_the_preemption_shape_preempts_in_the_stable_run() -> None:
+    unit = synth_unit(N_NODES, N_INSTANCES, 3, "preemption")
+    late = [s for s in unit[2] if s.id.startswith(LATE_PREFIX)]
+    assert late and all(s.priority == 1000 and s.nodeId is not None for s in late)
+    got = measure(unit)
+    assert got["stable"]["preempted"] > 0
+    assert got["fresh"]["placed"] + got["fresh"]["failed"] == N_INSTANCES
+
+
+def test_the_balancer_benchmark_measures_a_state_directory_as_json() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.balancer", "--state", str(DEMO), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=Path(__file__).parent.parent,
+    )
+    doc = json.loads(proc.stdout)
+    unit = read_unit(DEMO)
+    instances = sum(s.instances for s in unit[2])
+    for mode in ("fresh", "stable"):
+        assert set(doc[mode]) >= {"seconds", "instances_per_s", "placed", "failed"}
+        assert doc[mode]["placed"] + doc[mode]["failed"] == instances
+    assert doc["unit"]["nodes"] == len(unit[1])
+
+
+def test_the_edit_benchmarks_edit_a_real_state_directory(demo_copy: Path) -> None:
+    """``--state``: the first desired file (in path order) that counts instances is edited."""
+    target = edit_target(demo_copy)
+    assert target == "desired/apps/logger.yaml"  # apps/ sorts first; logger has instances: 3
+    bump_instances(demo_copy, target, -1)
+    assert "instances: 2\n" in (demo_copy / target).read_text()
+    copy = demo_copy.parent / "copy"
+    (demo_copy / "out").mkdir()
+    copy_state_dir(demo_copy, copy)
+    assert (copy / target).read_text() == (demo_copy / target).read_text()
+    assert not (copy / "out").exists()
