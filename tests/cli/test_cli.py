@@ -1,4 +1,4 @@
-"""The command line: validate, plan, explain, exit codes, help (schema: test_schema.py)."""
+"""The command line: validate, plan, explain, exit codes, help (schema: model/test_schema.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The small universe of the model-based test (tests/test_model.py) and its independent oracles.
+"""The model-based test's small universe (tests/system/test_model.py) and independent oracles.
 
 Everything here is computed from the documents the test itself wrote, never from the balancer,
 the planner or the status code: requested amounts come from ``requestedResources``, capacities
@@ -553,7 +553,7 @@ def actual_documents(state: Path) -> dict[str, dict[str, Any]]:
 
 
 def agent_apply_refusing(state: Path) -> tuple[int, list[str]]:
-    """Like tests/agent_sim.apply_all, but as the real agent (SPEC §15) a node whose patch's
+    """Like tests/support/agent_sim.apply_all, but as the real agent (SPEC §15) a node whose patch's
     ``test`` fails (a stale patch, e.g. one left by a crashed run) refuses it and goes on.
     Returns the operations applied and the nodes that refused."""
     applied = 0

@@ -128,5 +128,5 @@ def test_plan_json_diff_between_two_commits(tmp_path: Path) -> None:
     assert any(re.fullmatch(r'\+\s+"version": "1\.0\.0",?', line) for line in lines)
     assert any(line.startswith('-    "fingerprint": "sha256:') for line in lines)
 
-    # that the same commit planned twice gives the same bytes is in test_planner.py
+    # that the same commit planned twice gives the same bytes is in tests/planning/test_planner.py
     # (TestFingerprint and test_planning_twice_gives_identical_bytes_and_writes_nothing)
