@@ -78,9 +78,9 @@ STORE_SCENARIO_MODULES = (
 ``reconcile`` (directly or through the CLI) runs once per store, unchanged."""
 
 
-def runs_reconcile(function: object) -> bool:
+def runs_reconcile(function: Callable[..., object]) -> bool:
     try:
-        source = inspect.getsource(function)  # type: ignore[arg-type]
+        source = inspect.getsource(function)
     except (OSError, TypeError):
         return False
     return "reconcile(" in source or '"reconcile"' in source
