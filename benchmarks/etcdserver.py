@@ -1,5 +1,5 @@
 """A throwaway single-member etcd (Debian's etcd-server) on free loopback ports, for the
-etcd benchmark and the tests (tests/etcd_support.py). Its data directory and log live in the
+etcd benchmark and the tests (tests/support/etcd.py). Its data directory and log live in the
 directory given; :meth:`EtcdServer.stop` ends it."""
 
 from __future__ import annotations

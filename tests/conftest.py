@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.etcd_support import (  # fixtures shared by the suite
+from tests.support.etcd import (  # fixtures shared by the suite
     STORE_PARAM,
     STORE_SCENARIO_MODULES,
     etcd_server,  # noqa: F401
@@ -15,10 +15,7 @@ from tests.etcd_support import (  # fixtures shared by the suite
     runs_reconcile,
     state_store,  # noqa: F401
 )
-
-ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "state"
-EXAMPLES = sorted(p for p in (ROOT / "examples").iterdir() if (p / "unit.yaml").exists())
+from tests.support.paths import DEMO
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,106 @@
+"""write_instance_outputs interrupted at every system call that can fail (SPEC §2, §11): each
+file is old or new, never torn; a config never names a hosts file that is not there; the next
+call converges to exactly what an uninterrupted one leaves, and the one after writes nothing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reconciler.io import fsio
+from reconciler.oci import writer as oci_writer
+from reconciler.oci.builder import BuiltConfig
+from reconciler.oci.writer import WriteMemo, write_instance_outputs
+from tests.support.faults import FailAt
+from tests.support.oci import built_configs, expected_files
+
+
+def _files(state: Path) -> dict[str, bytes]:
+    root = state / "out" / "instances"
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != oci_writer.MANIFEST
+    }
+
+
+@pytest.fixture
+def before(tmp_path: Path) -> tuple[Path, dict[str, BuiltConfig], dict[str, BuiltConfig]]:
+    """out/instances with 4 instances; the next set: 2 of them changed (a config, a hosts
+    file), 1 the same, 1 gone, and 3 new ones."""
+    old = built_configs(4)
+    state = tmp_path / "before"
+    state.mkdir()
+    write_instance_outputs(state, old)
+    ids = sorted(old)
+    new = dict(built_configs(7, "x"))
+    new[ids[0]] = BuiltConfig.of(old[ids[0]].config, "changed hosts\n")
+    new[ids[1]] = old[ids[1]]
+    del new[ids[3]]
+    return state, old, new
+
+
+def _check(state: Path, old: dict[str, BuiltConfig], new: dict[str, BuiltConfig]) -> None:
+    got = _files(state)
+    was, will = expected_files(old), expected_files(new)
+    for rel, data in got.items():
+        assert data in (was.get(rel), will.get(rel)), rel
+    for iid in set(old) | set(new):
+        if f"{iid}/config.json" in got:
+            assert f"{iid}/hosts" in got, iid  # never a config without its hosts file
+            if (
+                got[f"{iid}/config.json"]
+                == will.get(f"{iid}/config.json")
+                != was.get(f"{iid}/config.json")
+            ):
+                assert got[f"{iid}/hosts"] == will[f"{iid}/hosts"], iid
+    root = state / "out" / "instances"
+    assert not [p for p in root.rglob("*") if ".tmp-" in p.name]
+
+
+@pytest.mark.parametrize(
+    "target",
+    [(os, "mkdir"), (os, "open"), (os, "write"), (os, "replace"), (fsio, "_sync_filesystem_of")],
+    ids=["mkdir", "open", "write", "replace", "syncfs"],
+)
+@pytest.mark.parametrize("with_memo", [False, True])
+def test_a_failure_at_each_call_leaves_old_or_new(
+    before: tuple[Path, dict[str, BuiltConfig], dict[str, BuiltConfig]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    target: tuple[Any, str],
+    with_memo: bool,
+) -> None:
+    base, old, new = before
+
+    def run(k: int) -> tuple[Path, WriteMemo | None, FailAt]:
+        """A copy of ``before`` given ``new``, the ``k``-th call of ``target`` failing."""
+        state = tmp_path / f"k{k}"
+        shutil.copytree(base, state)
+        memo = WriteMemo() if with_memo else None
+        if memo is not None:
+            write_instance_outputs(state, old, memo=memo)  # the memo knows the directory
+        fault = FailAt(k, OSError(28, "No space left on device"))
+        monkeypatch.setattr(*target, fault.wrap(getattr(*target)))
+        try:
+            write_instance_outputs(state, new, memo=memo, verify=False)
+        except OSError as e:
+            assert e is fault.error
+            if memo is not None:
+                assert len(memo) == 0  # a failed call leaves the memo empty
+        finally:
+            monkeypatch.undo()
+        return state, memo, fault
+
+    _, _, counted = run(0)  # uninterrupted: how many calls there are
+    assert counted.calls > 1
+    for k in range(1, counted.calls + 1):
+        state, memo, _fault = run(k)
+        _check(state, old, new)
+        write_instance_outputs(state, new, memo=memo, verify=False)
+        assert _files(state) == expected_files(new)
+        assert write_instance_outputs(state, new).written == ()

@@ -1,0 +1,512 @@
+"""The balancer's memo (``BalanceMemo``, issue 9's warm path): a long-running caller's sequence
+of calls must give exactly what calls without the memo give, whatever changes between them
+(services edited, added, removed; nodes, unit or mode changed; a previous that is not the last
+result), and an edit of one service must be answered without re-placing the others."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reconciler.io.loader import load_state
+from reconciler.model.documents import Node, Service, UnitConfig
+from reconciler.model.values import instance_id
+from reconciler.placement.balancer import BalanceMemo, balance, node_states
+from reconciler.placement.instances import BalanceResult, Cause, Mode, PreviousAllocation
+from reconciler.placement.nodestate import NodeSlot
+from reconciler.planning.checkpoint import (
+    Checkpoint,
+    CheckpointMemo,
+    IdsMemo,
+    assign_ids,
+    decode_checkpoint,
+    encode_checkpoint,
+)
+from tests.support.balancer_scenarios import SETTINGS, Scenario, node_docs, scenarios, services
+from tests.support.builders import make_node, make_service, previous_of
+
+
+def _state(slot: NodeSlot) -> tuple[object, ...]:
+    """Everything a node's state holds that a later placement may read."""
+    return (
+        sorted(slot.placed),
+        slot.cpu,
+        slot.ram,
+        slot.partitions,
+        [(rt.slots, rt.cpu, rt.ram) for rt in slot.runtimes],
+        slot.resources,
+        slot.pools,
+    )
+
+
+def _assert_holds_exactly(
+    memo: BalanceMemo,
+    unit: UnitConfig,
+    nodes: list[Node],
+    svcs: list[Service],
+    result: BalanceResult,
+) -> None:
+    """The run the memo keeps for the next call holds the result's reservations and nothing
+    else: each node's state equals a replay of the result on fresh node states."""
+    run = memo._run  # white box: what the next call starts from
+    if run is None:
+        return
+    replayed = node_states(unit, nodes, svcs, result)
+    for node_id, slot in run.slots.items():
+        assert _state(slot) == _state(replayed[node_id]), node_id
+    assert set(run.where) == {p.instance_id for p in result.placements}
+
+
+def _edit(data: st.DataObject, svcs: list[Service], node_ids: list[str], step: int) -> None:
+    """One change to the desired services, in place."""
+    what = data.draw(
+        st.sampled_from(("instances", "replace", "remove", "add", "priority", "none")),
+        label=f"edit {step}",
+    )
+    if what == "add" or not svcs:
+        svcs.append(data.draw(services(f"t{step}", node_ids), label="added"))
+        return
+    k = data.draw(st.integers(0, len(svcs) - 1), label="which")
+    s = svcs[k]
+    if what == "instances":
+        n = data.draw(st.integers(0, 6), label="instances")
+        svcs[k] = s.model_copy(update={"instances": n})
+    elif what == "replace":
+        svcs[k] = data.draw(services(s.id, node_ids), label="replacement")
+    elif what == "remove":
+        del svcs[k]
+    elif what == "priority":
+        svcs[k] = s.model_copy(update={"priority": (s.priority + 1) % 3})
+
+
+@SETTINGS
+@given(scenario=scenarios(), data=st.data())
+def test_a_memo_gives_what_a_full_balance_gives(scenario: Scenario, data: st.DataObject) -> None:
+    nodes = scenario.nodes()
+    node_ids = [n.id for n in nodes]
+    unit = scenario.unit
+    svcs = list(scenario.services)
+    memo = BalanceMemo()
+    previous: dict[str, PreviousAllocation] = {}
+    older: dict[str, PreviousAllocation] = {}
+    last: dict[str, PreviousAllocation] | None = None  # previous_of(the last result)
+    last_got: BalanceResult | None = None
+    given: dict[str, PreviousAllocation] = {}  # the previous of the last call
+    ids = _Ids()
+    for step in range(data.draw(st.integers(1, 6), label="steps")):
+        mode: Mode = data.draw(
+            st.sampled_from(("stable", "stable", "stable", "fresh")), label="mode"
+        )
+        if data.draw(st.integers(0, 5), label="nodes change") == 0:
+            i = data.draw(st.integers(0, len(nodes) - 1), label="node")
+            nodes = list(nodes)
+            nodes[i] = Node.model_validate(data.draw(node_docs(node_ids[i]), label="node doc"))
+        if data.draw(st.integers(0, 6), label="previous kept") == 0:
+            previous = {}  # a lost checkpoint: not the memo's result
+        told = _previous_since(data, previous, given)
+        got = balance(unit, nodes, svcs, previous, mode, memo=memo, previous_since=told)
+        given = previous
+        want = balance(unit, nodes, svcs, previous, mode)
+        assert got == want, f"step {step}"
+        if previous != last:  # a previous other than the last result: never from the memo
+            assert not memo.incremental, f"step {step}"
+        _assert_since_holds(got, last_got, memo.incremental)
+        tamper = data.draw(st.integers(0, 7), label="ids tampered")
+        ids.assign(got, tampered=tamper == 0, gid_changed=tamper == 1)
+        last, last_got = previous_of(got), got
+        # by_id is not compared by ==: the memo patches the last one
+        assert dict(got.by_id) == {p.instance_id: p for p in got.placements}, f"step {step}"
+        _assert_holds_exactly(memo, unit, nodes, svcs, got)
+        older, previous = previous, _as_the_checkpoint_gives(got, previous)
+        _tamper(data, previous, node_ids, step)
+        stale = data.draw(st.integers(0, 9), label="stale previous")
+        if stale == 0:
+            # the checkpoint before the last one (a run that crashed before saving): its
+            # objects are the ones the memo checked last time
+            previous = dict(older)
+        elif stale == 1:  # the very checkpoint of the last call again (a save that failed)
+            previous = dict(given)
+        _edit(data, svcs, node_ids, step)
+
+
+class _Ids:
+    """The uids and gids of each result, as ``reconcile`` makes them: the last allocations
+    written through a checkpoint memo and read back (the very objects), an :class:`IdsMemo`
+    told so; each call compared with a call without the memo."""
+
+    def __init__(self) -> None:
+        self.memo = IdsMemo()
+        self.encoder = CheckpointMemo()
+        self.cp = Checkpoint("lin", 0)
+        self.patched = 0
+        self.encoded_patched = 0
+
+    def assign(self, result: BalanceResult, tampered: bool, gid_changed: bool = False) -> None:
+        cp = self.cp
+        if gid_changed and cp.gids:  # the allocations the memo gave, another gid for an item
+            item = min(cp.gids)
+            gids = {**cp.gids, item: 9000 + (cp.gids[item] + 1) % 999}
+            cp = Checkpoint("lin", cp.generation, cp.allocations, gids, memo=cp.memo)
+        if tampered and cp.allocations:  # an allocation changed behind the memo's back
+            iid = min(cp.allocations)
+            changed = {**cp.allocations, iid: replace(cp.allocations[iid], uid=5999)}
+            cp = Checkpoint("lin", cp.generation, changed, cp.gids)
+        is_last = self.memo.given_last(cp)
+        assert not (tampered and cp is not self.cp and is_last)
+        got = assign_ids(result, cp.allocations, cp.gids, self.memo, old_is_last=is_last)
+        want = assign_ids(result, cp.allocations, cp.gids)
+        assert got[1:] == want[1:]
+        assert got[0] == want[0]
+        if not self.memo.patched:  # (a patched mapping puts the touched nodes' last)
+            assert list(got[0]) == list(want[0])
+        for iid, a in want[0].items():
+            assert got[0][iid] == a and (got[0][iid] is cp.allocations.get(iid)) == (
+                a is cp.allocations.get(iid)
+            ), iid
+        self.patched += self.memo.patched
+        since = self.memo.since_for(got[0])
+        assert (since is not None) is self.memo.patched
+        written = Checkpoint("lin", cp.generation + 1, got[0], got[1], since=since)
+        # as save_checkpoint (the encoder given what changed since), then read back
+        raw = encode_checkpoint(written, self.encoder)
+        assert raw == encode_checkpoint(written)
+        self.encoded_patched += self.encoder.patched
+        back = self.encoder.decoded(got[0])
+        if back is not None:  # what decoding the bytes gives (an added id last: decoded())
+            want_back = decode_checkpoint(raw, "lin").allocations
+            assert back == want_back
+            assert self.encoder.previous(back) == {i: a.previous() for i, a in want_back.items()}
+        self.cp = Checkpoint(
+            "lin",
+            written.generation,
+            back if back is not None else dict(got[0]),
+            dict(got[1]),
+            memo=self.encoder,
+        )
+
+
+def _assert_since_holds(got: BalanceResult, last: BalanceResult | None, incremental: bool) -> None:
+    """An answer from the memo names the last result and every id whose placement is not that
+    result's very object; a full run names nothing."""
+    if got is last:
+        return
+    if not incremental:
+        assert got.since is None
+        return
+    assert got.since is not None and last is not None
+    base, ids = got.since[0](), got.since[1]
+    assert base is last
+    for iid in (got.by_id.keys() | last.by_id.keys()) - ids:
+        assert got.by_id.get(iid) is last.by_id.get(iid), iid
+
+
+def _previous_since(
+    data: st.DataObject,
+    previous: dict[str, PreviousAllocation],
+    given: dict[str, PreviousAllocation],
+) -> tuple[dict[str, PreviousAllocation], frozenset[str]] | None:
+    """What the checkpoint's memo may tell with ``previous`` (see ``balance``): nothing, or the
+    mapping given last call and a superset of the ids whose entry is not its object there, or
+    the same about another mapping (the memo must then check in full)."""
+    how = data.draw(st.sampled_from(("none", "told", "told", "other")), label="previous since")
+    if how == "none":
+        return None
+    # other: a copy of previous itself (previous is that copy unedited), not what the memo
+    # checked last call: an entry tampered with since must still be found
+    base = given if how == "told" else dict(previous)
+    ids = {i for i in previous.keys() | base.keys() if previous.get(i) is not base.get(i)}
+    extra = data.draw(st.lists(st.sampled_from(sorted(previous) or ["x"]), max_size=2))
+    return base, frozenset(ids | set(extra))
+
+
+def _as_the_checkpoint_gives(
+    result: BalanceResult, last: dict[str, PreviousAllocation]
+) -> dict[str, PreviousAllocation]:
+    """``previous_of(result)``, with the very objects of ``last`` where they are equal (as the
+    checkpoint's memo hands them out: the memo checks only what is not the same object)."""
+    fresh = previous_of(result)
+    return {iid: last[iid] if last.get(iid) == prev else prev for iid, prev in fresh.items()}
+
+
+def _tamper(
+    data: st.DataObject, previous: dict[str, PreviousAllocation], node_ids: list[str], step: int
+) -> None:
+    """Sometimes a previous that differs from the result in one entry, the others being the
+    same objects: the memo must notice (a checkpoint written by another process)."""
+    what = data.draw(
+        st.sampled_from(("none", "none", "none", "move", "cause", "swap-id")),
+        label=f"tamper {step}",
+    )
+    if what == "none" or not previous:
+        return
+    iid = data.draw(st.sampled_from(sorted(previous)), label="tampered id")
+    prev = previous[iid]
+    if what == "move":
+        node = data.draw(st.sampled_from(node_ids), label="to node")
+        previous[iid] = replace(prev, node_id=node)
+    elif what == "cause":
+        cause: Cause | None = None if prev.cause is not None else "rebalanced"
+        previous[iid] = replace(prev, cause=cause)
+    else:  # the same size, another id
+        del previous[iid]
+        previous[f"{iid}-other"] = prev
+
+
+class TestTheMemoIsUsed:
+    def setup_method(self) -> None:
+        self.nodes = [make_node(f"n{i}") for i in range(4)]
+        self.services = [make_service(f"s{i}", instances=3, cpu=100) for i in range(5)]
+        self.memo = BalanceMemo()
+        first = balance(None, self.nodes, self.services, {}, "stable", memo=self.memo)
+        assert not self.memo.incremental
+        self.previous = previous_of(first)
+
+    def test_unchanged_inputs_replace_nothing(self) -> None:
+        again = balance(None, self.nodes, self.services, self.previous, "stable", memo=self.memo)
+        assert self.memo.incremental and self.memo.replaced == 0
+        assert again == balance(None, self.nodes, self.services, self.previous, "stable")
+
+    def test_one_edited_service_replaces_its_instances_only(self) -> None:
+        edited = [*self.services[:2], make_service("s2", instances=5, cpu=50), *self.services[3:]]
+        got = balance(None, self.nodes, edited, self.previous, "stable", memo=self.memo)
+        assert self.memo.incremental and self.memo.replaced == 5
+        assert got == balance(None, self.nodes, edited, self.previous, "stable")
+        assert len(got.placements) == 17
+
+    def test_an_instance_placed_again_where_it_was_is_the_very_object(self) -> None:
+        """The edited service's instances are released and placed again; those placed exactly
+        where they were are the last result's objects, so the result names only the others."""
+        first = balance(None, self.nodes, self.services, self.previous, "stable", memo=self.memo)
+        more = [*self.services[:2], make_service("s2", instances=4, cpu=100), *self.services[3:]]
+        got = balance(None, self.nodes, more, previous_of(first), "stable", memo=self.memo)
+        assert self.memo.incremental and self.memo.replaced == 4
+        assert got == balance(None, self.nodes, more, previous_of(first), "stable")
+        assert got.since is not None and got.since[1] == {instance_id("s2", "default", 3)}
+        for iid in got.by_id.keys() - got.since[1]:
+            assert got.by_id[iid] is first.by_id[iid]
+
+    def test_other_nodes_run_in_full(self) -> None:
+        nodes = [*self.nodes[:3], make_node("n3")]  # equal, but not the objects the memo saw
+        got = balance(None, nodes, self.services, self.previous, "stable", memo=self.memo)
+        assert not self.memo.incremental
+        assert got == balance(None, nodes, self.services, self.previous, "stable")
+
+    def test_a_previous_other_than_the_result_runs_in_full(self) -> None:
+        got = balance(None, self.nodes, self.services, {}, "stable", memo=self.memo)
+        assert not self.memo.incremental
+        assert got == balance(None, self.nodes, self.services, {}, "stable")
+
+
+@pytest.mark.parametrize("n_nodes", [1, 2])
+def test_an_unchanged_call_after_an_eviction_evicts_nobody(n_nodes: int) -> None:
+    """Evictions are the call's own: with nothing changed since a call in which hi evicted lo,
+    the full run keeps every instance where it is and evicts nobody, whether lo found another
+    node (2 nodes) or failed (1 node: it goes through pass 2 and 3 again, and evicts nobody)."""
+    nodes = [make_node(f"n{i}") for i in range(n_nodes)]
+    lo = make_service("lo", cpu=800)
+    hi = make_service("hi", priority=1, node_id="n0", cpu=500)
+    memo = BalanceMemo()
+    previous = previous_of(balance(None, nodes, [lo], {}, "stable", memo=memo))
+    evicting = balance(None, nodes, [lo, hi], previous, "stable", memo=memo)
+    assert evicting.preempted == {instance_id("lo", "default", 0)}
+    previous = previous_of(evicting)
+    got = balance(None, nodes, [lo, hi], previous, "stable", memo=memo)
+    assert memo.incremental
+    assert got == balance(None, nodes, [lo, hi], previous, "stable")
+    assert got.preempted == frozenset()
+
+
+def test_the_loader_hands_out_the_same_node_for_the_same_content(demo_copy: Path) -> None:
+    """The memo recognises unchanged inputs by identity: a node whose resourcesFile was read
+    while it was too new to trust its stat key is parsed again, and must come out as the same
+    object when its content is the same."""
+    view, _ = load_state(demo_copy)
+    again, _ = load_state(demo_copy, view)
+    assert any(r.deps for r in view.files.values())  # the demo has a node with a resourcesFile
+    for node_id, node in view.nodes.items():
+        assert again.nodes[node_id] is node
+    for key, service in view.services.items():
+        assert again.services[key] is service
+
+
+def test_a_stale_previous_of_an_evicted_instance_runs_in_full() -> None:
+    """The checkpoint before the last one (a run that crashed before saving), of the same size
+    and holding the very objects the memo checked on its last call: the instance that call
+    moved (evicted, placed again elsewhere) must not be taken as still where it was."""
+    nodes = [make_node("n0"), make_node("n1")]
+    lo = make_service("lo", cpu=800)
+    memo = BalanceMemo()
+    first = balance(None, nodes, [lo, make_service("x", cpu=100)], {}, "stable", memo=memo)
+    lo_id = instance_id("lo", "default", 0)
+    assert first.by_id[lo_id].node_id == "n0"
+    stale = previous_of(first)
+    now = [lo, make_service("hi", priority=1, node_id="n0", cpu=500)]  # x gone, hi added
+    second = balance(None, nodes, now, stale, "stable", memo=memo)
+    assert memo.incremental and second.preempted == {lo_id}
+    assert second.by_id[lo_id].node_id == "n1" and len(second.placements) == len(stale)
+    third = balance(None, nodes, now, dict(stale), "stable", memo=memo)
+    assert not memo.incremental
+    assert third == balance(None, nodes, now, dict(stale), "stable")
+
+
+def test_uids_of_an_edit_are_assigned_on_the_nodes_it_touched_only() -> None:
+    """After an edit the balancer's memo answers, the ids memo works on the nodes of the
+    instances it names (``patched``), and gives what a call without memo gives: the new
+    instances of a node take its free uids in placement order."""
+    nodes = [make_node("n0", dmips=10_000), make_node("n1", dmips=10_000)]
+    others = [make_service(f"o{i}", cpu=10, node_id="n1") for i in range(3)]
+    memo, ids = BalanceMemo(), _Ids()
+    got = balance(
+        None,
+        nodes,
+        [make_service("s", instances=2, cpu=10, node_id="n0"), *others],
+        {},
+        "stable",
+        memo=memo,
+    )
+    ids.assign(got, tampered=False)
+    assert not ids.memo.patched  # the first call: every node
+    grown = [make_service("s", instances=8, cpu=10, node_id="n0"), *others]
+    got = balance(None, nodes, grown, previous_of(got), "stable", memo=memo)
+    assert memo.incremental and got.since is not None
+    ids.assign(got, tampered=False)  # compares with a call without memo
+    assert ids.memo.patched
+    uids = {
+        p.index: ids.cp.allocations[p.instance_id].uid for p in got.placements if p.item_id == "s"
+    }
+    assert uids == {k: 5000 + k for k in range(8)}  # in index order
+    assert ids.encoded_patched == 1  # the encoder took the changed allocations only
+
+
+def test_uids_after_an_instance_left_a_node() -> None:
+    """An evicted instance moves from n0 to n1: the ids memo's view of n0 must lose it, so a
+    later instance placed on n0 gets what a call without memo gives."""
+    nodes = [make_node("n0"), make_node("n1")]
+    lo, hi = make_service("lo", cpu=800), make_service("hi", priority=1, node_id="n0", cpu=500)
+    memo, ids = BalanceMemo(), _Ids()
+    got = balance(None, nodes, [lo, make_service("x", cpu=100)], {}, "stable", memo=memo)
+    ids.assign(got, tampered=False)
+    got = balance(None, nodes, [lo, hi], previous_of(got), "stable", memo=memo)
+    assert memo.incremental and got.preempted
+    ids.assign(got, tampered=False)
+    small = make_service("small", cpu=100, node_id="n0")
+    got = balance(None, nodes, [lo, hi, small], previous_of(got), "stable", memo=memo)
+    assert memo.incremental
+    ids.assign(got, tampered=False)
+    # small leaves n0 and nothing arrives there; then another arrives on n0
+    for wanted in ([lo, hi], [lo, hi, make_service("small2", cpu=100, node_id="n0")]):
+        got = balance(None, nodes, wanted, previous_of(got), "stable", memo=memo)
+        assert memo.incremental
+        ids.assign(got, tampered=False)
+    assert ids.patched == 4
+
+
+def test_a_result_naming_its_changes_pickles_without_them() -> None:
+    nodes = [make_node("n0")]
+    memo = BalanceMemo()
+    first = balance(None, nodes, [make_service("a")], {}, "stable", memo=memo)
+    got = balance(
+        None, nodes, [make_service("a"), make_service("b")], previous_of(first), memo=memo
+    )
+    assert got.since is not None
+    again = pickle.loads(pickle.dumps(got))
+    assert again == got and again.since is None
+    assert copy.deepcopy(got) == got
+
+
+@pytest.mark.parametrize(
+    "edit", ["instances", "priority", "two", "swap", "other-key", "removed", "added"]
+)
+def test_an_edit_among_many_services_is_found_by_position(edit: str) -> None:
+    """With many services, the memo finds the edited ones by position (the caller passes them
+    sorted, as ``reconcile`` does); anything but an edit in place (a service removed, added,
+    or another key at a position) takes the plain key-by-key look. (Keys are unique, as the
+    loader makes them.)"""
+    nodes = [make_node(f"n{i}", dmips=4000) for i in range(3)]
+    svcs = [make_service(f"s{i:02d}", instances=2, cpu=50) for i in range(24)]
+    memo = BalanceMemo()
+    first = balance(None, nodes, svcs, {}, "stable", memo=memo)
+    now = list(svcs)
+    if edit == "instances":
+        now[5] = make_service("s05", instances=4, cpu=50)
+    elif edit == "priority":
+        now[7] = make_service("s07", instances=2, cpu=50, priority=3)
+    elif edit == "two":
+        now[1] = make_service("s01", instances=1, cpu=50)
+        now[20] = make_service("s20", instances=3, cpu=60)
+    elif edit == "swap":  # the same services in another order: nothing changed
+        now[2], now[3] = now[3], now[2]
+    elif edit == "other-key":  # another service where s04 was (s04 removed, s04b added)
+        now[4] = make_service("s04b", instances=5, cpu=50)
+    elif edit == "removed":
+        del now[9]
+    else:
+        now.append(make_service("s99", instances=2, cpu=50))
+    got = balance(None, nodes, now, previous_of(first), "stable", memo=memo)
+    assert got == balance(None, nodes, now, previous_of(first), "stable")
+    assert memo.incremental
+
+
+@pytest.mark.parametrize("with_memo", [False, True], ids=["plain", "memo"])
+def test_two_services_with_one_key_are_refused(with_memo: bool) -> None:
+    """Their instances would have the same ids: refused with or without a memo (the loader
+    never hands such services over: it reports the second file)."""
+    nodes = [make_node("n0"), make_node("n1")]
+    services = [make_service("a"), make_service("b"), make_service("a", instances=3)]
+    memo = BalanceMemo() if with_memo else None
+    with pytest.raises(ValueError, match="services defined twice: a:default"):
+        balance(None, nodes, services, {}, "stable", memo=memo)
+
+
+class TestPreviousSince:
+    """``previous_since`` (what the checkpoint's memo tells) spares the memo its identity pass
+    over ``previous``, never its checks: an entry the result changed since the mapping it
+    checked last, or a mapping other than that one, is still compared."""
+
+    def setup_method(self) -> None:
+        self.nodes = [make_node(f"n{i}") for i in range(3)]
+        self.services = [make_service(f"s{i}", instances=2, cpu=100) for i in range(3)]
+        self.memo = BalanceMemo()
+        first = balance(None, self.nodes, self.services, {}, "stable", memo=self.memo)
+        self.checked = previous_of(first)  # checked by the next call (nothing changed)
+        balance(None, self.nodes, self.services, self.checked, "stable", memo=self.memo)
+        assert self.memo.incremental
+
+    def _call(
+        self,
+        previous: dict[str, PreviousAllocation],
+        since: frozenset[str],
+        base: dict[str, PreviousAllocation] | None = None,
+    ) -> BalanceResult:
+        told = (self.checked if base is None else base, since)
+        return balance(
+            None, self.nodes, self.services, previous, "stable", memo=self.memo, previous_since=told
+        )
+
+    def test_an_unchanged_previous_named_so_is_taken(self) -> None:
+        self._call(dict(self.checked), frozenset())
+        assert self.memo.incremental
+
+    def test_a_placement_made_since_is_compared_though_not_named(self) -> None:
+        self.services[0] = make_service("s0", instances=3, cpu=100)  # one more
+        self.services[1] = make_service("s1", instances=1, cpu=100)  # one less
+        moved = balance(None, self.nodes, self.services, self.checked, "stable", memo=self.memo)
+        assert self.memo.incremental and len(moved.placements) == len(self.checked)
+        # the checkpoint of that call was not saved: the one checked before, unedited
+        self._call(dict(self.checked), frozenset())
+        assert not self.memo.incremental
+
+    def test_a_mapping_other_than_the_one_checked_is_checked_in_full(self) -> None:
+        tampered = dict(self.checked)
+        iid = min(tampered)
+        prev = tampered[iid]
+        other = "n0" if prev.node_id != "n0" else "n1"
+        tampered[iid] = PreviousAllocation(other, prev.runtime_id, prev.devices, prev.cause)
+        self._call(tampered, frozenset(), base=dict(tampered))  # true of its own base
+        assert not self.memo.incremental

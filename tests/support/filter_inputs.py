@@ -1,0 +1,76 @@
+"""One node and one service as the placement filters see them: the node's state (a
+:class:`~reconciler.placement.nodestate.NodeSlot`) and what one instance of the service asks
+(an :class:`~reconciler.placement.balancer.Ask`), built with the public API only.
+
+The state comes from ``balance`` and ``node_states`` (the status path), with other services
+placed first where a table row needs something already taken; the ask is stated field by field
+from the service document (SPEC §7.4: labels, accepted runtime types, ``nodeId``, the image's
+platform, named resources, device requests by resource), plus what pass 1 keeps of a previous
+allocation, which only the balancer sets. ``explain_cell`` is the same question through
+``reconciler explain``'s matrix, so a table can check both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from reconciler.model.documents import Node, Service, UnitConfig
+from reconciler.model.values import instance_id
+from reconciler.placement.balancer import Ask, balance, explain, node_states
+from reconciler.placement.filters import FILTER_CODES
+from reconciler.placement.instances import expand_instances
+from reconciler.placement.nodestate import NodeSlot
+from reconciler.placement.sharing import ShareRequest
+
+__all__ = ["ask_of", "explain_cell", "slot_of"]
+
+
+def slot_of(
+    node: Node, *, unit: UnitConfig | None = None, others: Sequence[Service] = ()
+) -> NodeSlot:
+    """``node``'s state with every instance of ``others`` placed on it (each must fit)."""
+    result = balance(unit, [node], list(others))
+    assert not result.failures, f"the other services must all fit: {result.failures}"
+    return node_states(unit, [node], list(others), result)[node.id]
+
+
+def ask_of(
+    service: Service,
+    *,
+    keep_runtime: str | None = None,
+    keep_devices: Mapping[str, tuple[str, ...]] | None = None,
+) -> Ask:
+    """What instance 0 of ``service`` asks of a candidate node."""
+    instance = expand_instances([service])[0]
+    return Ask(
+        instance,
+        labels=frozenset(service.labels),
+        runtimes=frozenset(service.runtimes),
+        node_id=service.nodeId,
+        platform=service.image.platform,
+        resources=tuple(ShareRequest(r.name) for r in service.resources),
+        devices=tuple(
+            ShareRequest(d.resource, d.count or 1, d.memory)
+            for d in sorted(service.devices, key=lambda d: d.resource)
+        ),
+        keep_runtime=keep_runtime,
+        keep_devices=dict(keep_devices or {}),
+    )
+
+
+def explain_cell(
+    node: Node,
+    service: Service,
+    code: str,
+    *,
+    unit: UnitConfig | None = None,
+    others: Sequence[Service] = (),
+) -> str | None:
+    """The cell of filter ``code`` in ``explain``'s row for ``node`` and instance 0 of
+    ``service``, balanced with ``others`` (which should outrank it, so that they are the ones
+    placed)."""
+    iid = instance_id(service.id, service.subject, 0)
+    explanation = explain(unit, [node], [*others, service], iid)
+    ((node_id, cells, _),) = explanation.rows
+    assert node_id == node.id
+    return cells[FILTER_CODES.index(code)]

@@ -1,0 +1,57 @@
+"""Small input documents and state-directory edits written by hand: node, service, actual and
+unit texts to ``format``, :func:`write` to put one in place, and :func:`inline_resources` to move
+the demo's resources file into its node."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def inline_resources(state: Path) -> Path:
+    """Move edge-1's resources file inline (SPEC §6.2 allows either form)."""
+    node = state / "nodes" / "edge-1.yaml"
+    entries = json.loads((state / "resources" / "edge-1.json").read_text())
+    text = node.read_text()
+    assert "resourcesFile: resources/edge-1.json" in text
+    node.write_text(
+        text.replace("resourcesFile: resources/edge-1.json", "resources: " + json.dumps(entries))
+    )
+    return state
+
+
+NODE = """apiVersion: reconciler/v1
+kind: Node
+id: {id}
+type: t
+maxDMIPS: 1000
+totalRAM: 1Gi
+"""
+
+SERVICE = """apiVersion: reconciler/v1
+kind: Service
+id: {id}
+version: {version}
+image: {{rootfs: /r}}
+"""
+
+
+def write(root: Path, rel: str, text: str | bytes) -> Path:
+    p = root / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(text, str):
+        text = text.encode()
+    p.write_bytes(text)
+    return p
+
+
+ACTUAL = """apiVersion: reconciler/v1
+kind: ActualState
+nodeId: {id}
+revision: {rev}
+"""
+
+UNIT = """apiVersion: reconciler/v1
+kind: UnitConfig
+placement: {mode}
+"""
