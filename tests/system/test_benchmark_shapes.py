@@ -14,8 +14,7 @@ import pytest
 from benchmarks.balancer import measure, read_unit
 from benchmarks.statedir import bump_instances, copy_state_dir, edit_target
 from benchmarks.synth import LATE_PREFIX, SHAPES, synth_documents, synth_unit
-
-from .conftest import DEMO
+from tests.support.paths import DEMO, ROOT
 
 N_NODES, N_INSTANCES = 120, 480
 
@@ -71,7 +70,7 @@ def test_the_balancer_benchmark_measures_a_state_directory_as_json() -> None:
         text=True,
         timeout=120,
         check=True,
-        cwd=Path(__file__).parent.parent,
+        cwd=ROOT,
     )
     doc = json.loads(proc.stdout)
     unit = read_unit(DEMO)
