@@ -118,18 +118,7 @@ def _homogeneous(
             "usage": {"cpu": rng.randrange(0, 400), "ram": rng.randrange(0, 256) * 1024 * 1024},
         }
         if ntype == "gpu":
-            node["devicePools"] = [
-                {
-                    "resource": "example.com/gpu",
-                    "policy": "fractional",
-                    "devices": [{"id": f"gpu{k}", "memory": "16Gi"} for k in range(2)],
-                },
-                {
-                    "resource": "example.com/npu",
-                    "policy": "exclusive",
-                    "devices": [{"id": f"npu{k}", "healthy": k != 3} for k in range(4)],
-                },
-            ]
+            node["devicePools"] = _device_pools()
         nodes.append(node)
     services: list[dict[str, Any]] = []
     placed = 0
@@ -172,6 +161,22 @@ def _homogeneous(
         placed += count
         k += 1
     return unit, nodes, services
+
+
+def _device_pools() -> list[dict[str, Any]]:
+    """A fractional pool of two 16 GiB GPUs and an exclusive pool of four NPUs, one unhealthy."""
+    return [
+        {
+            "resource": "example.com/gpu",
+            "policy": "fractional",
+            "devices": [{"id": f"gpu{k}", "memory": "16Gi"} for k in range(2)],
+        },
+        {
+            "resource": "example.com/npu",
+            "policy": "exclusive",
+            "devices": [{"id": f"npu{k}", "healthy": k != 3} for k in range(4)],
+        },
+    ]
 
 
 def _heterogeneous(
@@ -224,18 +229,7 @@ def _devices(nodes: list[dict[str, Any]], services: list[dict[str, Any]], rng: A
     for node in nodes:
         node.pop("devicePools", None)
         if rng.random() < 0.3:
-            node["devicePools"] = [
-                {
-                    "resource": "example.com/gpu",
-                    "policy": "fractional",
-                    "devices": [{"id": f"gpu{k}", "memory": "16Gi"} for k in range(2)],
-                },
-                {
-                    "resource": "example.com/npu",
-                    "policy": "exclusive",
-                    "devices": [{"id": f"npu{k}", "healthy": k != 3} for k in range(4)],
-                },
-            ]
+            node["devicePools"] = _device_pools()
     for svc in services:
         svc.pop("devices", None)
         if svc.get("labels") == ["gpu"]:

@@ -11,11 +11,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from benchmarks.statedir import write_state_dir
 from reconciler.controller.configs import default_config_builder
@@ -66,16 +63,6 @@ def _wait(predicate: Any, timeout: float, what: str) -> float:
 def _checkpoint(data: bytes) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(data)
     return {"generation": doc["generation"], "data": doc["data"]}
-
-
-@pytest.fixture
-def replicas(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-    yield procs
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
 
 
 def test_kill_9_of_the_leader_mid_reconcile(

@@ -13,10 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from reconciler.cli.commands import TAKEOVER_SLACK
 from reconciler.stores.base import FileStore, copy_unit
@@ -50,16 +47,6 @@ def _wait_for(store: EtcdStore, pid: int, timeout: float) -> float:
             return time.monotonic()
         time.sleep(0.01)
     raise AssertionError(f"replica {pid} did not lead within {timeout} s")
-
-
-@pytest.fixture
-def replicas() -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-    yield procs
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
 
 
 def test_takeover_after_kill_9_is_within_the_stated_bound(

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -12,20 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.busybox import find_static_busybox
-from tests.support.runc import make_runc_rootfs, run_runc
+from tests.support.runc import make_runc_rootfs, require_runc_and_busybox, run_runc
 
 
 @pytest.fixture
 def runc_env(tmp_path: Path) -> Iterator[tuple[Path, str]]:
     """(runc --root dir, static busybox path) after a probe with a plain `runc spec` config."""
-    if os.geteuid() != 0:
-        pytest.skip("runc containers need root here (euid is not 0)")
-    if shutil.which("runc") is None:
-        pytest.skip("runc is not on PATH (scripts/bootstrap or .ci/run installs it)")
-    busybox = find_static_busybox()
-    if busybox is None:
-        pytest.skip("no static busybox (/bin/busybox from busybox-static) for the rootfs")
+    busybox = require_runc_and_busybox()
     runc_root = tmp_path / "runc-root"
     runc_root.mkdir()
     probe = tmp_path / "probe"

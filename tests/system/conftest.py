@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from reconciler.agent.runc import Runc, RuncError
-from tests.support.busybox import find_static_busybox
 from tests.support.e2e import (
     E2E,
     NODES,
@@ -22,17 +19,12 @@ from tests.support.e2e import (
     skip_unless_runc_works,
     write_service,
 )
+from tests.support.runc import require_runc_and_busybox
 
 
 @pytest.fixture
 def e2e(tmp_path: Path) -> Iterator[E2E]:
-    if os.geteuid() != 0:
-        pytest.skip("runc containers need root here (euid is not 0)")
-    if shutil.which("runc") is None:
-        pytest.skip("runc is not on PATH (scripts/bootstrap or .ci/run installs it)")
-    busybox = find_static_busybox()
-    if busybox is None:
-        pytest.skip("no static busybox (/bin/busybox from busybox-static) for the rootfs")
+    busybox = require_runc_and_busybox()
     skip_unless_runc_works(tmp_path, busybox)
 
     state = tmp_path / "state"
