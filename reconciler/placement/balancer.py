@@ -197,7 +197,7 @@ def _platform(p: ImagePlatform | None) -> Platform | None:
     return Platform(p.architecture, p.os, p.variant, p.osVersion, p.osFeatures)
 
 
-@dataclass
+@dataclass(slots=True)
 class Ask:
     """What one instance asks of a candidate node (the same for every instance of a service,
     except what pass 1 keeps)."""

@@ -412,6 +412,9 @@ def ordered_runtimes(node: Node) -> Sequence[Runtime]:
     """A node's runtimes in the order of its state's (``NodeSlot.runtimes``): by type, then id
     (ids are unique on a node)."""
     listed = node.runtimes
+    if len(listed) == 2:  # the most common case, without a sort
+        first, second = listed
+        return listed if _runtime_order(first) < _runtime_order(second) else (second, first)
     return sorted(listed, key=_runtime_order) if len(listed) > 1 else listed
 
 
