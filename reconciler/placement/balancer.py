@@ -194,7 +194,8 @@ class Platform(NamedTuple):
 def _platform(p: ImagePlatform | None) -> Platform | None:
     if p is None:
         return None
-    return Platform(p.architecture, p.os, p.variant, p.osVersion, p.osFeatures)
+    # (tuple.__new__: as Platform(...) without its Python-level __new__, once per service)
+    return tuple.__new__(Platform, (p.architecture, p.os, p.variant, p.osVersion, p.osFeatures))
 
 
 @dataclass(slots=True)
