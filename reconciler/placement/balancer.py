@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from heapq import heappop, heappush, heapreplace
 from itertools import chain, compress, groupby
 from operator import attrgetter, is_, is_not
+from typing import Any, NamedTuple
 
 from reconciler.model.documents import (
     DeviceRequest,
@@ -41,22 +42,16 @@ from reconciler.model.documents import (
     RequestedResources,
     ResourceRatios,
     ResourceRequest,
-    RuntimePlatform,
     Service,
     UnitConfig,
 )
 from reconciler.model.gcpause import collector_paused
-from reconciler.placement.filters import (
-    FILTER_CODES,
-    NO_NODES,
-    NODE_FILTERS,
-    RUNTIME_FILTERS,
-    STATIC_NODE_FILTERS,
-    STATIC_RUNTIME_FILTERS,
-)
+from reconciler.placement import filters
+from reconciler.placement.filters import NO_NODES
 from reconciler.placement.instances import (
     BalanceResult,
     Cause,
+    DeviceIds,
     Failure,
     Instance,
     Mode,
@@ -82,6 +77,8 @@ from reconciler.placement.nodestate import (
     claim,
     make_slot,
     node_basics,
+    node_facts,
+    ordered_runtimes,
     release_reservation,
     take,
 )
@@ -157,32 +154,51 @@ def requested_amounts(
 ) -> Requested:
     """SPEC §7.2 for one candidate node's ratios; ``measured`` (cpu, ram) raises cpu and ram
     on an overloaded node during a rebalance."""
-    return _requested(_request_inputs(service), ratios, measured)
+    key = (ratios.cpu, ratios.ram, ratios.storage, ratios.state, measured is not None)
+    return _requested(_request_inputs(service), key, measured)
 
 
 def _requested(
-    inputs: RequestInputs, ratios: ResourceRatios, measured: tuple[int, int] | None
+    inputs: RequestInputs, key: RequestKey, measured: tuple[int, int] | None
 ) -> Requested:
+    """SPEC §7.2 on a node whose request key (its ratios, first) is ``key``."""
     skip, cpu, cpu_quota, ram, ram_quota, storage, storage_quota, state, state_quota = inputs
     if skip:
         return Requested()
-    cpu = _amount(cpu, cpu_quota, ratios.cpu)
-    ram = _amount(ram, ram_quota, ratios.ram)
+    cpu = _amount(cpu, cpu_quota, key[0])
+    ram = _amount(ram, ram_quota, key[1])
     if measured is not None:
         cpu = max(cpu, measured[0])
         ram = max(ram, measured[1])
     return new_requested(
         cpu,
         ram,
-        _amount(storage, storage_quota, ratios.storage),
-        _amount(state, state_quota, ratios.state),
+        _amount(storage, storage_quota, key[2]),
+        _amount(state, state_quota, key[3]),
     )
 
 
 # ----------------------------------------------------------------------------- what is asked
 
 
-@dataclass
+class Platform(NamedTuple):
+    """The image platform a service asks for (``ImagePlatform``'s fields, as plain values)."""
+
+    architecture: str
+    os: str | None
+    variant: str | None
+    osVersion: str | None
+    osFeatures: tuple[str, ...]
+
+
+def _platform(p: ImagePlatform | None) -> Platform | None:
+    if p is None:
+        return None
+    # (tuple.__new__: as Platform(...) without its Python-level __new__, once per service)
+    return tuple.__new__(Platform, (p.architecture, p.os, p.variant, p.osVersion, p.osFeatures))
+
+
+@dataclass(slots=True)
 class Ask:
     """What one instance asks of a candidate node (the same for every instance of a service,
     except what pass 1 keeps)."""
@@ -191,11 +207,12 @@ class Ask:
     labels: frozenset[str]
     runtimes: frozenset[str]
     node_id: str | None
-    platform: ImagePlatform | None
+    platform: Platform | None
     resources: tuple[ShareRequest, ...]
     devices: tuple[ShareRequest, ...]
+    amounts: RequestInputs  # what its requested amounts are made from (SPEC §7.2)
     keep_runtime: str | None = None
-    keep_devices: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    keep_devices: DeviceIds = ()  # device ids kept, per resource (pass 1)
     usage: tuple[int, int] | None = None  # measured (cpu, ram) of this instance
     cause: Cause | None = None  # recorded with the reservation
     _cache: dict[RequestKey, Requested] = field(default_factory=dict)
@@ -206,8 +223,7 @@ class Ask:
         got = self._cache.get(key)
         if got is None:
             measured = self.usage if key[4] else None
-            got = requested_amounts(self.instance.service, slot.ratios, measured)
-            self._cache[key] = got
+            got = self._cache[key] = _requested(self.amounts, key, measured)
         return got
 
 
@@ -215,7 +231,8 @@ def _device_order(d: DeviceRequest) -> str:
     return d.resource
 
 
-def _ask_for(instance: Instance, usage: Mapping[str, tuple[int, int]]) -> Ask:
+def _ask_for(instance: Instance, usage: tuple[int, int] | None) -> Ask:
+    """What ``instance`` asks (``usage``: its measured cpu and ram, where known)."""
     s = instance.service
     resources, devices = s.resources, s.devices
     return Ask(
@@ -223,7 +240,7 @@ def _ask_for(instance: Instance, usage: Mapping[str, tuple[int, int]]) -> Ask:
         frozenset(s.labels),
         frozenset(s.runtimes),
         s.nodeId,
-        s.image.platform,
+        _platform(s.image.platform),
         tuple([ShareRequest(r.name) for r in resources]) if resources else (),
         tuple(
             [
@@ -233,7 +250,8 @@ def _ask_for(instance: Instance, usage: Mapping[str, tuple[int, int]]) -> Ask:
         )
         if devices
         else (),
-        usage=usage.get(instance.id) if usage else None,
+        _request_inputs(s),
+        usage=usage,
     )
 
 
@@ -250,14 +268,15 @@ class Verdict:
 
 
 def evaluate(slot: NodeSlot, ask: Ask) -> Verdict:
-    for nf in NODE_FILTERS:
+    for nf in filters.NODE_FILTERS:
         why = nf.check(slot, ask)
         if why is not None:
             return Verdict((), nf.name, why)
     alive = list(range(len(slot.runtimes)))
+    runtime_filters = filters.RUNTIME_FILTERS
     if not alive:
-        return Verdict((), RUNTIME_FILTERS[0].name, "the node has no runtimes")
-    for rf in RUNTIME_FILTERS:
+        return Verdict((), runtime_filters[0].name, "the node has no runtimes")
+    for rf in runtime_filters:
         why = ""
         survivors = []
         for i in alive:
@@ -287,7 +306,7 @@ def _summarize(instance: Instance, n_nodes: int, charges: Iterable[str]) -> Fail
     for code in charges:
         counts[code] = counts.get(code, 0) + 1
     ordered = tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
-    reason = max(counts, key=FILTER_CODES.index) if counts else NO_NODES
+    reason = max(counts, key=filters.FILTER_CODES.index) if counts else NO_NODES
     return _failure(instance, n_nodes, reason, ordered)
 
 
@@ -313,75 +332,85 @@ def _failure(
     )
 
 
-def _platform_key(p: ImagePlatform | RuntimePlatform | None) -> tuple[object, ...] | None:
-    if p is None:
-        return None
-    return (p.architecture, p.os, p.variant, p.osVersion, tuple(p.osFeatures))
+def _getter(paths: tuple[str, ...]) -> Callable[[Any], tuple[object, ...]]:
+    """The values at attribute ``paths`` of an object, as a tuple."""
+    if len(paths) > 1:
+        return attrgetter(*paths)
+    if paths:
+        one = attrgetter(paths[0])
+        return lambda obj: (one(obj),)
+    return lambda obj: ()
 
 
-def _class_key(node: Node, settings: Settings, overload: frozenset[str]) -> tuple[object, ...]:
-    """Nodes with equal keys answer every static filter alike (Nomad's computed class): the key
-    holds everything the static filters read of a node, its runtimes in their order in the
-    node state (by type, then id), and the ratios (requested amounts)."""
-    runtimes = []
-    for rt in node.runtimes:
-        p = rt.platform
-        runtimes.append(
-            (rt.type, rt.id, p.architecture, p.os, p.variant, p.osVersion, p.osFeatures)
-        )
-    runtimes.sort()  # by (type, id): ids are unique on a node
-    priority, labels, _, ratios = settings
-    return (
-        priority,
-        node.state,
-        node.connected,
-        labels,
-        tuple(runtimes),
-        (*ratios, bool(overload)),
-    )
+_CHOICE_READS = ("priority",)
+"""What the choice order reads of a class besides the filters' reads: its priority level."""
+
+
+ClassKey = Callable[[Node, Settings, frozenset[str]], tuple[object, ...]]
+
+
+def _class_key() -> ClassKey:
+    """The class key of the registered filters (Nomad's computed class): what every filter
+    reads of a node (``filters.node_reads``: for the dynamic ones, what their requested
+    amounts depend on) and of each runtime (``filters.runtime_reads``), from their
+    declarations, with the priority the choice order reads. Nodes with equal keys answer every
+    static filter alike, and are asked the same amounts.
+
+    The runtimes are listed in their order in the node state (by type, then id) without their
+    ids, so nodes whose runtimes differ only in ids share a class, and a runtime's index (its
+    place in that order) means the same on every node of the class: a static verdict by index
+    holds for each of them."""
+    paths = (*_CHOICE_READS, *filters.node_reads())
+    if "node" in paths:
+        raise ValueError("a filter reads fields of a node's document: declare node.<field>")
+    # reads of the node's document ("node.<path>") are read per node; the other facts come from
+    # its unit.yaml entry and overload alone, so they are read once per entry and overload
+    of_document = _getter(tuple([p[5:] for p in paths if p.startswith("node.")]))
+    of_facts = _getter(tuple([p for p in paths if not p.startswith("node.")]))
+    of_runtime = _getter(filters.runtime_reads())
+    by_entry: dict[tuple[int, frozenset[str]], tuple[object, ...]] = {}
+
+    def key(node: Node, settings: Settings, overload: frozenset[str]) -> tuple[object, ...]:
+        entry = (id(settings), overload)  # (the call's basics hold every settings value)
+        facts = by_entry.get(entry)
+        if facts is None:
+            facts = by_entry[entry] = of_facts(node_facts(node, settings, overload))
+        runtimes = tuple(map(of_runtime, ordered_runtimes(node)))
+        return (facts, of_document(node), runtimes)
+
+    return key
 
 
 def _static_runtimes(slot: NodeSlot, ask: Ask) -> tuple[int, ...]:
     """Runtimes passing every static filter (empty when a static node filter fails)."""
-    for nf in STATIC_NODE_FILTERS:
-        if nf.check(slot, ask) is not None:
+    for nf in filters.NODE_FILTERS:
+        if nf.static and nf.check(slot, ask) is not None:
             return ()
+    static = [rf for rf in filters.RUNTIME_FILTERS if rf.static]
     return tuple(
         i
         for i, rt in enumerate(slot.runtimes)
-        if all(rf.check(slot, rt, ask) is None for rf in STATIC_RUNTIME_FILTERS)
+        if all(rf.check(slot, rt, ask) is None for rf in static)
     )
 
 
-Shape = tuple[
-    tuple[object, ...],
-    str | None,
-    tuple[str, ...],
-    tuple[tuple[str, int, int | None], ...],
-    RequestInputs,
-    tuple[int, int] | None,
-]
-"""Everything the balancer reads of a service to place its instances (``_shape``)."""
+Shape = tuple[tuple[object, ...], tuple[object, ...]]
+"""What the static filters, then the dynamic ones, read of an ask (``_shape``)."""
 
 
-def _shape(service: Service, usage: tuple[int, int] | None) -> Shape:
-    """What a service asks of every node: what the static filters read of it (labels, runtime
-    types, image platform), its nodeId, named resources (in its order), device requests (by
-    resource), the inputs of its requested amounts and the measured usage (given only where
-    it matters: in an overloaded run). A :class:`_Group` is made from this alone, so services
-    with equal shapes share one."""
-    platform = service.image.platform
-    resources, devices = service.resources, service.devices
-    return (
-        (service.labels, service.runtimes, _platform_key(platform) if platform else None),
-        service.nodeId,
-        tuple([r.name for r in resources]) if resources else (),
-        tuple([(d.resource, d.count or 1, d.memory) for d in sorted(devices, key=_device_order)])
-        if devices
-        else (),
-        _request_inputs(service),
-        usage,
-    )
+def _shape() -> Callable[[Ask], Shape]:
+    """The shape of an ask for the registered filters: what the static filters read of it
+    (``filters.ask_reads``; the class index computes their answers once per class and static
+    part), then what the dynamic ones read (named resources, device requests, the inputs of
+    its requested amounts, the measured usage where it matters), from their declarations. A
+    :class:`_Group` is made from one ask of its shape, so asks with equal shapes share one."""
+    of_static = _getter(filters.ask_reads(True))
+    of_dynamic = _getter(filters.ask_reads(False))
+
+    def shape(ask: Ask) -> Shape:
+        return (of_static(ask), of_dynamic(ask))
+
+    return shape
 
 
 def held_spec(service: Service, prev: PreviousAllocation, node: Node | None) -> Service | None:
@@ -438,8 +467,8 @@ class _Group:
     of instances, so most share a group with others)."""
 
     __slots__ = (
-        "_ask",
         "_requested",
+        "ask",
         "device_resources",
         "devices",
         "inputs",
@@ -456,18 +485,17 @@ class _Group:
         "usage",
     )
 
-    def __init__(self, instance: Instance, shape: Shape) -> None:
-        static_key, node_id, names, devices, inputs, usage = shape
-        self.instance = instance  # the first one (for the filter units' ask)
-        self.usage = usage  # the measured (cpu, ram) of its instances where that matters
-        self.names = names
-        self.resources = tuple([ShareRequest(name) for name in names]) if names else ()
-        self.devices = tuple([ShareRequest(*d) for d in devices]) if devices else ()
-        self.device_resources = frozenset([d[0] for d in devices])
-        self.node_id = node_id
-        self.static_key = static_key  # everything the static filters read (bar nodeId)
-        self.inputs = inputs
-        self._ask: Ask | None = None
+    def __init__(self, ask: Ask, shape: Shape) -> None:
+        self.ask = ask  # the first one's, for the filter units (no keep_*: valid for them all)
+        self.instance = ask.instance
+        self.usage = ask.usage  # the measured (cpu, ram) of its instances where that matters
+        self.resources = ask.resources
+        self.names = tuple([r.resource for r in ask.resources])
+        self.devices = ask.devices
+        self.device_resources = frozenset([d.resource for d in ask.devices])
+        self.node_id = ask.node_id
+        self.static_key = shape[0]  # everything the static filters read
+        self.inputs = ask.amounts
         self._requested: dict[RequestKey, Requested] = {}
         self.per_class: list[tuple[int, ...]] | None = None  # static runtimes per class
         self.levels: list[Level] | None = None  # the classes with any, by priority level
@@ -475,30 +503,13 @@ class _Group:
         self.refused: set[int] | None = None  # shared by groups asking the same (_Run._refused)
         self.passed: dict[int, Entry] = {}  # (shared as refused is, see _Run._refused)
 
-    @property
-    def ask(self) -> Ask:
-        """The group's ask for the filter units (no keep_*: valid for every instance)."""
-        if self._ask is None:
-            s = self.instance.service
-            self._ask = Ask(
-                self.instance,
-                frozenset(s.labels),
-                frozenset(s.runtimes),
-                self.node_id,
-                s.image.platform,  # the same answers as every other service's of the shape
-                self.resources,
-                self.devices,
-                usage=self.usage,
-            )
-        return self._ask
-
     def requested(self, slot: NodeSlot) -> Requested:
         """SPEC §7.2 on ``slot`` (cached per ratios and overload), as ``Ask.requested``."""
         key = slot.request_key
         got = self._requested.get(key)
         if got is None:
             measured = self.usage if key[4] else None
-            got = self._requested[key] = _requested(self.inputs, slot.ratios, measured)
+            got = self._requested[key] = _requested(self.inputs, key, measured)
         return got
 
 
@@ -569,10 +580,11 @@ class _Run:
         self.members: list[list[str]] = []
         configs = NodeConfigs(unit)
         basics_of, class_of, members = self.basics, self.class_of, self.members
+        class_key = _class_key()
         for node_id, node in self.nodes.items():
             overloaded = overload.get(node_id, empty) if overload else empty
             basics = basics_of[node_id] = node_basics(unit, node, overloaded, configs)
-            key = _class_key(node, basics[0], overloaded)
+            key = class_key(node, basics[0], overloaded)
             cid = class_ids.get(key)
             if cid is None:
                 cid = class_ids[key] = len(members)
@@ -622,6 +634,7 @@ class _Run:
             by_key.setdefault(rep.request_key, rep)
         self.key_slots = list(by_key.values())
         self.groups: dict[object, _Group] = {}  # by service (see group)
+        self.shape = _shape()
         self.shapes: dict[Shape, _Group] = {}
         # per key of dynamic answers (see _refused), the nodes that refused it: reservations
         # only shrink what is free, so they stay refused until something is released
@@ -658,7 +671,7 @@ class _Run:
     # -- what is asked
 
     def ask(self, instance: Instance) -> Ask:
-        ask = _ask_for(instance, self.usage)
+        ask = _ask_for(instance, self.usage.get(instance.id) if self.usage else None)
         ask.cause = self.cause
         return ask
 
@@ -669,10 +682,11 @@ class _Run:
         key: object = (id(instance.service), usage) if self.overloaded else id(instance.service)
         group = self.groups.get(key)
         if group is None:
-            shape = _shape(instance.service, usage)
+            ask = _ask_for(instance, usage)
+            shape = self.shape(ask)
             group = self.shapes.get(shape)
             if group is None:
-                group = self.shapes[shape] = _Group(instance, shape)
+                group = self.shapes[shape] = _Group(ask, shape)
             self.groups[key] = group
         return group
 
@@ -709,7 +723,8 @@ class _Run:
     def reserve(self, slot: NodeSlot, ask: Ask, runtime_index: int) -> None:
         """Reserve what ``ask`` asks on one runtime of ``slot`` (raises if it does not fit)."""
         req = ask.requested(slot)
-        ids = take(slot, runtime_index, req, ask.resources, ask.devices, ask.keep_devices)
+        keep = dict(ask.keep_devices) if ask.keep_devices else NO_KEEP
+        ids = take(slot, runtime_index, req, ask.resources, ask.devices, keep)
         names = tuple([r.resource for r in ask.resources])
         slot.placed[ask.instance.id] = Reservation(
             ask.instance, runtime_index, req, names, ids, ask.devices, ask.cause
@@ -805,7 +820,7 @@ class _Run:
             ask = self.ask(instance)
             ask.keep_runtime = prev.runtime_id
             ask.cause = prev.cause
-            ask.keep_devices = dict(prev_devices)
+            ask.keep_devices = tuple(prev_devices.items())
             verdict = evaluate(slot, ask)
             if verdict.dropped_by is not None:
                 return False
@@ -1858,11 +1873,12 @@ def explain(
     ask = run.ask(instance)
     rows = []
     for slot in run.all_slots():
-        cells: list[str | None] = [f.check(slot, ask) for f in NODE_FILTERS]
-        for rf in RUNTIME_FILTERS:
+        cells: list[str | None] = [f.check(slot, ask) for f in filters.NODE_FILTERS]
+        for rf in filters.RUNTIME_FILTERS:
             reasons = [rf.check(slot, rt, ask) for rt in slot.runtimes]
             ok = any(r is None for r in reasons)
             cells.append(None if ok else (reasons[-1] if reasons else "no runtimes"))
         rows.append((slot.id, tuple(cells), evaluate(slot, ask).dropped_by))
     failure = next((f for f in result.failures if f.instance_id == instance_id), None)
-    return Explanation(instance, FILTER_CODES, tuple(rows), result.by_id.get(instance_id), failure)
+    codes = filters.FILTER_CODES
+    return Explanation(instance, codes, tuple(rows), result.by_id.get(instance_id), failure)

@@ -6,43 +6,70 @@ human reason when it does not. Filters never record anything: the pipeline in
 the charges per reason code (Nomad's ``scheduler/feasible``, the Kubernetes scheduler's "0/N nodes
 are available").
 
-A filter marked ``static`` depends only on the node's description and the service, never on
-what is reserved; the balancer evaluates static filters once per class of identical nodes.
-
 Node-level filters see the node; runtime-level filters see one (node, runtime) pair, and a node
 survives when at least one of its runtimes survives every runtime-level filter.
+
+Each filter declares what it reads, as attribute paths:
+
+- ``reads_node``: of the node's state (:class:`~reconciler.placement.nodestate.NodeSlot`, whose
+  description :class:`~reconciler.placement.nodestate.NodeFacts` gives under the same names),
+  besides its pools (CPU, RAM, partitions, instance slots, named resources, device pools);
+- ``reads_runtime`` (runtime-level filters): of the runtime's ``Runtime`` document, besides its
+  pools;
+- ``reads_ask``: of the :class:`~reconciler.placement.balancer.Ask`.
+
+A filter marked ``static`` reads nothing else: never what is reserved. The balancer derives its
+caches from these declarations (:func:`node_reads`, :func:`runtime_reads`, :func:`ask_reads`):
+nodes whose reads are equal form one class, whose static answers are computed once per class,
+and services whose reads are equal share one group. A filter that reads something it does not
+declare makes the fast path wrong; the tests check every filter's reads against its
+declaration. ``id`` (:data:`IDENTITY`), of a node or a runtime, is read only when the ask names
+one (``node_id``, ``keep_runtime``): the balancer serves those asks node by node, so ids are no
+part of a class, only the order of a node's runtimes (by type, then id).
+
+Dynamic filters call the integer rules of :mod:`reconciler.placement.nodestate`, the same ones
+its ``claim`` and ``take`` call, and only add the reason.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import chain
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
+from reconciler.placement.nodestate import state_fits, storage_fits
 from reconciler.placement.sharing import REGISTRY
 
 if TYPE_CHECKING:
     from reconciler.placement.balancer import Ask, NodeSlot, RuntimeSlot
 
 __all__ = [
-    "DYNAMIC_NODE_FILTERS",
-    "DYNAMIC_RUNTIME_FILTERS",
     "FILTER_CODES",
+    "IDENTITY",
     "NODE_FILTERS",
     "NO_NODES",
     "RUNTIME_FILTERS",
-    "STATIC_NODE_FILTERS",
-    "STATIC_RUNTIME_FILTERS",
     "NodeFilter",
     "RuntimeFilter",
+    "ask_reads",
+    "node_reads",
+    "runtime_reads",
 ]
 
 NO_NODES = "NoNodes"
 """The reason code of an instance that fails because the unit has no nodes at all."""
 
 
+IDENTITY = "id"
+"""The id of a node or a runtime: read only for an ask that names one, never part of a class."""
+
+
 class NodeFilter(Protocol):
     name: ClassVar[str]
     static: ClassVar[bool]  # depends only on the node's description, never on reservations
+    reads_node: ClassVar[tuple[str, ...]]  # attribute paths of NodeSlot (and NodeFacts)
+    reads_ask: ClassVar[tuple[str, ...]]  # attribute names of Ask
 
     def check(self, slot: NodeSlot, ask: Ask) -> str | None: ...
 
@@ -50,6 +77,9 @@ class NodeFilter(Protocol):
 class RuntimeFilter(Protocol):
     name: ClassVar[str]
     static: ClassVar[bool]
+    reads_node: ClassVar[tuple[str, ...]]
+    reads_runtime: ClassVar[tuple[str, ...]]  # attribute paths of the Runtime document
+    reads_ask: ClassVar[tuple[str, ...]]
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None: ...
 
@@ -60,6 +90,8 @@ class NodeStateFilter:
 
     name: ClassVar[str] = "NodeState"
     static: ClassVar[bool] = True
+    reads_node: ClassVar[tuple[str, ...]] = ("node.connected", "node.state")
+    reads_ask: ClassVar[tuple[str, ...]] = ()
 
     def check(self, slot: NodeSlot, ask: Ask) -> str | None:
         node = slot.node
@@ -76,6 +108,8 @@ class NodeIdFilter:
 
     name: ClassVar[str] = "NodeId"
     static: ClassVar[bool] = True
+    reads_node: ClassVar[tuple[str, ...]] = ("id",)
+    reads_ask: ClassVar[tuple[str, ...]] = ("node_id",)
 
     def check(self, slot: NodeSlot, ask: Ask) -> str | None:
         if ask.node_id is not None and ask.node_id != slot.id:
@@ -89,6 +123,8 @@ class LabelsFilter:
 
     name: ClassVar[str] = "Labels"
     static: ClassVar[bool] = True
+    reads_node: ClassVar[tuple[str, ...]] = ("labels",)
+    reads_ask: ClassVar[tuple[str, ...]] = ("labels",)
 
     def check(self, slot: NodeSlot, ask: Ask) -> str | None:
         missing = ask.labels - slot.labels
@@ -101,16 +137,16 @@ class ResourcesFilter:
 
     name: ClassVar[str] = "Resources"
     static: ClassVar[bool] = False
+    reads_node: ClassVar[tuple[str, ...]] = ()
+    reads_ask: ClassVar[tuple[str, ...]] = ("resources",)
 
     def check(self, slot: NodeSlot, ask: Ask) -> str | None:
-        shared = REGISTRY["shared-count"]
         for req in ask.resources:
-            state = slot.resources.get(req.resource)
-            if state is None:
-                return f"no resource {req.resource}"
-            status = shared.filter(state, req)
-            if not status.ok:
-                return status.reason
+            if slot.free_slots((req,)) is None:
+                state = slot.resources.get(req.resource)
+                if state is None:
+                    return f"no resource {req.resource}"
+                return REGISTRY["shared-count"].filter(state, req).reason
         return None
 
 
@@ -120,15 +156,16 @@ class DevicesFilter:
 
     name: ClassVar[str] = "Devices"
     static: ClassVar[bool] = False
+    reads_node: ClassVar[tuple[str, ...]] = ()
+    reads_ask: ClassVar[tuple[str, ...]] = ("devices", "keep_devices")
 
     def check(self, slot: NodeSlot, ask: Ask) -> str | None:
+        keep = dict(ask.keep_devices)
         for req in ask.devices:
             state = slot.pools.get(req.resource)
             if state is None:
                 return f"no device pool {req.resource}"
-            status = REGISTRY[state.policy].filter(
-                state, req, ask.keep_devices.get(req.resource, ())
-            )
+            status = REGISTRY[state.policy].filter(state, req, keep.get(req.resource, ()))
             if not status.ok:
                 return f"{status.code}: {status.reason}"
         return None
@@ -140,6 +177,9 @@ class RuntimeTypeFilter:
 
     name: ClassVar[str] = "RuntimeType"
     static: ClassVar[bool] = True
+    reads_node: ClassVar[tuple[str, ...]] = ()
+    reads_runtime: ClassVar[tuple[str, ...]] = ("id", "type")
+    reads_ask: ClassVar[tuple[str, ...]] = ("keep_runtime", "runtimes")
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None:
         if ask.keep_runtime is not None and runtime.runtime.id != ask.keep_runtime:
@@ -156,6 +196,15 @@ class PlatformFilter:
 
     name: ClassVar[str] = "Platform"
     static: ClassVar[bool] = True
+    reads_node: ClassVar[tuple[str, ...]] = ()
+    reads_runtime: ClassVar[tuple[str, ...]] = (
+        "platform.architecture",
+        "platform.os",
+        "platform.variant",
+        "platform.osVersion",
+        "platform.osFeatures",
+    )
+    reads_ask: ClassVar[tuple[str, ...]] = ("platform",)
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None:
         want = ask.platform
@@ -178,11 +227,15 @@ class CpuFilter:
 
     name: ClassVar[str] = "Cpu"
     static: ClassVar[bool] = False
+    reads_node: ClassVar[tuple[str, ...]] = ("request_key",)
+    reads_runtime: ClassVar[tuple[str, ...]] = ()
+    reads_ask: ClassVar[tuple[str, ...]] = ("amounts", "usage")
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None:
         need = ask.requested(slot).cpu
-        pool = runtime.cpu or slot.cpu
-        return None if pool.can_provide(need) else f"needs {need} DMIPS, {pool.free} free"
+        if runtime.fits(need, 0, 0):
+            return None
+        return f"needs {need} DMIPS, {runtime.cpu_from.free} free"
 
 
 @dataclass(frozen=True)
@@ -191,11 +244,15 @@ class RamFilter:
 
     name: ClassVar[str] = "Ram"
     static: ClassVar[bool] = False
+    reads_node: ClassVar[tuple[str, ...]] = ("request_key",)
+    reads_runtime: ClassVar[tuple[str, ...]] = ()
+    reads_ask: ClassVar[tuple[str, ...]] = ("amounts", "usage")
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None:
         need = ask.requested(slot).ram
-        pool = runtime.ram or slot.ram
-        return None if pool.can_provide(need) else f"needs {need} bytes of RAM, {pool.free} free"
+        if runtime.fits(0, need, 0):
+            return None
+        return f"needs {need} bytes of RAM, {runtime.ram_from.free} free"
 
 
 @dataclass(frozen=True)
@@ -204,15 +261,18 @@ class StorageFilter:
 
     name: ClassVar[str] = "Storage"
     static: ClassVar[bool] = False
+    reads_node: ClassVar[tuple[str, ...]] = ("request_key",)
+    reads_runtime: ClassVar[tuple[str, ...]] = ()
+    reads_ask: ClassVar[tuple[str, ...]] = ("amounts", "usage")
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None:
         need = ask.requested(slot).storage
-        if need == 0:
+        if storage_fits(slot, need):
             return None
-        pool = slot.partition("storages")
+        pool = slot.storage_pool
         if pool is None:
             return "no partition typed storages"
-        return None if pool.can_provide(need) else f"needs {need} bytes, {pool.free} free"
+        return f"needs {need} bytes, {pool.free} free"
 
 
 @dataclass(frozen=True)
@@ -221,18 +281,18 @@ class StateFilter:
 
     name: ClassVar[str] = "State"
     static: ClassVar[bool] = False
+    reads_node: ClassVar[tuple[str, ...]] = ("request_key",)
+    reads_runtime: ClassVar[tuple[str, ...]] = ()
+    reads_ask: ClassVar[tuple[str, ...]] = ("amounts", "usage")
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None:
         req = ask.requested(slot)
-        if req.state == 0:
+        if state_fits(slot, req.storage, req.state):
             return None
-        pool = slot.partition("states")
+        pool = slot.state_pool
         if pool is None:
             return "no partition typed states"
-        need = req.state
-        if slot.partition_key("states") == slot.partition_key("storages"):
-            need += req.storage  # one partition typed both is one shared pool
-        return None if pool.can_provide(need) else f"needs {req.state} bytes, {pool.free} free"
+        return f"needs {req.state} bytes, {pool.free} free"
 
 
 @dataclass(frozen=True)
@@ -241,11 +301,15 @@ class MaxInstancesFilter:
 
     name: ClassVar[str] = "MaxInstances"
     static: ClassVar[bool] = False
+    reads_node: ClassVar[tuple[str, ...]] = ()
+    reads_runtime: ClassVar[tuple[str, ...]] = ()
+    reads_ask: ClassVar[tuple[str, ...]] = ()
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None:
-        if runtime.slots is None or runtime.slots.can_provide(1):
+        if runtime.fits(0, 0, 1):
             return None
-        return f"all {runtime.slots.capacity} instance slots in use"
+        assert runtime.slot_pool is not None
+        return f"all {runtime.slot_pool.capacity} instance slots in use"
 
 
 NODE_FILTERS: tuple[NodeFilter, ...] = (
@@ -264,11 +328,36 @@ RUNTIME_FILTERS: tuple[RuntimeFilter, ...] = (
     StateFilter(),
     MaxInstancesFilter(),
 )
-STATIC_NODE_FILTERS = tuple(f for f in NODE_FILTERS if f.static)
-DYNAMIC_NODE_FILTERS = tuple(f for f in NODE_FILTERS if not f.static)
-STATIC_RUNTIME_FILTERS = tuple(f for f in RUNTIME_FILTERS if f.static)
-DYNAMIC_RUNTIME_FILTERS = tuple(f for f in RUNTIME_FILTERS if not f.static)
 FILTER_CODES: tuple[str, ...] = tuple(f.name for f in NODE_FILTERS) + tuple(
     f.name for f in RUNTIME_FILTERS
 )
 """Every reason code, in pipeline order."""
+
+# What the registered filters read, derived from their declarations (read at call time, so a
+# filter registered later is seen): deduplicated, in registry order, identities left out.
+
+
+def _paths(declared: Iterable[tuple[str, ...]]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(p for p in chain.from_iterable(declared) if p != IDENTITY))
+
+
+def _registered() -> tuple[NodeFilter | RuntimeFilter, ...]:
+    return (*NODE_FILTERS, *RUNTIME_FILTERS)
+
+
+def node_reads() -> tuple[str, ...]:
+    """What any filter reads of a node, besides its pools and its id: the nodes of a class
+    have these equal."""
+    return _paths(f.reads_node for f in _registered())
+
+
+def runtime_reads() -> tuple[str, ...]:
+    """What any runtime-level filter reads of a runtime, besides its pools and its id."""
+    return _paths(f.reads_runtime for f in RUNTIME_FILTERS)
+
+
+def ask_reads(static: bool) -> tuple[str, ...]:
+    """What the static (or the dynamic) filters read of an ask."""
+    return tuple(
+        dict.fromkeys(chain.from_iterable(f.reads_ask for f in _registered() if f.static is static))
+    )

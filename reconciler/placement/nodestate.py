@@ -11,13 +11,23 @@ first use, from empty states shared by the nodes of the call.
 :func:`claim` is the hot path of the balancer: the dynamic filters of SPEC §7.4 on integers and
 the reservation at once. :func:`take` reserves on a given runtime (or raises, changing nothing),
 :func:`release_reservation` gives a reservation back.
+
+Each dynamic rule is defined once, here, on integers: a runtime's CPU, RAM and instance slot
+(:meth:`RuntimeSlot.fits`, with the pools it takes CPU and RAM from: its own, else the node's),
+storage and state (:func:`storage_fits`, :func:`state_fits`) and named resources
+(:meth:`NodeSlot.free_slots`). The filter units of :mod:`reconciler.placement.filters` call them
+and add the reason; :func:`claim` and :func:`take` call them and reserve. :class:`NodeFacts` is
+what the filters read of a node's description before its state is built (the balancer's class
+key).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from types import MappingProxyType
+from typing import NamedTuple
 
 from reconciler.model.documents import Node, NodeConfig, ResourceRatios, Runtime, UnitConfig
 from reconciler.model.inventory import (
@@ -35,6 +45,7 @@ __all__ = [
     "NO_KEEP",
     "Basics",
     "NodeConfigs",
+    "NodeFacts",
     "NodeSlot",
     "Pool",
     "RequestKey",
@@ -45,7 +56,12 @@ __all__ = [
     "claim",
     "make_slot",
     "node_basics",
+    "node_facts",
+    "ordered_runtimes",
     "release_reservation",
+    "state_fits",
+    "state_need",
+    "storage_fits",
     "take",
 ]
 
@@ -125,10 +141,11 @@ def _over(pool: Pool, amount: int) -> CapacityError:
 
 
 class RuntimeSlot:
-    """One runtime of a node: its instance slots (None: unlimited) and its own CPU and RAM
-    pools (``allowedDMIPS``/``allowedRAM``; None: the node's pools)."""
+    """One runtime of a node: its instance slots (None: unlimited), its own CPU and RAM
+    pools (``allowedDMIPS``/``allowedRAM``; None: the node's pools), and the pools its
+    instances take CPU and RAM from (``cpu_from``, ``ram_from``: its own, else the node's)."""
 
-    __slots__ = ("cpu_pool", "id", "ram_pool", "runtime", "slot_pool")
+    __slots__ = ("cpu_from", "cpu_pool", "id", "ram_from", "ram_pool", "runtime", "slot_pool")
 
     def __init__(
         self,
@@ -136,12 +153,30 @@ class RuntimeSlot:
         slot_pool: Pool | None,
         cpu_pool: Pool | None,
         ram_pool: Pool | None,
+        node_cpu: Pool,
+        node_ram: Pool,
     ) -> None:
         self.runtime = runtime
         self.id = runtime.id
         self.slot_pool = slot_pool
         self.cpu_pool = cpu_pool
         self.ram_pool = ram_pool
+        # SPEC §7.3: a runtime with its own pool has that instead of the node's
+        self.cpu_from = node_cpu if cpu_pool is None else cpu_pool
+        self.ram_from = node_ram if ram_pool is None else ram_pool
+
+    def fits(self, cpu: int, ram: int, instances: int) -> bool:
+        """The rules ``Cpu``, ``Ram`` and ``MaxInstances`` on integers: ``cpu`` fits the pool
+        the runtime takes CPU from, ``ram`` the one it takes RAM from, and ``instances`` (0 or
+        1) its free instance slots (``maxInstances`` 0: unlimited). Each of those filters asks
+        its own part, the others 0 (which always fit: nothing is taken beyond what is free);
+        :func:`claim` and :func:`take` ask all three at once."""
+        slots = self.slot_pool
+        return (
+            cpu <= self.cpu_from.free
+            and ram <= self.ram_from.free
+            and (slots is None or instances <= slots.free)
+        )
 
     @property
     def slots(self) -> Inventory | None:
@@ -155,12 +190,15 @@ class RuntimeSlot:
     def ram(self) -> Inventory | None:
         return self.ram_pool.inventory if self.ram_pool is not None else None
 
-    def copy(self) -> RuntimeSlot:
+    def copy(self, node_cpu: Pool, node_ram: Pool) -> RuntimeSlot:
+        """A copy for a copy of its node, whose pools are ``node_cpu`` and ``node_ram``."""
         return RuntimeSlot(
             self.runtime,
             self.slot_pool.copy() if self.slot_pool is not None else None,
             self.cpu_pool.copy() if self.cpu_pool is not None else None,
             self.ram_pool.copy() if self.ram_pool is not None else None,
+            node_cpu,
+            node_ram,
         )
 
 
@@ -249,7 +287,7 @@ class NodeSlot:
         self._empty: StateCache = {} if empty_states is None else empty_states
         self.placed: dict[str, Reservation] = {}
         self.overloaded = overloaded
-        self.request_key: RequestKey = (*ratios, bool(overloaded))
+        self.request_key: RequestKey = _request_key(ratios, overloaded)
         self.order_base = 0  # set by the balancer's run: its place in the choice order
 
     @property
@@ -344,7 +382,7 @@ class NodeSlot:
         new.node, new.id, new.priority = self.node, self.id, self.priority
         new.labels, new.ratios = self.labels, self.ratios
         new.cpu_pool, new.ram_pool = self.cpu_pool.copy(), self.ram_pool.copy()
-        new.runtimes = [rt.copy() for rt in self.runtimes]
+        new.runtimes = [rt.copy(new.cpu_pool, new.ram_pool) for rt in self.runtimes]
         new.partition_pools, new.partition_of = copies, self.partition_of
         storages, states = self.partition_of.get("storages"), self.partition_of.get("states")
         new.storage_pool = copies[storages] if storages is not None else None
@@ -367,8 +405,17 @@ def _node_config(unit: UnitConfig | None, node: Node) -> NodeConfig | None:
     return unit.config_for(node.id, node.type) if unit is not None else None
 
 
-def _runtime_order(rt: Runtime) -> tuple[str, str]:
-    return (rt.type, rt.id)
+_runtime_order = attrgetter("type", "id")
+
+
+def ordered_runtimes(node: Node) -> Sequence[Runtime]:
+    """A node's runtimes in the order of its state's (``NodeSlot.runtimes``): by type, then id
+    (ids are unique on a node)."""
+    listed = node.runtimes
+    if len(listed) == 2:  # the most common case, without a sort
+        first, second = listed
+        return listed if _runtime_order(first) < _runtime_order(second) else (second, first)
+    return sorted(listed, key=_runtime_order) if len(listed) > 1 else listed
 
 
 Settings = tuple[int, frozenset[str], ResourceRatios, tuple[int, int, int, int]]
@@ -420,6 +467,31 @@ class NodeConfigs:
         return cfg, settings
 
 
+def _request_key(ratios: tuple[int, int, int, int], overloaded: frozenset[str]) -> RequestKey:
+    return (*ratios, bool(overloaded))
+
+
+class NodeFacts(NamedTuple):
+    """What the filters and the choice order read of a node's description, under the names of
+    the same attributes of its :class:`NodeSlot`, before that state is built (the balancer's
+    class key reads these). Every field but ``node`` and ``id`` comes from the node's unit.yaml
+    entry (its settings) and whether it is overloaded."""
+
+    node: Node
+    id: str
+    priority: int
+    labels: frozenset[str]
+    ratios: ResourceRatios
+    overloaded: frozenset[str]
+    request_key: RequestKey
+
+
+def node_facts(node: Node, settings: Settings, overloaded: frozenset[str]) -> NodeFacts:
+    priority, labels, ratios, as_tuple = settings
+    key = _request_key(as_tuple, overloaded)
+    return NodeFacts(node, node.id, priority, labels, ratios, overloaded, key)
+
+
 Basics = tuple[Settings, int, int]
 """What the choice order and the node classes need of a node: its settings and the capacity
 of its CPU and RAM pools (SPEC §7.3)."""
@@ -464,9 +536,9 @@ def make_slot(
     empty_states: StateCache | None = None,
 ) -> NodeSlot:
     settings, cpu, ram = basics if basics is not None else node_basics(unit, node, overload)
-    listed = node.runtimes
+    node_cpu, node_ram = Pool("cpu", cpu), Pool("ram", ram)
     runtimes = []
-    for rt in sorted(listed, key=_runtime_order) if len(listed) > 1 else listed:
+    for rt in ordered_runtimes(node):
         most, own_cpu, own_ram = rt.maxInstances, rt.allowedDMIPS, rt.allowedRAM
         runtimes.append(
             RuntimeSlot(
@@ -474,6 +546,8 @@ def make_slot(
                 Pool(f"{rt.id}/instances", most) if most else None,
                 Pool(f"{rt.id}/cpu", own_cpu) if own_cpu is not None else None,
                 Pool(f"{rt.id}/ram", own_ram) if own_ram is not None else None,
+                node_cpu,
+                node_ram,
             )
         )
     partitions: dict[str, Pool] = {}
@@ -486,8 +560,8 @@ def make_slot(
     return NodeSlot(
         node,
         settings,
-        Pool("cpu", cpu),
-        Pool("ram", ram),
+        node_cpu,
+        node_ram,
         runtimes,
         partitions,
         partition_of,
@@ -497,6 +571,33 @@ def make_slot(
 
 
 NO_KEEP: Mapping[str, tuple[str, ...]] = MappingProxyType({})
+
+
+# ----------------------------------------------------------------------------- the dynamic rules
+# Each rule of SPEC §7.4 that depends on reservations, once, on integers: the filter units call
+# these and say why they fail; claim and take call them and reserve.
+
+
+def storage_fits(slot: NodeSlot, storage: int) -> bool:
+    """Nothing is asked, or the partition typed ``storages`` provides it."""
+    if not storage:
+        return True
+    pool = slot.storage_pool
+    return pool is not None and storage <= pool.free
+
+
+def state_need(slot: NodeSlot, storage: int, state: int) -> int:
+    """What a state request takes of the partition typed ``states``: the storage request too
+    when one partition is typed both (one shared pool)."""
+    return state + storage if slot.shared_partition else state
+
+
+def state_fits(slot: NodeSlot, storage: int, state: int) -> bool:
+    """Nothing is asked, or the partition typed ``states`` provides it."""
+    if not state:
+        return True
+    pool = slot.state_pool
+    return pool is not None and state_need(slot, storage, state) <= pool.free
 
 
 _NOTHING: tuple[int, DeviceIds] = (-1, ())
@@ -511,17 +612,15 @@ def claim(
     keep: Mapping[str, tuple[str, ...]],
 ) -> tuple[int, DeviceIds]:
     """The dynamic filters of SPEC §7.4 (``Resources``, ``Devices``, ``Cpu``, ``Ram``,
-    ``Storage``, ``State``, ``MaxInstances``) on integers and, where they pass, the
-    reservation: the smallest of ``runtimes`` (indexes that passed the static filters,
-    ascending) on which everything fits is taken at once, and returned with the device ids
-    given; ``(-1, ())`` and nothing changed when nothing fits.
+    ``Storage``, ``State``, ``MaxInstances``) and, where they pass, the reservation: the
+    smallest of ``runtimes`` (indexes that passed the static filters, ascending) on which
+    everything fits is taken at once, and returned with the device ids given; ``(-1, ())`` and
+    nothing changed when nothing fits.
 
-    The same answers as the filter units of :mod:`reconciler.placement.filters`, which stay the
-    definition (``evaluate``, ``explain``, failure summaries and ``exhaustive=True`` use them;
-    the property tests compare). Amounts are never negative, nor is what a pool has free, so
-    ``Inventory.can_provide(need)`` is ``need <= free`` here, and a named resource asks for
-    one free slot (:class:`SharedPool`). A device request is served by its policy's
-    ``allocate``, which refuses (ValueError) exactly when its ``filter`` does.
+    The rules are the ones the filter units call (above; :meth:`NodeSlot.free_slots` for named
+    resources), so the answers are theirs (the property tests compare with ``exhaustive=True``,
+    which runs the units). A device request is served by its policy's ``allocate``, which
+    refuses (ValueError) exactly when its ``filter``, which the ``Devices`` unit asks, does.
     """
     held = None
     if resources:
@@ -542,33 +641,22 @@ def claim(
                 return _NOTHING
             given.append((d.resource, new, tuple(sorted(got))))
     storage, state = req.storage, req.state
-    storage_pool, state_pool = slot.storage_pool, slot.state_pool
-    if storage and (storage_pool is None or storage > storage_pool.free):
+    if (storage or state) and not (
+        storage_fits(slot, storage) and state_fits(slot, storage, state)
+    ):
         return _NOTHING
-    if state:
-        if state_pool is None:
-            return _NOTHING
-        if (state + storage if slot.shared_partition else state) > state_pool.free:
-            return _NOTHING
     cpu, ram = req.cpu, req.ram
-    node_cpu, node_ram = slot.cpu_pool, slot.ram_pool
     all_runtimes = slot.runtimes
     for i in runtimes:
         rt = all_runtimes[i]
-        cpu_pool = rt.cpu_pool or node_cpu
-        if cpu > cpu_pool.free:
+        if not rt.fits(cpu, ram, 1):
             continue
-        ram_pool = rt.ram_pool or node_ram
-        if ram > ram_pool.free:
-            continue
-        instances = rt.slot_pool
-        if instances is not None:
-            if instances.free < 1:
-                continue
-            instances.free -= 1
         # everything fits here: take it
-        cpu_pool.free -= cpu
-        ram_pool.free -= ram
+        rt.cpu_from.free -= cpu
+        rt.ram_from.free -= ram
+        if rt.slot_pool is not None:
+            rt.slot_pool.free -= 1
+        storage_pool, state_pool = slot.storage_pool, slot.state_pool
         if storage_pool is not None:
             storage_pool.free -= storage
         if state_pool is not None:
@@ -592,32 +680,27 @@ def take(
     keep: Mapping[str, tuple[str, ...]],
 ) -> DeviceIds:
     """Take everything the instance needs on ``slot`` at once, or raise and change nothing;
-    returns the device ids given, per resource. (Amounts are never negative, so a pool can
-    provide ``amount`` exactly when ``amount <= free``.)"""
+    returns the device ids given, per resource. The rules are :func:`claim`'s."""
     rt = slot.runtimes[runtime_index]
-    cpu = rt.cpu_pool if rt.cpu_pool is not None else slot.cpu_pool
-    ram = rt.ram_pool if rt.ram_pool is not None else slot.ram_pool
-    instances = rt.slot_pool
+    cpu, ram = rt.cpu_from, rt.ram_from
     storage, state = req.storage, req.state
-    if req.cpu > cpu.free:
+    if not rt.fits(req.cpu, 0, 0):
         raise _over(cpu, req.cpu)
-    if req.ram > ram.free:
+    if not rt.fits(0, req.ram, 0):
         raise _over(ram, req.ram)
-    if instances is not None and instances.free < 1:
-        raise _over(instances, 1)
+    if not rt.fits(0, 0, 1):
+        assert rt.slot_pool is not None
+        raise _over(rt.slot_pool, 1)
     storage_pool = slot.storage_pool
-    if storage:
+    if not storage_fits(slot, storage):
         if storage_pool is None:
             raise ValueError("no partition typed storages")
-        if storage > storage_pool.free:
-            raise _over(storage_pool, storage)
+        raise _over(storage_pool, storage)
     state_pool = slot.state_pool
-    if state:
+    if not state_fits(slot, storage, state):
         if state_pool is None:
             raise ValueError("no partition typed states")
-        need = state + storage if slot.shared_partition else state
-        if need > state_pool.free:
-            raise _over(state_pool, need)
+        raise _over(state_pool, state_need(slot, storage, state))
     held = slot.free_slots(resources) if resources else None
     if held is None and resources:
         for r in resources:
@@ -636,8 +719,8 @@ def take(
     # everything succeeded: commit
     cpu.free -= req.cpu
     ram.free -= req.ram
-    if instances is not None:
-        instances.free -= 1
+    if rt.slot_pool is not None:
+        rt.slot_pool.free -= 1
     if storage_pool is not None:
         storage_pool.free -= storage
     if state_pool is not None:
@@ -662,8 +745,8 @@ def release_reservation(slot: NodeSlot, iid: str) -> Reservation:
     res = slot.placed.pop(iid)
     req = res.requested
     rt = slot.runtimes[res.runtime_index]
-    _give(rt.cpu_pool if rt.cpu_pool is not None else slot.cpu_pool, req.cpu)
-    _give(rt.ram_pool if rt.ram_pool is not None else slot.ram_pool, req.ram)
+    _give(rt.cpu_from, req.cpu)
+    _give(rt.ram_from, req.ram)
     if rt.slot_pool is not None:
         _give(rt.slot_pool, 1)
     if slot.storage_pool is not None:

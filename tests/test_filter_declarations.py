@@ -1,0 +1,413 @@
+"""Filters declare what they read; the balancer's caches are derived from those declarations.
+
+- The class key holds what every registered filter reads of a node and of its runtimes: a filter
+  registered later (here, only in the test) splits classes by the field it reads, and nodes
+  differing only in their runtime ids share one class (the ids enter only as an order).
+- Every filter reads only what it declares (checked by recording what it reads).
+- The dynamic rules have one definition: ``claim`` and ``take`` (the fast path) and the filter
+  units give the same verdicts on random node states and asks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.strategies import DrawFn
+from pydantic import BaseModel
+
+from reconciler.model.documents import Node, Service
+from reconciler.model.inventory import CapacityError
+from reconciler.placement import filters
+from reconciler.placement.balancer import Ask, NodeSlot, RuntimeSlot, _ask_for, _Run, balance
+from reconciler.placement.instances import expand_instances
+from reconciler.placement.nodestate import NO_KEEP, claim, make_slot, take
+from tests.builders import make_node, make_service, runtime
+
+_NONE: frozenset[str] = frozenset()
+
+SETTINGS = settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+def _classes(nodes: list[Node]) -> dict[str, int]:
+    return dict(_Run(None, nodes, {}).class_of)
+
+
+# ---------------------------------------------------------------- the class key
+
+
+@dataclass(frozen=True)
+class NodeTypeFilter:
+    """A static filter only this test registers: the node's type must be ``edge``. It reads a
+    node field (``type``) no registered filter reads."""
+
+    name: ClassVar[str] = "NodeType"
+    static: ClassVar[bool] = True
+    reads_node: ClassVar[tuple[str, ...]] = ("node.type",)
+    reads_ask: ClassVar[tuple[str, ...]] = ()
+
+    def check(self, slot: NodeSlot, ask: Ask) -> str | None:
+        return None if slot.node.type == "edge" else f"type {slot.node.type}"
+
+
+def test_a_filter_registered_later_splits_classes_by_the_field_it_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two nodes that differ only in their type share a class while no filter reads the type;
+    once a filter reading it is registered, they fall in two classes, and the fast pass places
+    where the exhaustive scan does. A hand-kept class key (which did not hold the type) would
+    put both in one class and give the first one's static verdict to both."""
+    # "a-gw" comes first in the choice order (more free CPU, then smaller id)
+    nodes = [
+        make_node("a-gw", dmips=2000, node_type="gateway"),
+        make_node("b-edge", dmips=1000, node_type="edge"),
+    ]
+    services = [make_service("s", instances=2, cpu=100)]
+    before = _classes(nodes)
+    assert before["a-gw"] == before["b-edge"]
+    assert {p.node_id for p in balance(None, nodes, services).placements} == {"a-gw"}
+
+    monkeypatch.setattr(filters, "NODE_FILTERS", (*filters.NODE_FILTERS, NodeTypeFilter()))
+    monkeypatch.setattr(filters, "FILTER_CODES", (*filters.FILTER_CODES, NodeTypeFilter.name))
+    assert "node.type" in filters.node_reads()
+    after = _classes(nodes)
+    assert after["a-gw"] != after["b-edge"]
+    fast = balance(None, nodes, services)
+    assert fast == balance(None, nodes, services, exhaustive=True)
+    assert [p.node_id for p in fast.placements] == ["b-edge", "b-edge"]
+    assert not fast.failures
+
+
+def test_a_filter_declaring_the_whole_node_document_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reads of the node's document are declared field by field (``node.<field>``)."""
+
+    @dataclass(frozen=True)
+    class Vague(NodeTypeFilter):
+        reads_node: ClassVar[tuple[str, ...]] = ("node",)
+
+    monkeypatch.setattr(filters, "NODE_FILTERS", (*filters.NODE_FILTERS, Vague()))
+    with pytest.raises(ValueError, match=r"node\.<field>"):
+        _classes([make_node("a")])
+
+
+def _own_ids(node_id: str, *specs: tuple[str, str, str]) -> Node:
+    """A node whose runtimes are (id, type, architecture)."""
+    return make_node(
+        node_id, runtimes=[runtime(rid, rtype, arch=arch) for rid, rtype, arch in specs]
+    )
+
+
+def test_runtime_ids_do_not_split_classes() -> None:
+    """A fleet where every node has its own runtime ids, its runtimes otherwise identical, is
+    one class (each node was its own class when the ids were in the key)."""
+    nodes = [
+        _own_ids(f"n{i:03d}", (f"crun-{i}", "crun", "x86_64"), (f"runc-{i}", "runc", "x86_64"))
+        for i in range(60)
+    ]
+    run = _Run(None, nodes, {})
+    assert len(run.members) == 1
+    services = [make_service("s", instances=90, cpu=10, runtimes=["runc"])]
+    fast = balance(None, nodes, services)
+    assert fast == balance(None, nodes, services, exhaustive=True)
+    assert len(fast.placements) == 90
+    for p in fast.placements:  # each node's own id of the runtime the class's verdict chose
+        assert p.runtime_id == f"runc-{p.node_id[1:].lstrip('0') or '0'}"
+
+
+def test_runtime_ids_give_the_order_of_a_nodes_runtimes() -> None:
+    """Runtimes are described in their order on the node (by type, then id): two nodes whose
+    runtimes of one type come in another order by id are two classes, and each node gets the
+    runtime that passes on it."""
+    # p: x1 (arm64) before x2 (x86_64); q: y1 (x86_64) before y2 (arm64); r like p, other ids
+    p = _own_ids("p", ("x1", "runc", "arm64"), ("x2", "runc", "x86_64"))
+    q = _own_ids("q", ("y2", "runc", "arm64"), ("y1", "runc", "x86_64"))
+    r = _own_ids("r", ("z7", "runc", "arm64"), ("z8", "runc", "x86_64"))
+    classes = _classes([p, q, r])
+    assert classes["p"] == classes["r"] != classes["q"]
+    services = [make_service("s", instances=3, cpu=400, platform={"architecture": "x86_64"})]
+    fast = balance(None, [p, q, r], services)
+    assert fast == balance(None, [p, q, r], services, exhaustive=True)
+    assert {(pl.node_id, pl.runtime_id) for pl in fast.placements} == {
+        ("p", "x2"),
+        ("q", "y1"),
+        ("r", "z8"),
+    }
+
+
+# ---------------------------------------------------------------- filters read what they declare
+
+_POOLS = frozenset(
+    {
+        # what dynamic filters read besides their declarations: pools and the rules on them
+        "cpu_from",
+        "ram_from",
+        "slot_pool",
+        "fits",
+        "storage_pool",
+        "state_pool",
+        "shared_partition",
+        "free_slots",
+        "resources",
+        "pools",
+    }
+)
+
+
+class _Reads:
+    """A read-only view of ``obj`` that records the attribute paths read through it: a path
+    ends at a value that is not a node state, runtime state or document."""
+
+    def __init__(self, obj: Any, prefix: str, log: set[str]) -> None:
+        self._obj, self._prefix, self._log = obj, prefix, log
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._obj, name)
+        path = self._prefix + name
+        if isinstance(value, (BaseModel, NodeSlot, RuntimeSlot)):
+            return _Reads(value, path + ".", self._log)
+        self._log.add(path)
+        return value
+
+
+def _reads_of_check(
+    f: Any, slot: NodeSlot, ask: Ask, runtime: RuntimeSlot | None
+) -> tuple[set[str], set[str], set[str]]:
+    node_log: set[str] = set()
+    ask_log: set[str] = set()
+    rt_log: set[str] = set()
+    node_view: Any = _Reads(slot, "", node_log)
+    ask_view: Any = _Reads(ask, "", ask_log)
+    if runtime is None:
+        f.check(node_view, ask_view)
+    else:
+        f.check(node_view, _Reads(runtime, "", rt_log), ask_view)
+    # a runtime's document is RuntimeSlot.runtime; its pools are the RuntimeSlot's own
+    rt_reads = {p.removeprefix("runtime.") for p in rt_log}
+    return node_log, rt_reads, ask_log
+
+
+# ---------------------------------------------------------------- random node states and asks
+
+Mi = 1024**2
+
+
+@st.composite
+def node_docs(draw: DrawFn) -> Node:
+    runtimes = []
+    for rid in draw(
+        st.lists(st.sampled_from(("r1", "r2", "r3")), min_size=1, max_size=3, unique=True)
+    ):
+        rt = runtime(
+            rid,
+            draw(st.sampled_from(("runc", "crun"))),
+            arch=draw(st.sampled_from(("x86_64", "arm64"))),
+            max_instances=draw(st.integers(0, 2)),
+        )
+        if draw(st.booleans()):
+            rt["allowedDMIPS"] = draw(st.integers(0, 400))
+        if draw(st.booleans()):
+            rt["allowedRAM"] = draw(st.integers(0, 4)) * 128 * Mi
+        runtimes.append(rt)
+    size = st.integers(0, 8).map(lambda n: n * 128 * Mi)
+    layout = draw(st.sampled_from(("none", "both", "storages", "states", "separate")))
+    partitions: list[dict[str, Any]] = []
+    if layout == "both":
+        partitions.append({"name": "p", "types": ["storages", "states"], "totalSize": draw(size)})
+    if layout in ("storages", "separate"):
+        partitions.append({"name": "ps", "types": ["storages"], "totalSize": draw(size)})
+    if layout in ("states", "separate"):
+        partitions.append({"name": "pt", "types": ["states"], "totalSize": draw(size)})
+    resources = [
+        {"name": name, "sharedCount": draw(st.integers(0, 2))}
+        for name in draw(st.lists(st.sampled_from(("can0", "usb")), unique=True))
+    ]
+    pools: list[dict[str, Any]] = []
+    if draw(st.booleans()):
+        pools.append(
+            {
+                "resource": "gpu",
+                "policy": "exclusive",
+                "devices": [
+                    {"id": f"d{i}", "healthy": draw(st.booleans())}
+                    for i in range(draw(st.integers(0, 3)))
+                ],
+            }
+        )
+    if draw(st.booleans()):
+        pools.append(
+            {
+                "resource": "vgpu",
+                "policy": "fractional",
+                "devices": [
+                    {"id": f"v{i}", "healthy": draw(st.booleans()), "memory": 2 * 1024 * Mi}
+                    for i in range(draw(st.integers(1, 2)))
+                ],
+            }
+        )
+    return make_node(
+        "n",
+        dmips=draw(st.integers(0, 1000)),
+        ram=draw(st.integers(0, 8)) * 128 * Mi,
+        runtimes=runtimes,
+        partitions=partitions,
+        resources=resources,
+        device_pools=pools,
+        connected=draw(st.booleans()),
+        state=draw(st.sampled_from(("provisioned", "paused"))),
+    )
+
+
+platforms = st.fixed_dictionaries(
+    {"architecture": st.sampled_from(("x86_64", "arm64"))},
+    optional={
+        "os": st.sampled_from(("linux", "windows")),
+        "variant": st.just("v8"),
+        "osVersion": st.just("1"),
+        "osFeatures": st.lists(st.just("f1"), max_size=1),
+    },
+)
+
+
+@st.composite
+def services(draw: DrawFn, item: str) -> Service:
+    amount = st.none() | st.integers(0, 6)
+    cpu, ram, storage, state = (draw(amount) for _ in range(4))
+    devices: list[dict[str, Any]] = []
+    if draw(st.booleans()):
+        devices.append({"resource": "gpu", "count": draw(st.integers(1, 2))})
+    if draw(st.booleans()):
+        devices.append({"resource": "vgpu", "memory": draw(st.integers(1, 3)) * 512 * Mi})
+    return make_service(
+        item,
+        cpu=None if cpu is None else cpu * 100,
+        ram=None if ram is None else ram * 128 * Mi,
+        storage=None if storage is None else storage * 128 * Mi,
+        state=None if state is None else state * 128 * Mi,
+        runtimes=draw(st.sampled_from((["runc"], ["crun"], ["crun", "runc"]))),
+        platform=draw(st.none() | platforms),
+        labels=draw(st.sampled_from(((), ("l1",)))),
+        node_id=draw(st.sampled_from((None, "n", "other"))),
+        resources=draw(st.lists(st.sampled_from(("can0", "usb", "none")), unique=True)),
+        devices=devices,
+    )
+
+
+@st.composite
+def states(draw: DrawFn) -> tuple[NodeSlot, Ask]:
+    """A node state with some of its capacity already reserved, and an ask."""
+    slot = make_slot(None, draw(node_docs()), _NONE)
+    for k in range(draw(st.integers(0, 4))):  # earlier reservations, where they fit
+        earlier = _ask(draw(services(f"e{k}")))
+        index = draw(st.integers(0, len(slot.runtimes) - 1))
+        with contextlib.suppress(CapacityError, ValueError, KeyError):
+            take(slot, index, earlier.requested(slot), earlier.resources, earlier.devices, NO_KEEP)
+    ask = _ask(draw(services("s")))
+    if draw(st.booleans()):
+        ask.keep_runtime = draw(st.sampled_from(("r1", "r2", "r3")))
+    return slot, ask
+
+
+def _ask(service: Service) -> Ask:
+    return _ask_for(expand_instances([service])[0], None)
+
+
+def _dynamic_verdicts(slot: NodeSlot, ask: Ask) -> list[bool]:
+    """Per runtime, whether every dynamic filter unit passes (node-level ones included)."""
+    node_ok = all(f.check(slot, ask) is None for f in filters.NODE_FILTERS if not f.static)
+    return [
+        node_ok
+        and all(f.check(slot, rt, ask) is None for f in filters.RUNTIME_FILTERS if not f.static)
+        for rt in slot.runtimes
+    ]
+
+
+@SETTINGS
+@given(case=states())
+def test_every_filter_reads_only_what_it_declares(case: tuple[NodeSlot, Ask]) -> None:
+    """What a filter reads of the node, its runtimes and the ask is among its declarations
+    (dynamic filters also read pools, and the ask's requested amounts, which are made of its
+    ``amounts`` and ``usage`` and the node's ``request_key``). A read left out of a
+    declaration would be left out of the class key or the service shape."""
+    slot, ask = case
+    for nf in filters.NODE_FILTERS:
+        node, _, asked = _reads_of_check(nf, slot, ask, None)
+        extra = set() if nf.static else _POOLS
+        assert node <= set(nf.reads_node) | extra, nf.name
+        assert asked <= set(nf.reads_ask), nf.name
+    for rf in filters.RUNTIME_FILTERS:
+        for rt in slot.runtimes:
+            node, of_runtime, asked = _reads_of_check(rf, slot, ask, rt)
+            extra = set() if rf.static else _POOLS
+            assert node <= set(rf.reads_node) | extra, rf.name
+            assert of_runtime <= set(rf.reads_runtime) | extra, rf.name
+            if "requested" in asked:  # Ask.requested reads these (and slot.request_key)
+                assert {"amounts", "usage"} <= set(rf.reads_ask), rf.name
+                asked.discard("requested")
+            assert asked <= set(rf.reads_ask), rf.name
+
+
+@SETTINGS
+@given(case=states())
+def test_claim_and_take_agree_with_the_filter_units(case: tuple[NodeSlot, Ask]) -> None:
+    """``claim`` takes the first runtime (of those given) on which every dynamic filter unit
+    passes, and nothing when there is none; ``take`` on a runtime succeeds exactly where they
+    all pass, and both take the same."""
+    slot, ask = case
+    req = ask.requested(slot)
+    verdicts = _dynamic_verdicts(slot, ask)
+    everywhere = tuple(range(len(slot.runtimes)))
+    trial = slot.clone()
+    at, ids = claim(trial, req, everywhere, ask.resources, ask.devices, NO_KEEP)
+    assert at == next((i for i, ok in enumerate(verdicts) if ok), -1)
+    if at < 0:  # nothing changed
+        assert _free(trial) == _free(slot)
+    for i, ok in enumerate(verdicts):
+        one = slot.clone()
+        got, _ = claim(one, req, (i,), ask.resources, ask.devices, NO_KEEP)
+        assert (got == i) == ok
+        other = slot.clone()
+        try:
+            given = take(other, i, req, ask.resources, ask.devices, NO_KEEP)
+        except (CapacityError, ValueError, KeyError):
+            assert not ok
+            assert _free(other) == _free(slot)
+        else:
+            assert ok
+            assert _free(other) == _free(one)
+            if i == at:
+                assert given == ids
+
+
+def _free(slot: NodeSlot) -> tuple[object, ...]:
+    return (
+        slot.cpu_pool.free,
+        slot.ram_pool.free,
+        tuple((rt.cpu_from.free, rt.ram_from.free, rt.slots) for rt in slot.runtimes),
+        tuple(sorted((k, p.free) for k, p in slot.partition_pools.items())),
+        tuple(sorted(slot.resources.items())),
+        tuple(sorted(slot.pools.items())),
+    )
+
+
+@SETTINGS
+@given(case=states(), cpu=st.integers(0, 1200), ram=st.integers(0, 10), slots=st.integers(0, 1))
+def test_each_filter_asks_its_own_part_of_the_runtime_rule(
+    case: tuple[NodeSlot, Ask], cpu: int, ram: int, slots: int
+) -> None:
+    """``RuntimeSlot.fits`` with all three amounts is the three filters' parts together (an
+    amount of 0 always fits)."""
+    slot, _ = case
+    for rt in slot.runtimes:
+        parts = rt.fits(cpu, 0, 0), rt.fits(0, ram * 128 * Mi, 0), rt.fits(0, 0, slots)
+        assert rt.fits(cpu, ram * 128 * Mi, slots) == all(parts)
+        assert rt.fits(0, 0, 0)
