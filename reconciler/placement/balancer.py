@@ -91,6 +91,7 @@ __all__ = [
     "NodeSlot",
     "Overload",
     "RuntimeSlot",
+    "ask_for",
     "balance",
     "explain",
     "node_states",
@@ -231,7 +232,7 @@ def _device_order(d: DeviceRequest) -> str:
     return d.resource
 
 
-def _ask_for(instance: Instance, usage: tuple[int, int] | None) -> Ask:
+def ask_for(instance: Instance, usage: tuple[int, int] | None) -> Ask:
     """What ``instance`` asks (``usage``: its measured cpu and ram, where known)."""
     s = instance.service
     resources, devices = s.resources, s.devices
@@ -671,7 +672,7 @@ class _Run:
     # -- what is asked
 
     def ask(self, instance: Instance) -> Ask:
-        ask = _ask_for(instance, self.usage.get(instance.id) if self.usage else None)
+        ask = ask_for(instance, self.usage.get(instance.id) if self.usage else None)
         ask.cause = self.cause
         return ask
 
@@ -682,7 +683,7 @@ class _Run:
         key: object = (id(instance.service), usage) if self.overloaded else id(instance.service)
         group = self.groups.get(key)
         if group is None:
-            ask = _ask_for(instance, usage)
+            ask = ask_for(instance, usage)
             shape = self.shape(ask)
             group = self.shapes.get(shape)
             if group is None:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from reconciler.placement.nodestate import state_fits, storage_fits
+from reconciler.placement.nodestate import state_fits, state_need, storage_fits
 from reconciler.placement.sharing import REGISTRY
 
 if TYPE_CHECKING:
@@ -292,7 +292,10 @@ class StateFilter:
         pool = slot.state_pool
         if pool is None:
             return "no partition typed states"
-        return f"needs {req.state} bytes, {pool.free} free"
+        need = state_need(slot, req.storage, req.state)
+        if need != req.state:  # one partition typed both: storage and state from one pool
+            return f"needs {need} bytes with storage ({req.state} state), {pool.free} free"
+        return f"needs {need} bytes, {pool.free} free"
 
 
 @dataclass(frozen=True)

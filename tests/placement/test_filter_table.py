@@ -439,7 +439,8 @@ ROWS: tuple[Row, ...] = (
         "one partition typed both: state and storage share it",
         node(partitions=[{"name": "p", "types": ["storages", "states"], "totalSize": "1Gi"}]),
         svc(storage="600Mi", state="600Mi"),
-        f"needs {600 * MI} bytes, {GI} free",  # the reason names the state asked
+        # the reason names what the shared pool must give: 600Mi of storage plus 600Mi of state
+        f"needs {1200 * MI} bytes with storage ({600 * MI} state), {GI} free",
     ),
     Row(
         "State",

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import pytest
 
-from reconciler.model.inventory import CapacityError
 from reconciler.placement.sharing import REGISTRY, ShareRequest, Status, StatusCode
 from reconciler.placement.sharing.base import Item, PoolState
 
@@ -274,23 +273,7 @@ def test_allocate_gives_and_release_gives_back(row: Row) -> None:
     assert policy.release(after, row.request, ids) == before
 
 
-REFUSED = [
-    pytest.param(
-        r,
-        id=i,
-        marks=pytest.mark.xfail(
-            strict=True,
-            raises=CapacityError,
-            reason="shared-count's allocate raises the inventory's CapacityError, not the "
-            "ValueError SharingPolicy.allocate documents (the balancer never calls it on a "
-            "full pool: it asks NodeSlot.free_slots first)",
-        ),
-    )
-    if r.pool.policy == "shared-count"
-    else pytest.param(r, id=i)
-    for i, r in zip(IDS, ROWS, strict=True)
-    if not r.expected.ok
-]
+REFUSED = [pytest.param(r, id=i) for i, r in zip(IDS, ROWS, strict=True) if not r.expected.ok]
 
 
 @pytest.mark.parametrize("row", REFUSED)

@@ -3,9 +3,8 @@
 (an :class:`~reconciler.placement.balancer.Ask`), built with the public API only.
 
 The state comes from ``balance`` and ``node_states`` (the status path), with other services
-placed first where a table row needs something already taken; the ask is stated field by field
-from the service document (SPEC §7.4: labels, accepted runtime types, ``nodeId``, the image's
-platform, named resources, device requests by resource), plus what pass 1 keeps of a previous
+placed first where a table row needs something already taken; the ask is the balancer's own
+(:func:`~reconciler.placement.balancer.ask_for`), plus what pass 1 keeps of a previous
 allocation, which only the balancer sets. ``explain_cell`` is the same question through
 ``reconciler explain``'s matrix, so a table can check both.
 """
@@ -13,14 +12,14 @@ allocation, which only the balancer sets. ``explain_cell`` is the same question 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from reconciler.model.documents import Node, Service, UnitConfig
 from reconciler.model.values import instance_id
-from reconciler.placement.balancer import Ask, balance, explain, node_states
+from reconciler.placement.balancer import Ask, ask_for, balance, explain, node_states
 from reconciler.placement.filters import FILTER_CODES
 from reconciler.placement.instances import expand_instances
 from reconciler.placement.nodestate import NodeSlot
-from reconciler.placement.sharing import ShareRequest
 
 __all__ = ["ask_of", "explain_cell", "slot_of"]
 
@@ -42,20 +41,8 @@ def ask_of(
 ) -> Ask:
     """What instance 0 of ``service`` asks of a candidate node."""
     instance = expand_instances([service])[0]
-    return Ask(
-        instance,
-        labels=frozenset(service.labels),
-        runtimes=frozenset(service.runtimes),
-        node_id=service.nodeId,
-        platform=service.image.platform,
-        resources=tuple(ShareRequest(r.name) for r in service.resources),
-        devices=tuple(
-            ShareRequest(d.resource, d.count or 1, d.memory)
-            for d in sorted(service.devices, key=lambda d: d.resource)
-        ),
-        keep_runtime=keep_runtime,
-        keep_devices=dict(keep_devices or {}),
-    )
+    kept = tuple(sorted((r, tuple(ids)) for r, ids in (keep_devices or {}).items()))
+    return replace(ask_for(instance, None), keep_runtime=keep_runtime, keep_devices=kept)
 
 
 def explain_cell(

@@ -36,8 +36,10 @@ class SharedCountPolicy(SharingPolicy):
     def allocate(
         self, state: PoolState, request: ShareRequest, keep: tuple[str, ...] = ()
     ) -> tuple[PoolState, tuple[str, ...]]:
-        slots = state.slots.consume(1)
-        return state.evolve(slots), (state.resource,)
+        status = self.filter(state, request, keep)
+        if not status.ok:  # (the interface's refusal, not the inventory's CapacityError)
+            raise ValueError(status.reason)
+        return state.evolve(state.slots.consume(1)), (state.resource,)
 
     def release(self, state: PoolState, request: ShareRequest, ids: tuple[str, ...]) -> PoolState:
         return state.evolve(state.slots.release(1))

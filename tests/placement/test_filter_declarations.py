@@ -23,10 +23,10 @@ from pydantic import BaseModel
 from reconciler.model.documents import Node, Service
 from reconciler.model.inventory import CapacityError
 from reconciler.placement import filters
-from reconciler.placement.balancer import Ask, NodeSlot, RuntimeSlot, _ask_for, _Run, balance
+from reconciler.placement.balancer import Ask, NodeSlot, RuntimeSlot, _Run, ask_for, balance
 from reconciler.placement.instances import expand_instances
 from reconciler.placement.nodestate import NO_KEEP, claim, make_slot, take
-from tests.builders import make_node, make_service, runtime
+from tests.support.builders import make_node, make_service, runtime
 
 _NONE: frozenset[str] = frozenset()
 
@@ -318,7 +318,7 @@ def states(draw: DrawFn) -> tuple[NodeSlot, Ask]:
 
 
 def _ask(service: Service) -> Ask:
-    return _ask_for(expand_instances([service])[0], None)
+    return ask_for(expand_instances([service])[0], None)
 
 
 def _dynamic_verdicts(slot: NodeSlot, ask: Ask) -> list[bool]:
