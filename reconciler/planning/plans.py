@@ -367,6 +367,24 @@ def _by_node_and_id(a: Action) -> tuple[str, str]:
     return (a.node_id, a.instance_id)
 
 
+def _displaced(
+    result: BalanceResult, actual: Mapping[str, ActualState], node_id: str, inst: ActualInstance
+) -> bool:
+    """Whether a desired instance left without a place was displaced from ``node_id``: an
+    instance of strictly higher priority is placed there and does not run there yet. This is
+    what a preemption leaves behind, and it stays so in every run until the agents carry the
+    plan out, so the stop's reason does not change between runs (the balancer's own record of
+    an eviction lives for one run only)."""
+    iid = inst.instance_id
+    priority = next(f.priority for f in result.failures if f.instance_id == iid)
+    there = actual.get(node_id)
+    running = there.instances if there is not None else {}
+    return any(
+        p.node_id == node_id and p.priority > priority and p.instance_id not in running
+        for p in result.placements
+    )
+
+
 def make_plan(
     result: BalanceResult,
     actual: Mapping[str, ActualState],
@@ -403,7 +421,7 @@ def make_plan(
         elif p is None:
             if iid not in unplaced:
                 reason = "not-desired"
-            elif iid in result.preempted:
+            elif _displaced(result, actual, node_id, inst):
                 reason = "preempted"
             else:
                 reason = "unplaceable"

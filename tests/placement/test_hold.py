@@ -153,6 +153,12 @@ class TestBalancerHolds:
         assert [(a.action, a.instance_id, a.reason) for a in plan.stops()] == [
             ("stop", IID, "preempted")
         ]
+        # the next run (the agents have not stopped it yet) plans the same stop, for the same
+        # reason, though that run evicts nobody
+        third = balance(None, nodes(), [bad, boss], previous_of(second))
+        assert not third.preempted
+        again = make_plan(third, actual, {"A", "B"})
+        assert [(a.instance_id, a.reason) for a in again.stops()] == [(IID, "preempted")]
 
     def test_the_memo_gives_what_a_full_run_gives_through_a_hold(self) -> None:
         memo = BalanceMemo()
