@@ -52,7 +52,12 @@ from reconciler.model.gcpause import collector_paused
 from reconciler.model.jsonbytes import pretty_json
 from reconciler.model.values import validate_id
 from reconciler.oci.builder import BuildResult, BuiltConfig
-from reconciler.oci.writer import PendingManifest, WriteMemo, write_instance_outputs
+from reconciler.oci.writer import (
+    PendingManifest,
+    WriteMemo,
+    sweep_instance_temps,
+    write_instance_outputs,
+)
 from reconciler.placement.alerts import AlertUpdate, observe
 from reconciler.placement.balancer import BalanceMemo, balance
 from reconciler.placement.instances import BalanceResult, Failure, Mode, placement_order
@@ -523,8 +528,8 @@ def reconcile(
         if opts.verify or opts.cache is None:  # a watcher's event runs: see ``verify``
             for rel in ("checkpoint", f"checkpoint/{LAST_GOOD}", "out", "out/nodes"):
                 remove_stale_temp_files(state_dir, rel)
-            # the configs' manifest's, and each instance directory's (a listing of each)
-            remove_stale_temp_files(state_dir, "out/instances", subdirs=True)
+            # the configs' manifest's, and each instance directory's when a writer died there
+            sweep_instance_temps(state_dir)
         written: list[str] = []
         cp_written = False
         problems: list[str] = []

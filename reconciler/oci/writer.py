@@ -37,6 +37,7 @@ from reconciler.io.fsio import (
     StatKey,
     atomic_write_many,
     read_bytes_at,
+    remove_stale_temp_files,
     stat_key,
     write_groups,
 )
@@ -46,6 +47,7 @@ from reconciler.oci.builder import BuiltConfig, config_json, content_digest
 
 __all__ = [
     "CONFIG_MODE",
+    "WRITING",
     "OutputPathError",
     "PendingManifest",
     "WriteMemo",
@@ -53,6 +55,7 @@ __all__ = [
     "hosts_path",
     "instance_dir",
     "instances_dir",
+    "sweep_instance_temps",
     "write_instance_outputs",
 ]
 
@@ -192,6 +195,12 @@ def _unchanged(path: str, data: bytes) -> bool:
     return current == data
 
 
+WRITING = ".writing"
+"""out/instances/.writing: present while a batch of instance files is being written (created
+before the first temp file, removed once every one is renamed). Left behind, it says a writer
+died mid-batch: the next verifying run sweeps every instance directory's temp files
+(:func:`sweep_instance_temps`); otherwise it need not open 20,000 directories to find none."""
+
 MANIFEST = ".manifest.json"
 """out/instances/.manifest.json: per instance, the digest of the hosts and config.json this
 writer wrote last, so that an unchanged instance costs no read (outputs are the controller's)."""
@@ -327,6 +336,26 @@ class WriteMemo:
         self._root, self._manifest, self._entries = None, None, {}
         self._order, self._built, self._irregular = [], {}, set()
         return entries if valid else None
+
+
+def _mark(path: str) -> None:
+    """Create the marker file (empty; a symlink in its place is refused, not followed). An
+    error is raised as the writes' own are (OSError)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    os.close(os.open(path, flags, 0o600))
+
+
+def sweep_instance_temps(state_dir: Path) -> int:
+    """Remove the temp files a killed writer left under ``out/instances``: those of the
+    directory itself (the manifest's) always, and those of every instance directory when a
+    writer died mid-batch (:data:`WRITING` left behind), then the marker. Call under the lock,
+    in a verifying run. Returns the number of files removed."""
+    removed = remove_stale_temp_files(state_dir, "out/instances")
+    marker = instances_dir(state_dir) / WRITING
+    if marker.is_file() and not marker.is_symlink():
+        removed += remove_stale_temp_files(state_dir, "out/instances", subdirs=True)
+        marker.unlink()
+    return removed
 
 
 def write_instance_outputs(
@@ -489,7 +518,12 @@ def write_instance_outputs(
     # one batch: every temp written (the new directories made first), one filesystem flush,
     # every rename, one more flush; an instance's hosts file is renamed before its config, so a
     # config never names a missing hosts file; the manifest comes after
+    marker = f"{root_str}/{WRITING}"
+    if groups:
+        _mark(marker)
     stats = write_groups(groups, sync=sync)
+    if groups:
+        os.unlink(marker)
     both: dict[str, list[FileStat]] = {}  # instances whose two files were both written
     for iid, group, group_stats in zip(group_ids, groups, stats, strict=True):
         if len(group.files) == len(_FILES):

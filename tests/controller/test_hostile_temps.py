@@ -14,6 +14,7 @@ import pytest
 from reconciler.controller.configs import default_config_builder
 from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
 from reconciler.io.fsio import remove_stale_temp_files
+from reconciler.oci.writer import WRITING
 
 KILLED_AT = """
 import os, signal, sys
@@ -83,6 +84,7 @@ def test_a_watchers_event_runs_leave_them_to_the_next_verifying_run(demo_copy: P
     some = next(p for p in (demo_copy / "out" / "instances").iterdir() if p.is_dir())
     stale = some / ".config.json.tmp-99999"
     stale.write_text("torn")
+    (demo_copy / "out" / "instances" / WRITING).write_text("")  # as a writer killed mid-batch
     trusting = dataclasses.replace(opts, verify=False)
     view = reconcile(demo_copy, trusting, view).computed.view
     assert stale.exists()  # an event run does not list 20,000 directories
@@ -128,3 +130,24 @@ def test_an_instance_entry_that_is_not_a_directory_is_left_alone(tmp_path: Path,
     assert remove_stale_temp_files(tmp_path, "out/instances", subdirs=True) == 2
     assert sorted(p.name for p in real.iterdir()) == [".hidden-not-temp", "config.json"]
     assert (other / ".x.tmp-1").exists()
+
+
+def test_a_verifying_run_walks_the_instance_directories_only_after_a_writer_died(
+    demo_copy: Path,
+) -> None:
+    """A batch of instance files is written between the marker's creation and its removal: a
+    finished run leaves no marker, and the next verifying run does not open every instance
+    directory (a temp file put there by hand, with no writer dead, is left); a marker left by a
+    writer that died mid-batch makes it sweep them all, then removes the marker."""
+    opts = ReconcileOptions(configs=default_config_builder())
+    reconcile(demo_copy, opts)
+    root = demo_copy / "out" / "instances"
+    assert not (root / WRITING).exists()
+    some = next(p for p in root.iterdir() if p.is_dir())
+    by_hand = some / ".config.json.tmp-424242"
+    by_hand.write_text("not a dead writer's")
+    reconcile(demo_copy, opts)
+    assert by_hand.exists()
+    (root / WRITING).write_text("")
+    reconcile(demo_copy, opts)
+    assert not by_hand.exists() and not (root / WRITING).exists()
