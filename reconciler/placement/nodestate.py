@@ -652,20 +652,8 @@ def claim(
         if not rt.fits(cpu, ram, 1):
             continue
         # everything fits here: take it
-        rt.cpu_from.free -= cpu
-        rt.ram_from.free -= ram
-        if rt.slot_pool is not None:
-            rt.slot_pool.free -= 1
-        storage_pool, state_pool = slot.storage_pool, slot.state_pool
-        if storage_pool is not None:
-            storage_pool.free -= storage
-        if state_pool is not None:
-            state_pool.free -= state
-        if held:
-            slot.take_slots(held)
+        _commit(slot, rt, req, held, [(r, new) for r, new, _ in given] if given else ())
         if given:
-            for resource, new, _ in given:
-                pools[resource] = new
             return i, tuple([(resource, ids) for resource, _, ids in given])
         return i, ()
     return _NOTHING
@@ -716,20 +704,34 @@ def take(
             new, got = REGISTRY[pool.policy].allocate(pool, d, keep.get(d.resource, ()))
             given.append((d.resource, new))
             ids.append((d.resource, tuple(sorted(got))))
-    # everything succeeded: commit
-    cpu.free -= req.cpu
-    ram.free -= req.ram
+    _commit(slot, rt, req, held, given)  # everything succeeded
+    return tuple(ids)
+
+
+def _commit(
+    slot: NodeSlot,
+    rt: RuntimeSlot,
+    req: Requested,
+    held: list[SharedPool] | None,
+    given: Sequence[tuple[str, PoolState]],
+) -> None:
+    """Reserve what :func:`claim` or :func:`take` found to fit on ``rt`` of ``slot``: the
+    amounts, a runtime slot, a slot of each named resource (``held``) and the device pools'
+    new states (``given``)."""
+    rt.cpu_from.free -= req.cpu
+    rt.ram_from.free -= req.ram
     if rt.slot_pool is not None:
         rt.slot_pool.free -= 1
-    if storage_pool is not None:
-        storage_pool.free -= storage
-    if state_pool is not None:
-        state_pool.free -= state
+    if slot.storage_pool is not None:
+        slot.storage_pool.free -= req.storage
+    if slot.state_pool is not None:
+        slot.state_pool.free -= req.state
     if held:
         slot.take_slots(held)
-    for resource, after in given:
-        slot.pools[resource] = after
-    return tuple(ids)
+    if given:
+        pools = slot.pools
+        for resource, after in given:
+            pools[resource] = after
 
 
 def _give(pool: Pool, amount: int) -> None:
