@@ -367,22 +367,16 @@ def _by_node_and_id(a: Action) -> tuple[str, str]:
     return (a.node_id, a.instance_id)
 
 
-def _displaced(
-    result: BalanceResult, actual: Mapping[str, ActualState], node_id: str, inst: ActualInstance
-) -> bool:
-    """Whether a desired instance left without a place was displaced from ``node_id``: an
-    instance of strictly higher priority is placed there and does not run there yet. This is
-    what a preemption leaves behind, and it stays so in every run until the agents carry the
-    plan out, so the stop's reason does not change between runs (the balancer's own record of
-    an eviction lives for one run only)."""
-    iid = inst.instance_id
-    priority = next(f.priority for f in result.failures if f.instance_id == iid)
-    there = actual.get(node_id)
-    running = there.instances if there is not None else {}
-    return any(
-        p.node_id == node_id and p.priority > priority and p.instance_id not in running
-        for p in result.placements
-    )
+def _arrivals(result: BalanceResult, actual: Mapping[str, ActualState]) -> dict[str, int]:
+    """Per node, the highest priority of the instances placed there that do not run there
+    yet (one pass over the placements, made only when a plan has a desired instance to stop)."""
+    top: dict[str, int] = {}
+    for p in result.placements:
+        there = actual.get(p.node_id)
+        arriving = there is None or p.instance_id not in there.instances
+        if arriving and p.priority > top.get(p.node_id, p.priority - 1):
+            top[p.node_id] = p.priority
+    return top
 
 
 def make_plan(
@@ -412,7 +406,8 @@ def make_plan(
     old_stops = m._stops
     stops_now: dict[tuple[str, str], tuple[ActualInstance, Reason, Action]] = {}
     # desired instances without a place: a stop of one is never "not-desired"
-    unplaced = {f.instance_id for f in result.failures} if result.failures else set()
+    unplaced = {f.instance_id: f.priority for f in result.failures} if result.failures else {}
+    arrivals: dict[str, int] | None = None  # (see _arrivals)
     for node_id, iid, inst in running:
         p = get(iid)
         reason: Reason
@@ -421,10 +416,15 @@ def make_plan(
         elif p is None:
             if iid not in unplaced:
                 reason = "not-desired"
-            elif _displaced(result, actual, node_id, inst):
-                reason = "preempted"
             else:
-                reason = "unplaceable"
+                # displaced: an instance of higher priority is placed on its node and does
+                # not run there yet. That is what a preemption leaves behind, and it stays so
+                # in every run until the agents act, so the reason does not change between
+                # runs (the balancer's record of an eviction lives for one run only)
+                if arrivals is None:
+                    arrivals = _arrivals(result, actual)
+                displaced = arrivals.get(node_id, unplaced[iid]) > unplaced[iid]
+                reason = "preempted" if displaced else "unplaceable"
         elif p.node_id == node_id and p.version != inst.version:
             reason = "version-changed"
         elif p.cause == "preempted":
