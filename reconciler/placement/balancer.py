@@ -1206,12 +1206,9 @@ class _Run:
                 out.append(got[1])
                 into[iid] = got
                 continue
-            if inst.service is not service:
-                service = inst.service
+            if res.instance.service is not service:  # (a held one's: the spec it was placed by)
+                service = res.instance.service
                 version, priority = service.version, service.priority
-            if self.held and iid in self.held:  # its version as it was placed
-                service = None
-                version = self.held[iid][0].version
             p = new_placement(
                 iid,
                 inst.item_id,
@@ -1234,13 +1231,12 @@ class _Run:
     def placement(self, instance: Instance) -> Placement:
         slot = self.where[instance.id]
         res = slot.placed[instance.id]
-        held = self.held.get(instance.id)
         return Placement(
             instance.id,
             instance.item_id,
             instance.subject_id,
             instance.index,
-            (held[0] if held is not None else instance).version,
+            res.instance.version,  # (a held one's: the spec it was placed by)
             instance.priority,
             slot.id,
             slot.runtimes[res.runtime_index].id,
