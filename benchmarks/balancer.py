@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from reconciler.accel import balance
 from reconciler.io.loader import load_state
 from reconciler.model.documents import Node, Service, UnitConfig
-from reconciler.placement.balancer import balance
 from reconciler.placement.instances import BalanceResult
 
 from .synth import LATE_PREFIX, SHAPES, synth_unit

@@ -61,6 +61,7 @@ from typing import Any
 
 import yaml
 
+from reconciler.accel import balance
 from reconciler.controller.configs import default_config_builder
 from reconciler.controller.reconcile import (
     ReconcileCache,
@@ -70,7 +71,6 @@ from reconciler.controller.reconcile import (
 )
 from reconciler.io.loader import StateView, load_state
 from reconciler.model.documents import ActualState
-from reconciler.placement.balancer import balance
 from reconciler.placement.instances import BalanceResult
 from reconciler.planning.plans import make_plan, started_record
 

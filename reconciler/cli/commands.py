@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from reconciler import __version__
+from reconciler.accel import explain as explain_instance
 from reconciler.agent.node import AgentError, agent_watch, run_agent_once
 from reconciler.agent.runc import Runc, RuncError
 from reconciler.cli.render import (
@@ -59,7 +60,6 @@ from reconciler.io.lock import LockTimeout, StateLock
 from reconciler.model.documents import KINDS, Service
 from reconciler.model.schema import RESOURCES_FILE, all_schemas
 from reconciler.model.values import parse_duration
-from reconciler.placement.balancer import explain as explain_instance
 from reconciler.placement.instances import Mode, expand_instances
 from reconciler.planning.plans import Plan, failure_json
 from reconciler.stores.base import FileStore, StateStore, StoreError, copy_unit

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reconciler.accel import BalanceMemo, balance
 from reconciler.controller.status import NodeStatusCache, status_bytes
 from reconciler.io.checkpoint_files import (
     LoadReport,
@@ -59,7 +60,6 @@ from reconciler.oci.writer import (
     write_instance_outputs,
 )
 from reconciler.placement.alerts import AlertUpdate, observe
-from reconciler.placement.balancer import BalanceMemo, balance
 from reconciler.placement.instances import BalanceResult, Failure, Mode, placement_order
 from reconciler.planning.checkpoint import (
     Checkpoint,
@@ -244,17 +244,20 @@ def compute_once(
     n_instances = sum(map(_INSTANCES, view.services.values()))
     stage(f"placing {n_instances} instances on {len(view.nodes)} nodes")
     previous = cp.previous()
-    result = balance(
-        view.unit,
-        list(view.nodes.values()),
-        view.services_sorted(),
-        previous,
-        mode,
-        overload,
-        memo=opts.cache.balance if opts.cache is not None else None,
-        # (the checkpoint memo's: this mapping is the last one it handed out but at these ids)
-        previous_since=cp.memo.previous_since if cp.memo is not None else None,
-    )
+    nodes, services = list(view.nodes.values()), view.services_sorted()
+    if opts.cache is None:
+        result = balance(view.unit, nodes, services, previous, mode, overload)
+    else:
+        result = opts.cache.balance.balance(
+            view.unit,
+            nodes,
+            services,
+            previous,
+            mode,
+            overload,
+            # (the checkpoint memo's: this mapping is the last one it handed out but at these ids)
+            previous_since=cp.memo.previous_since if cp.memo is not None else None,
+        )
     ids = opts.cache.ids if opts.cache is not None else None
     allocations, gids, id_errors = assign_ids(
         result, cp.allocations, cp.gids, ids, old_is_last=ids is not None and ids.given_last(cp)

@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from reconciler.accel import node_states
 from reconciler.io.loader import Diagnostic, StateView
 from reconciler.model.documents import ActualInstance, Node, Service, UnitConfig
 from reconciler.model.inventory import Inventory
 from reconciler.model.jsonbytes import document, fragment, join_object, member
-from reconciler.placement.balancer import NodeSlot, node_states
 from reconciler.placement.instances import BalanceResult, Placement
+from reconciler.placement.nodestate import NodeSlot
 from reconciler.placement.sharing import REGISTRY
 from reconciler.placement.sharing.shared_count import UNLIMITED
 from reconciler.planning.plans import failure_json

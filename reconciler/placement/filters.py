@@ -42,7 +42,8 @@ from reconciler.placement.nodestate import state_fits, state_need, storage_fits
 from reconciler.placement.sharing import REGISTRY
 
 if TYPE_CHECKING:
-    from reconciler.placement.balancer import Ask, NodeSlot, RuntimeSlot
+    from reconciler.placement.ask import Ask
+    from reconciler.placement.nodestate import NodeSlot, RuntimeSlot
 
 __all__ = [
     "FILTER_CODES",

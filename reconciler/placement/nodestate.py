@@ -400,6 +400,13 @@ class NodeSlot:
         new.order_base = self.order_base
         return new
 
+    def runtime_index(self, runtime_id: str) -> int:
+        """The place of the runtime ``runtime_id`` in :attr:`runtimes`, or -1."""
+        for i, rt in enumerate(self.runtimes):
+            if rt.id == runtime_id:
+                return i
+        return -1
+
 
 def _node_config(unit: UnitConfig | None, node: Node) -> NodeConfig | None:
     return unit.config_for(node.id, node.type) if unit is not None else None

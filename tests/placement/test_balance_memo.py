@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from reconciler.accel import BalanceMemo, balance, node_states
 from reconciler.io.loader import load_state
 from reconciler.model.documents import Node, Service, UnitConfig
 from reconciler.model.values import instance_id
-from reconciler.placement.balancer import BalanceMemo, balance, node_states
 from reconciler.placement.instances import BalanceResult, Cause, Mode, PreviousAllocation
 from reconciler.placement.nodestate import NodeSlot
 from reconciler.planning.checkpoint import (
@@ -110,7 +110,7 @@ def test_a_memo_gives_what_a_full_balance_gives(scenario: Scenario, data: st.Dat
         if data.draw(st.integers(0, 6), label="previous kept") == 0:
             previous = {}  # a lost checkpoint: not the memo's result
         told = _previous_since(data, previous, given)
-        got = balance(unit, nodes, svcs, previous, mode, memo=memo, previous_since=told)
+        got = memo.balance(unit, nodes, svcs, previous, mode, previous_since=told)
         given = previous
         want = balance(unit, nodes, svcs, previous, mode)
         assert got == want, f"step {step}"
@@ -263,18 +263,18 @@ class TestTheMemoIsUsed:
         self.nodes = [make_node(f"n{i}") for i in range(4)]
         self.services = [make_service(f"s{i}", instances=3, cpu=100) for i in range(5)]
         self.memo = BalanceMemo()
-        first = balance(None, self.nodes, self.services, {}, "stable", memo=self.memo)
+        first = self.memo.balance(None, self.nodes, self.services, {}, "stable")
         assert not self.memo.incremental
         self.previous = previous_of(first)
 
     def test_unchanged_inputs_replace_nothing(self) -> None:
-        again = balance(None, self.nodes, self.services, self.previous, "stable", memo=self.memo)
+        again = self.memo.balance(None, self.nodes, self.services, self.previous, "stable")
         assert self.memo.incremental and self.memo.replaced == 0
         assert again == balance(None, self.nodes, self.services, self.previous, "stable")
 
     def test_one_edited_service_replaces_its_instances_only(self) -> None:
         edited = [*self.services[:2], make_service("s2", instances=5, cpu=50), *self.services[3:]]
-        got = balance(None, self.nodes, edited, self.previous, "stable", memo=self.memo)
+        got = self.memo.balance(None, self.nodes, edited, self.previous, "stable")
         assert self.memo.incremental and self.memo.replaced == 5
         assert got == balance(None, self.nodes, edited, self.previous, "stable")
         assert len(got.placements) == 17
@@ -282,9 +282,9 @@ class TestTheMemoIsUsed:
     def test_an_instance_placed_again_where_it_was_is_the_very_object(self) -> None:
         """The edited service's instances are released and placed again; those placed exactly
         where they were are the last result's objects, so the result names only the others."""
-        first = balance(None, self.nodes, self.services, self.previous, "stable", memo=self.memo)
+        first = self.memo.balance(None, self.nodes, self.services, self.previous, "stable")
         more = [*self.services[:2], make_service("s2", instances=4, cpu=100), *self.services[3:]]
-        got = balance(None, self.nodes, more, previous_of(first), "stable", memo=self.memo)
+        got = self.memo.balance(None, self.nodes, more, previous_of(first), "stable")
         assert self.memo.incremental and self.memo.replaced == 4
         assert got == balance(None, self.nodes, more, previous_of(first), "stable")
         assert got.since is not None and got.since[1] == {instance_id("s2", "default", 3)}
@@ -293,12 +293,12 @@ class TestTheMemoIsUsed:
 
     def test_other_nodes_run_in_full(self) -> None:
         nodes = [*self.nodes[:3], make_node("n3")]  # equal, but not the objects the memo saw
-        got = balance(None, nodes, self.services, self.previous, "stable", memo=self.memo)
+        got = self.memo.balance(None, nodes, self.services, self.previous, "stable")
         assert not self.memo.incremental
         assert got == balance(None, nodes, self.services, self.previous, "stable")
 
     def test_a_previous_other_than_the_result_runs_in_full(self) -> None:
-        got = balance(None, self.nodes, self.services, {}, "stable", memo=self.memo)
+        got = self.memo.balance(None, self.nodes, self.services, {}, "stable")
         assert not self.memo.incremental
         assert got == balance(None, self.nodes, self.services, {}, "stable")
 
@@ -312,11 +312,11 @@ def test_an_unchanged_call_after_an_eviction_evicts_nobody(n_nodes: int) -> None
     lo = make_service("lo", cpu=800)
     hi = make_service("hi", priority=1, node_id="n0", cpu=500)
     memo = BalanceMemo()
-    previous = previous_of(balance(None, nodes, [lo], {}, "stable", memo=memo))
-    evicting = balance(None, nodes, [lo, hi], previous, "stable", memo=memo)
+    previous = previous_of(memo.balance(None, nodes, [lo], {}, "stable"))
+    evicting = memo.balance(None, nodes, [lo, hi], previous, "stable")
     assert evicting.preempted == {instance_id("lo", "default", 0)}
     previous = previous_of(evicting)
-    got = balance(None, nodes, [lo, hi], previous, "stable", memo=memo)
+    got = memo.balance(None, nodes, [lo, hi], previous, "stable")
     assert memo.incremental
     assert got == balance(None, nodes, [lo, hi], previous, "stable")
     assert got.preempted == frozenset()
@@ -342,15 +342,15 @@ def test_a_stale_previous_of_an_evicted_instance_runs_in_full() -> None:
     nodes = [make_node("n0"), make_node("n1")]
     lo = make_service("lo", cpu=800)
     memo = BalanceMemo()
-    first = balance(None, nodes, [lo, make_service("x", cpu=100)], {}, "stable", memo=memo)
+    first = memo.balance(None, nodes, [lo, make_service("x", cpu=100)], {}, "stable")
     lo_id = instance_id("lo", "default", 0)
     assert first.by_id[lo_id].node_id == "n0"
     stale = previous_of(first)
     now = [lo, make_service("hi", priority=1, node_id="n0", cpu=500)]  # x gone, hi added
-    second = balance(None, nodes, now, stale, "stable", memo=memo)
+    second = memo.balance(None, nodes, now, stale, "stable")
     assert memo.incremental and second.preempted == {lo_id}
     assert second.by_id[lo_id].node_id == "n1" and len(second.placements) == len(stale)
-    third = balance(None, nodes, now, dict(stale), "stable", memo=memo)
+    third = memo.balance(None, nodes, now, dict(stale), "stable")
     assert not memo.incremental
     assert third == balance(None, nodes, now, dict(stale), "stable")
 
@@ -362,18 +362,17 @@ def test_uids_of_an_edit_are_assigned_on_the_nodes_it_touched_only() -> None:
     nodes = [make_node("n0", dmips=10_000), make_node("n1", dmips=10_000)]
     others = [make_service(f"o{i}", cpu=10, node_id="n1") for i in range(3)]
     memo, ids = BalanceMemo(), _Ids()
-    got = balance(
+    got = memo.balance(
         None,
         nodes,
         [make_service("s", instances=2, cpu=10, node_id="n0"), *others],
         {},
         "stable",
-        memo=memo,
     )
     ids.assign(got, tampered=False)
     assert not ids.memo.patched  # the first call: every node
     grown = [make_service("s", instances=8, cpu=10, node_id="n0"), *others]
-    got = balance(None, nodes, grown, previous_of(got), "stable", memo=memo)
+    got = memo.balance(None, nodes, grown, previous_of(got), "stable")
     assert memo.incremental and got.since is not None
     ids.assign(got, tampered=False)  # compares with a call without memo
     assert ids.memo.patched
@@ -390,18 +389,18 @@ def test_uids_after_an_instance_left_a_node() -> None:
     nodes = [make_node("n0"), make_node("n1")]
     lo, hi = make_service("lo", cpu=800), make_service("hi", priority=1, node_id="n0", cpu=500)
     memo, ids = BalanceMemo(), _Ids()
-    got = balance(None, nodes, [lo, make_service("x", cpu=100)], {}, "stable", memo=memo)
+    got = memo.balance(None, nodes, [lo, make_service("x", cpu=100)], {}, "stable")
     ids.assign(got, tampered=False)
-    got = balance(None, nodes, [lo, hi], previous_of(got), "stable", memo=memo)
+    got = memo.balance(None, nodes, [lo, hi], previous_of(got), "stable")
     assert memo.incremental and got.preempted
     ids.assign(got, tampered=False)
     small = make_service("small", cpu=100, node_id="n0")
-    got = balance(None, nodes, [lo, hi, small], previous_of(got), "stable", memo=memo)
+    got = memo.balance(None, nodes, [lo, hi, small], previous_of(got), "stable")
     assert memo.incremental
     ids.assign(got, tampered=False)
     # small leaves n0 and nothing arrives there; then another arrives on n0
     for wanted in ([lo, hi], [lo, hi, make_service("small2", cpu=100, node_id="n0")]):
-        got = balance(None, nodes, wanted, previous_of(got), "stable", memo=memo)
+        got = memo.balance(None, nodes, wanted, previous_of(got), "stable")
         assert memo.incremental
         ids.assign(got, tampered=False)
     assert ids.patched == 4
@@ -410,10 +409,8 @@ def test_uids_after_an_instance_left_a_node() -> None:
 def test_a_result_naming_its_changes_pickles_without_them() -> None:
     nodes = [make_node("n0")]
     memo = BalanceMemo()
-    first = balance(None, nodes, [make_service("a")], {}, "stable", memo=memo)
-    got = balance(
-        None, nodes, [make_service("a"), make_service("b")], previous_of(first), memo=memo
-    )
+    first = memo.balance(None, nodes, [make_service("a")], {}, "stable")
+    got = memo.balance(None, nodes, [make_service("a"), make_service("b")], previous_of(first))
     assert got.since is not None
     again = pickle.loads(pickle.dumps(got))
     assert again == got and again.since is None
@@ -431,7 +428,7 @@ def test_an_edit_among_many_services_is_found_by_position(edit: str) -> None:
     nodes = [make_node(f"n{i}", dmips=4000) for i in range(3)]
     svcs = [make_service(f"s{i:02d}", instances=2, cpu=50) for i in range(24)]
     memo = BalanceMemo()
-    first = balance(None, nodes, svcs, {}, "stable", memo=memo)
+    first = memo.balance(None, nodes, svcs, {}, "stable")
     now = list(svcs)
     if edit == "instances":
         now[5] = make_service("s05", instances=4, cpu=50)
@@ -448,7 +445,7 @@ def test_an_edit_among_many_services_is_found_by_position(edit: str) -> None:
         del now[9]
     else:
         now.append(make_service("s99", instances=2, cpu=50))
-    got = balance(None, nodes, now, previous_of(first), "stable", memo=memo)
+    got = memo.balance(None, nodes, now, previous_of(first), "stable")
     assert got == balance(None, nodes, now, previous_of(first), "stable")
     assert memo.incremental
 
@@ -459,9 +456,11 @@ def test_two_services_with_one_key_are_refused(with_memo: bool) -> None:
     never hands such services over: it reports the second file)."""
     nodes = [make_node("n0"), make_node("n1")]
     services = [make_service("a"), make_service("b"), make_service("a", instances=3)]
-    memo = BalanceMemo() if with_memo else None
     with pytest.raises(ValueError, match="services defined twice: a:default"):
-        balance(None, nodes, services, {}, "stable", memo=memo)
+        if with_memo:
+            BalanceMemo().balance(None, nodes, services, {}, "stable")
+        else:
+            balance(None, nodes, services, {}, "stable")
 
 
 class TestPreviousSince:
@@ -473,9 +472,9 @@ class TestPreviousSince:
         self.nodes = [make_node(f"n{i}") for i in range(3)]
         self.services = [make_service(f"s{i}", instances=2, cpu=100) for i in range(3)]
         self.memo = BalanceMemo()
-        first = balance(None, self.nodes, self.services, {}, "stable", memo=self.memo)
+        first = self.memo.balance(None, self.nodes, self.services, {}, "stable")
         self.checked = previous_of(first)  # checked by the next call (nothing changed)
-        balance(None, self.nodes, self.services, self.checked, "stable", memo=self.memo)
+        self.memo.balance(None, self.nodes, self.services, self.checked, "stable")
         assert self.memo.incremental
 
     def _call(
@@ -485,8 +484,8 @@ class TestPreviousSince:
         base: dict[str, PreviousAllocation] | None = None,
     ) -> BalanceResult:
         told = (self.checked if base is None else base, since)
-        return balance(
-            None, self.nodes, self.services, previous, "stable", memo=self.memo, previous_since=told
+        return self.memo.balance(
+            None, self.nodes, self.services, previous, "stable", previous_since=told
         )
 
     def test_an_unchanged_previous_named_so_is_taken(self) -> None:
@@ -496,7 +495,7 @@ class TestPreviousSince:
     def test_a_placement_made_since_is_compared_though_not_named(self) -> None:
         self.services[0] = make_service("s0", instances=3, cpu=100)  # one more
         self.services[1] = make_service("s1", instances=1, cpu=100)  # one less
-        moved = balance(None, self.nodes, self.services, self.checked, "stable", memo=self.memo)
+        moved = self.memo.balance(None, self.nodes, self.services, self.checked, "stable")
         assert self.memo.incremental and len(moved.placements) == len(self.checked)
         # the checkpoint of that call was not saved: the one checked before, unedited
         self._call(dict(self.checked), frozenset())

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from reconciler.accel import balance
 from reconciler.model.documents import Node, NodeUsage, Service, UnitConfig
 from reconciler.model.values import instance_id
-from reconciler.placement.balancer import balance
 from reconciler.placement.instances import BalanceResult
 from reconciler.placement.sharing import REGISTRY, ShareRequest, SharingPolicy, StatusCode
 from reconciler.placement.sharing.base import Item

@@ -15,9 +15,9 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from reconciler.accel import balance, node_states
 from reconciler.model.documents import AlertRules, Node, Service, UnitConfig
 from reconciler.model.values import instance_id
-from reconciler.placement.balancer import balance, node_states
 from reconciler.placement.filters import FILTER_CODES
 from reconciler.placement.instances import BalanceResult, Mode, PreviousAllocation
 from tests.support.balancer_scenarios import (

@@ -20,12 +20,14 @@ from hypothesis import strategies as st
 from hypothesis.strategies import DrawFn
 from pydantic import BaseModel
 
+from reconciler.accel import ClassIndex, balance
 from reconciler.model.documents import Node, Service
 from reconciler.model.inventory import CapacityError
 from reconciler.placement import filters
-from reconciler.placement.balancer import Ask, NodeSlot, RuntimeSlot, _Run, ask_for, balance
+from reconciler.placement.ask import Ask, ask_for
+from reconciler.placement.balancer import Run
 from reconciler.placement.instances import expand_instances
-from reconciler.placement.nodestate import NO_KEEP, claim, make_slot, take
+from reconciler.placement.nodestate import NO_KEEP, NodeSlot, RuntimeSlot, claim, make_slot, take
 from tests.support.builders import make_node, make_service, runtime
 
 _NONE: frozenset[str] = frozenset()
@@ -37,8 +39,14 @@ SETTINGS = settings(
 )
 
 
+def _index(nodes: list[Node]) -> ClassIndex:
+    index = Run(None, nodes, {}, search=ClassIndex).search
+    assert isinstance(index, ClassIndex)
+    return index
+
+
 def _classes(nodes: list[Node]) -> dict[str, int]:
-    return dict(_Run(None, nodes, {}).class_of)
+    return dict(_index(nodes).class_of)
 
 
 # ---------------------------------------------------------------- the class key
@@ -114,8 +122,7 @@ def test_runtime_ids_do_not_split_classes() -> None:
         _own_ids(f"n{i:03d}", (f"crun-{i}", "crun", "x86_64"), (f"runc-{i}", "runc", "x86_64"))
         for i in range(60)
     ]
-    run = _Run(None, nodes, {})
-    assert len(run.members) == 1
+    assert len(_index(nodes).members) == 1
     services = [make_service("s", instances=90, cpu=10, runtimes=["runc"])]
     fast = balance(None, nodes, services)
     assert fast == balance(None, nodes, services, exhaustive=True)

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
+from reconciler.accel import BalanceMemo, balance
 from reconciler.cli.commands import main
 from reconciler.controller.reconcile import reconcile
 from reconciler.model.documents import ActualInstance, ActualState, Node, Service
 from reconciler.model.values import instance_id
-from reconciler.placement.balancer import BalanceMemo, balance
 from reconciler.planning.plans import make_plan
 from tests.support.agent_sim import apply_all
 from tests.support.builders import make_node, make_service, previous_of
@@ -173,7 +173,7 @@ class TestBalancerHolds:
         prev_full: dict[str, Any] = {}
         other = make_service("com.example.other", cpu=100, runtimes=["runc"])
         for spec in specs:
-            with_memo = balance(None, nodes(), [spec, other], prev_memo, memo=memo)
+            with_memo = memo.balance(None, nodes(), [spec, other], prev_memo)
             full = balance(None, nodes(), [spec, other], prev_full)
             assert with_memo == full and with_memo.held == full.held
             prev_memo, prev_full = previous_of(with_memo), previous_of(full)

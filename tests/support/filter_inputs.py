@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from reconciler.accel import balance, explain, node_states
 from reconciler.model.documents import Node, Service, UnitConfig
 from reconciler.model.values import instance_id
-from reconciler.placement.balancer import Ask, ask_for, balance, explain, node_states
+from reconciler.placement.ask import Ask, ask_for
 from reconciler.placement.filters import FILTER_CODES
 from reconciler.placement.instances import expand_instances
 from reconciler.placement.nodestate import NodeSlot

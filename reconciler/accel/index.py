@@ -1,0 +1,482 @@
+"""The class index: a fast :class:`~reconciler.placement.search.CandidateSearch` that answers
+exactly as the exhaustive one does.
+
+Pass 2 does not scan every node for every instance. Nodes are grouped in classes of equal
+static answers (the static filter units run once per class and service shape, see
+:mod:`~reconciler.accel.classes`), and each class keeps its nodes sorted in the choice order of
+SPEC §7.5, one integer per node. The consecutive instances of one service are placed together:
+a heap merges the classes' best nodes, each class read from the front past the nodes known to
+refuse the service, plus the nodes the service already took (with their new place in the
+order); a lower priority level joins only when the higher ones have no node left. Within the
+group only the nodes it takes change, and only by shrinking, so a node refused stays refused
+and the first node of the heap that passes the dynamic filters (``claim``, on integers: the
+same rules the dynamic filter units call) is the best one. The nodes refused are remembered
+until something is released, shared by the services that ask the same everywhere (with, per
+class, an entry before which all its nodes refuse, where the next walk of the class starts),
+and a node without a free slot of a named resource refuses every service needing it. Services
+with one shape share a group, made once.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Hashable, Mapping, Sequence
+from heapq import heappop, heappush, heapreplace
+from typing import TYPE_CHECKING
+
+from reconciler.accel.classes import (
+    Entry,
+    Group,
+    Level,
+    Shape,
+    class_key,
+    shape_of,
+)
+from reconciler.placement.ask import Ask, ask_for
+from reconciler.placement.instances import Cause, Instance, PreviousAllocation, Requested
+from reconciler.placement.nodestate import (
+    NO_KEEP,
+    NodeSlot,
+    RequestKey,
+    Reservation,
+    claim,
+    take,
+)
+from reconciler.placement.pipeline import static_drop, static_runtimes
+from reconciler.placement.search import all_charges, kept_devices
+from reconciler.placement.sharing import ShareRequest
+
+if TYPE_CHECKING:
+    from reconciler.placement.balancer import Run
+
+__all__ = ["ClassIndex"]
+
+_STALE_MAX = 256  # nodes moved since the index was built beyond which it is built again
+
+
+class ClassIndex:
+    """The class index of one balance run (see the module docstring)."""
+
+    name = "index"
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        empty: frozenset[str] = frozenset()
+        overload = run.overload
+        class_ids: dict[tuple[object, ...], int] = {}
+        self.class_of: dict[str, int] = {}
+        self.members: list[list[str]] = []
+        class_of, members = self.class_of, self.members
+        key_of = class_key()
+        for node_id, basics in run.basics.items():
+            overloaded = overload.get(node_id, empty) if overload else empty
+            key = key_of(run.nodes[node_id], basics[0], overloaded)
+            cid = class_ids.get(key)
+            if cid is None:
+                cid = class_ids[key] = len(members)
+                members.append([])
+            class_of[node_id] = cid
+            members[cid].append(node_id)
+        # a representative per class: its first node
+        self.class_slot = [run.slot(members[0]) for members in self.members]
+        # The choice order as one integer per node: priority rank, then CPU below the most any
+        # node has, then RAM below the most any node has, then rank of the id, each in a range
+        # of its own (free amounts stay within their capacity and are never negative).
+        basics_of = run.basics
+        cpu_top = max((b[1] for b in basics_of.values()), default=0)
+        self.ram_top = max((b[2] for b in basics_of.values()), default=0)
+        priorities = sorted({b[0][0] for b in basics_of.values()}, reverse=True)
+        rank = {p: r for r, p in enumerate(priorities)}
+        # entry = ((high - cpu) * ram_span + ram_top - ram) * count + i
+        #       = base - cpu * cpu_step - ram * ram_step, and entry % count = i
+        self.count = count = len(run.nodes)
+        self.ids = list(run.nodes)  # by rank
+        self.class_at = [self.class_of[node_id] for node_id in self.ids]  # by rank
+        ram_span = self.ram_top + 1
+        self.cpu_step, self.ram_step = ram_span * count, count
+        self.order_base = {
+            node_id: ((rank[b[0][0]] * (cpu_top + 1) + cpu_top) * ram_span + self.ram_top) * count
+            + i
+            for i, (node_id, b) in enumerate(basics_of.items())
+        }
+        self.slot_at: list[NodeSlot | None] = [None] * count  # the states built, by rank
+        for slot in run.slots.values():
+            self._built(slot)
+        run.on_slot = self._built
+        # per class, its nodes' entries sorted; rebuilt after reservations made elsewhere
+        self.index: list[list[Entry]] = [[] for _ in self.members]
+        self.entries: list[Entry] = [0] * count  # each node's entry in the index, by rank
+        self.index_valid = False
+        # while the index is valid: the nodes reserved on or released since it was built (or
+        # last brought up to date), by rank; _ensure_index moves these only
+        self.stale: dict[int, NodeSlot] = {}
+        # per static key (a service's labels, runtime types and platform): each class's static
+        # runtimes, and the classes with any by priority level, highest first
+        self.static: dict[object, tuple[list[tuple[int, ...]], list[Level]]] = {}
+        # one node per distinct request key: what a service asks anywhere is known from these
+        by_key: dict[RequestKey, NodeSlot] = {}
+        for rep in self.class_slot:
+            by_key.setdefault(rep.request_key, rep)
+        self.key_slots = list(by_key.values())
+        self.groups: dict[object, Group] = {}  # by service (see group)
+        self.shape = shape_of()
+        self.shapes: dict[Shape, Group] = {}
+        # per key of dynamic answers (see _refused), the nodes that refused it: reservations
+        # only shrink what is free, so they stay refused until something is released
+        self.refused: dict[object, set[int]] = {}  # (node ranks)
+        # and per class, an entry below which all its nodes are in that set: where a walk of
+        # the class for another group of the key starts (see _place_group)
+        self.passed: dict[object, dict[int, Entry]] = {}
+        self.exhausted: dict[str, set[int]] = {}  # per named resource, nodes with no free slot
+
+    def _built(self, slot: NodeSlot) -> None:
+        slot.order_base = self.order_base[slot.id]
+        self.slot_at[slot.order_base % self.count] = slot
+
+    # -- what is asked
+
+    def group(self, instance: Instance) -> Group:
+        """The group of ``instance``: one per shape, found once per service (and measured
+        usage, in an overloaded run)."""
+        run = self.run
+        usage = run.usage_of(instance)
+        key: object = (id(instance.service), usage) if run.overloaded else id(instance.service)
+        group = self.groups.get(key)
+        if group is None:
+            ask = ask_for(instance, usage)
+            shape = self.shape(ask)
+            group = self.shapes.get(shape)
+            if group is None:
+                group = self.shapes[shape] = Group(ask, shape)
+            self.groups[key] = group
+        return group
+
+    def alike(self, instance: Instance) -> Hashable:
+        """The group: instances of one shape are answered alike by every filter."""
+        return self.group(instance)
+
+    def charges(self, ask: Ask) -> list[str]:
+        """As the exhaustive search's, with the static node filters that come first answered
+        once per class (their answer is the class's: the class key holds what they read, but
+        a node's id, so a service naming its node is charged node by node)."""
+        run = self.run
+        if ask.node_id is not None:
+            return all_charges(run.all_slots(), ask)
+        out: list[str] = []
+        for cid, members in enumerate(self.members):
+            code = static_drop(self.class_slot[cid], ask)
+            if code is not None:
+                out += [code] * len(members)
+            else:
+                out += all_charges([run.slot(node_id) for node_id in members], ask)
+        return out
+
+    def forget_services(self, services: set[int]) -> None:
+        """Forget the groups of the services (by ``id``) that are gone or edited."""
+        for g in [g for g in self.groups if (g[0] if isinstance(g, tuple) else g) in services]:
+            del self.groups[g]
+
+    def _classes(self, group: Group) -> list[tuple[int, ...]]:
+        """Each class's static runtimes for ``group`` (and ``group.levels``)."""
+        if group.per_class is None:
+            got = self.static.get(group.static_key)
+            if got is None:
+                ask = group.ask
+                per_class = [static_runtimes(rep, ask) for rep in self.class_slot]
+                levels: dict[int, Level] = {}
+                for cid, runtimes in enumerate(per_class):
+                    if runtimes:
+                        priority = self.class_slot[cid].priority
+                        levels.setdefault(priority, []).append((cid, runtimes))
+                got = (per_class, [levels[p] for p in sorted(levels, reverse=True)])
+                self.static[group.static_key] = got
+            group.per_class, group.levels = got
+        return group.per_class
+
+    def static_for(self, group: Group, slot: NodeSlot) -> tuple[int, ...]:
+        """The runtimes of ``slot`` passing the static filters for ``group``."""
+        node_id = group.node_id
+        if node_id is None:
+            return (group.per_class or self._classes(group))[self.class_of[slot.id]]
+        if node_id != slot.id:
+            return ()
+        if group.pinned is None:
+            group.pinned = static_runtimes(slot, group.ask)
+        return group.pinned
+
+    # -- reservations
+
+    # -- changes to node states
+
+    def moved(self, slot: NodeSlot) -> None:
+        """``slot``'s entry may have moved: noted while few have, else the index is rebuilt."""
+        if self.index_valid:
+            stale = self.stale
+            if len(stale) < _STALE_MAX:
+                stale[self.order_base[slot.id] % self.count] = slot
+            else:
+                self.index_valid = False
+                stale.clear()
+
+    def freed(self) -> None:
+        """Forget which nodes refused what (after a release)."""
+        for refused in self.refused.values():
+            refused.clear()
+        for passed in self.passed.values():
+            passed.clear()
+        self.exhausted.clear()
+
+    def entry(self, slot: NodeSlot) -> Entry:
+        """A node's place in the choice order now (see ``Entry``)."""
+        cpu, ram = slot.cpu_pool.free, slot.ram_pool.free
+        return slot.order_base - cpu * self.cpu_step - ram * self.ram_step
+
+    def _ensure_index(self) -> None:
+        if self.index_valid:
+            if self.stale:  # a few nodes moved since: each to its place (as a rebuild puts it)
+                for moved in self.stale.values():
+                    self._reposition(moved)
+                self.stale.clear()
+                for passed in self.passed.values():  # as after a rebuild (a reserve only
+                    passed.clear()  # moves a node later; a release cleared these already)
+            return
+        entries, slots, basics, base = (
+            self.entries,
+            self.run.slots,
+            self.run.basics,
+            self.order_base,
+        )
+        cpu_step, ram_step = self.cpu_step, self.ram_step
+        for cid, members in enumerate(self.members):
+            keys = []
+            for node_id in members:
+                slot = slots.get(node_id)
+                if slot is None:  # not built yet: all free
+                    _, cpu, ram = basics[node_id]
+                    key = base[node_id] - cpu * cpu_step - ram * ram_step
+                else:
+                    key = self.entry(slot)
+                entries[key % self.count] = key
+                keys.append(key)
+            keys.sort()
+            self.index[cid] = keys
+        for passed in self.passed.values():  # entries are places in the index just rebuilt
+            passed.clear()
+        self.stale.clear()
+        self.index_valid = True
+
+    def _reposition(self, slot: NodeSlot) -> None:
+        """Move ``slot`` to its new place in its class index after reservations."""
+        entries = self.index[self.class_of[slot.id]]
+        old = self.entries[self.order_base[slot.id] % self.count]
+        del entries[bisect_left(entries, old)]
+        new = self.entry(slot)
+        self.entries[new % self.count] = new
+        insort(entries, new)
+
+    # -- pass 1
+
+    # -- pass 1
+
+    def keep(self, instance: Instance, prev: PreviousAllocation, slot: NodeSlot) -> bool:
+        group = self.group(instance)
+        prev_devices = kept_devices(group.devices, prev)
+        if prev_devices is None:
+            return False
+        index = slot.runtime_index(prev.runtime_id)
+        if index < 0 or index not in self.static_for(group, slot):
+            return False
+        req = group.requested(slot)
+        devices = group.devices
+        at, ids = claim(slot, req, (index,), group.resources, devices, prev_devices)
+        if at < 0:
+            return False
+        iid = instance.id
+        slot.placed[iid] = Reservation(instance, at, req, group.names, ids, devices, prev.cause)
+        self.run.where[iid] = slot
+        self.moved(slot)
+        return True
+
+    def restore(
+        self,
+        instance: Instance,
+        slot: NodeSlot,
+        runtime_index: int,
+        keep: Mapping[str, tuple[str, ...]],
+        cause: Cause | None,
+    ) -> None:
+        group = self.group(instance)
+        req, devices = group.requested(slot), group.devices
+        ids = take(slot, runtime_index, req, group.resources, devices, keep)
+        slot.placed[instance.id] = Reservation(
+            instance, runtime_index, req, group.names, ids, devices, cause
+        )
+        self.run.where[instance.id] = slot
+        self.moved(slot)
+
+    # -- pass 2
+
+    def place(self, instances: Sequence[Instance], cause: Cause | None) -> list[Instance]:
+        group = self.group(instances[0])
+        if group.node_id is not None:
+            return self._place_pinned(group, instances, cause)
+        return self._place_group(group, instances, cause)
+
+    def _place_pinned(
+        self, group: Group, instances: Sequence[Instance], cause: Cause | None
+    ) -> list[Instance]:
+        """Pass 2 for a service that names its node: only that node is a candidate."""
+        assert group.node_id is not None
+        if group.node_id not in self.run.nodes:
+            return list(instances)
+        slot = self.run.slot(group.node_id)
+        self._ensure_index()
+        req = group.requested(slot)
+        runtimes = self.static_for(group, slot)
+        resources, devices = group.resources, group.devices
+        failed: list[Instance] = []
+        for inst in instances:
+            at, ids = claim(slot, req, runtimes, resources, devices, NO_KEEP)
+            if at < 0:
+                failed.append(inst)
+                continue
+            iid = inst.id
+            slot.placed[iid] = Reservation(inst, at, req, group.names, ids, devices, cause)
+            self.run.where[iid] = slot
+        if len(failed) < len(instances):
+            self._reposition(slot)
+        return failed
+
+    def _refused(self, group: Group) -> set[int]:
+        """The nodes known to refuse ``group``. Groups asking the same everywhere (same static
+        answers, requested amounts, resources and devices) are refused by the same nodes, so
+        they share one set."""
+        if group.refused is None:
+            amounts = []
+            for rep in self.key_slots:
+                r = group.requested(rep)
+                amounts.append((r.cpu, r.ram, r.storage, r.state))
+            key = (group.static_key, group.names, group.devices, tuple(amounts))
+            refused = self.refused.get(key)
+            if refused is None:
+                refused = self.refused[key] = set()
+                self.passed[key] = {}
+            group.refused, group.passed = refused, self.passed[key]
+        if group.names:  # nodes without a free slot of a resource it needs refuse it too
+            for name in group.names:
+                exhausted = self.exhausted.get(name)
+                if exhausted:
+                    group.refused |= exhausted
+        return group.refused
+
+    def _note_exhausted(
+        self, slot: NodeSlot, rank: int, resources: tuple[ShareRequest, ...]
+    ) -> None:
+        """Remember the named resources ``slot`` has no free slot of (or lacks): they refuse
+        every group that needs them, until something is released."""
+        for r in resources:
+            if slot.free_slots((r,)) is None:
+                self.exhausted.setdefault(r.resource, set()).add(rank)
+
+    def _place_group(
+        self, group: Group, instances: Sequence[Instance], cause: Cause | None
+    ) -> list[Instance]:
+        """Pass 2 for consecutive instances of one group (see the class docstring). A lower
+        priority level's classes join the heap only when the higher ones have no node left."""
+        self._ensure_index()
+        resources, devices, names = group.resources, group.devices, group.names
+        if group.levels is None:
+            self._classes(group)
+        assert group.levels is not None
+        levels = group.levels
+        refused = self._refused(group)
+        passed = group.passed
+        index, class_slot, slot_at = self.index, self.class_slot, self.slot_at
+        class_at, count, by_rank = self.class_at, self.count, self.ids
+        cpu_step, ram_step = self.cpu_step, self.ram_step
+        # per class opened: what the group asks there, its runtimes passing the static filters,
+        # and the place of its head (its next node in the order) in its index
+        needs: dict[int, Requested] = {}
+        allowed: dict[int, tuple[int, ...]] = {}
+        cursors: dict[int, int] = {}
+        heap: list[Entry] = []  # the heads of the classes opened, and the nodes taken
+        opened = 0
+        touched: dict[int, Entry] = {}  # nodes taken: their entries now (the index's are stale)
+        failed: list[Instance] = []
+        where = self.run.where
+        # The node last taken, at its new place, is held out of the heap: the next instance
+        # takes it again without a heap operation (nor looking up its rank, class, state and
+        # what is asked there) while it stays the best, as a big node often does; otherwise
+        # it is swapped for the heap's best in one operation.
+        last: Entry | None = None
+        rank = cid = 0
+        for n, inst in enumerate(instances):
+            placed = False
+            while True:
+                if last is not None and not (heap and heap[0] < last):
+                    last = None  # the node just taken, still the best: no class head
+                    head = False
+                else:
+                    if last is not None:
+                        key = heapreplace(heap, last)
+                        last = None
+                    elif heap:
+                        key = heappop(heap)
+                    else:
+                        if opened == len(levels):
+                            break
+                        for cid, runtimes in levels[opened]:
+                            entries = index[cid]
+                            end = len(entries)
+                            known = passed.get(cid)
+                            p = 0 if known is None else bisect_left(entries, known)
+                            while p < end and entries[p] % count in refused:
+                                p += 1
+                            passed[cid] = entries[p] if p < end else entries[-1] + 1
+                            if p < end:
+                                heappush(heap, entries[p])
+                                needs[cid] = group.requested(class_slot[cid])
+                                allowed[cid] = runtimes
+                                cursors[cid] = p
+                        opened += 1
+                        continue
+                    rank = key % count
+                    cid = class_at[rank]
+                    slot = slot_at[rank] or self.run.slot(by_rank[rank])
+                    need, runtimes = needs[cid], allowed[cid]
+                    entries = index[cid]
+                    p, end = cursors[cid], len(entries)
+                    head = p < end and entries[p] == key
+                at, ids = claim(slot, need, runtimes, resources, devices, NO_KEEP)
+                if head:  # its class's head: push the next one, past the ones refused (the
+                    # ones taken were heads, so they are behind it)
+                    p += 1
+                    while p < end and entries[p] % count in refused:
+                        p += 1
+                    cursors[cid] = p
+                    if p < end:
+                        heappush(heap, entries[p])
+                if at < 0:
+                    refused.add(rank)
+                    if resources:
+                        self._note_exhausted(slot, rank, resources)
+                    continue
+                iid = inst.id
+                slot.placed[iid] = Reservation(inst, at, need, names, ids, devices, cause)
+                where[iid] = slot
+                last = touched[rank] = (
+                    slot.order_base - slot.cpu_pool.free * cpu_step - slot.ram_pool.free * ram_step
+                )
+                placed = True
+                break
+            if not placed:
+                failed.extend(instances[n:])
+                break
+        # the nodes taken move to their new place in their class's order
+        entry_of = self.entries
+        for rank, key in touched.items():
+            entries = index[class_at[rank]]
+            del entries[bisect_left(entries, entry_of[rank])]
+            entry_of[rank] = key
+            insort(entries, key)
+        return failed

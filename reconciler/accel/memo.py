@@ -1,0 +1,401 @@
+"""The balancer's memo: what a long-running caller (``watch``) carries from one balance to the
+next, so that an edit of a few services re-places only their instances."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from itertools import chain, compress, groupby
+from operator import attrgetter, is_, is_not
+
+from reconciler.accel.index import ClassIndex
+from reconciler.model.documents import Node, Service, UnitConfig
+from reconciler.model.gcpause import collector_paused
+from reconciler.placement.balancer import Made, Overload, Run, always, passes, run_balance, twice
+from reconciler.placement.instances import (
+    BalanceResult,
+    Instance,
+    Mode,
+    Placement,
+    PreviousAllocation,
+    expand_instances,
+    service_order,
+)
+from reconciler.placement.search import Exhaustive
+
+__all__ = ["BalanceMemo", "PreviousSince"]
+
+PreviousSince = tuple[Mapping[str, PreviousAllocation], frozenset[str]]
+"""A mapping of previous placements and the ids at which another one (a copy of it, edited)
+may differ from it."""
+
+_NODE_ID = attrgetter("id")
+
+
+class BalanceMemo:
+    """What a long-running caller (``watch``) carries from one :func:`balance` call to the
+    next: the last call's inputs (by identity: the loader hands out the same objects for
+    unchanged files), its instances per service, its result and the run in its final state.
+
+    A ``stable`` call whose unit and nodes are the memo's, whose ``previous`` is exactly the
+    memo's result (the checkpoint the last run wrote) and with no overload is answered from the
+    memo: the instances of the services that changed (edited, added, removed) are released,
+    those that had a place keep it (pass 1), and pass 2 and 3 run for every instance without a
+    place, in instance order. That is the full run's result: in a full run every unchanged
+    instance keeps its place (it fits beside every other reservation of the last result, so
+    beside any subset of them: the filters are monotone in what is reserved), and so pass 2 and
+    3 see the same instances on the same reservations. When a changed service's instance cannot
+    keep its place, the memo cannot tell what the full run's pass 1 would do, so the call runs
+    in full. Any other call runs in full and leaves its run in the memo (``fresh`` and
+    ``stable`` ones: a rebalance's run records a cause with its placements).
+
+    The memo's run is mutated by the next call: a memo belongs to one caller."""
+
+    def __init__(self) -> None:
+        self._unit: UnitConfig | None = None
+        self._nodes: dict[str, Node] = {}
+        self._services: dict[tuple[str, str], Service] = {}
+        self._expanded: dict[tuple[str, str], tuple[Service, list[Instance]]] = {}
+        self._run: Run | None = None
+        self._result: BalanceResult | None = None
+        self._made: Made = {}
+        self._order: list[tuple[str, str]] = []  # the services' keys in instance order
+        self._segments: dict[tuple[str, str], tuple[Placement, ...]] = {}
+        """Per service, its placements in the memo's result (consecutive there, in instance
+        order); empty until an incremental call needs them."""
+        self._validated: dict[str, PreviousAllocation] | None = None
+        """The last ``previous`` found to be exactly ``_result`` (see _incremental), but for the
+        instances in ``_dirty``: placed anew, or removed, by the calls since."""
+        self._validated_from: Mapping[str, PreviousAllocation] | None = None
+        """The mapping ``_validated`` is a copy of (what a ``previous_since`` names)."""
+        self._dirty: set[str] = set()
+        self._node_list: list[Node] = []  # the nodes of the call that set _nodes, in order
+        self._service_list: list[Service] = []  # the services of the call that set _services
+        self.incremental = False  # whether the last call was answered from the memo
+        self.replaced = 0  # instances the last call released and placed again (incremental)
+
+    def balance(
+        self,
+        unit: UnitConfig | None,
+        nodes: Sequence[Node],
+        services: Sequence[Service],
+        previous: Mapping[str, PreviousAllocation] | None = None,
+        mode: Mode | None = None,
+        overload: Overload | None = None,
+        *,
+        exhaustive: bool = False,
+        previous_since: PreviousSince | None = None,
+    ) -> BalanceResult:
+        """:func:`reconciler.accel.balance` for these inputs: the same result, re-placing only
+        the instances of the services that changed since the last call when it can (see the
+        class docstring). ``previous_since``: a mapping ``previous`` is a copy of and the ids
+        at which it may differ from it (what the checkpoint's memo tells, see
+        :attr:`~reconciler.planning.checkpoint.CheckpointMemo.previous_since`), so that the
+        memo checks those only when that mapping is the one it checked last call."""
+        with collector_paused():
+            return self._balance(
+                unit, nodes, services, previous, mode, overload, exhaustive, previous_since
+            )
+
+    def _balance(
+        self,
+        unit: UnitConfig | None,
+        nodes: Sequence[Node],
+        services: Sequence[Service],
+        previous: Mapping[str, PreviousAllocation] | None,
+        mode: Mode | None,
+        overload: Overload | None,
+        exhaustive: bool,
+        previous_since: PreviousSince | None,
+    ) -> BalanceResult:
+        if mode is None:
+            mode = unit.placement if unit is not None else "stable"
+        by_key, changed = self._keyed(services)
+        if len(by_key) != len(services):
+            raise ValueError(twice(services))
+        if mode == "stable" and not overload and not exhaustive:
+            got = self._incremental(unit, nodes, by_key, previous or {}, changed, previous_since)
+            if got is not None:
+                self._service_list = list(services)
+                return got
+        instances = self._instances(by_key)
+        made: Made = {}
+        search = Exhaustive if exhaustive else ClassIndex
+        result, run = run_balance(
+            unit, nodes, services, previous, mode, overload, search, instances, made
+        )
+        self.incremental = False
+        self.replaced = len(instances)
+        if mode == "rebalance" or overload or exhaustive or result.held:
+            # not a state the next stable call may start from (a held instance tries its
+            # current spec in every full run)
+            self._run = None
+            return result
+        self._unit, self._nodes, self._services = unit, {n.id: n for n in nodes}, by_key
+        self._node_list, self._service_list = list(nodes), list(services)
+        self._run, self._result, self._made = run, result, made
+        self._segments = {}
+        self._validated = self._validated_from = None
+        return result
+
+    def _keyed(
+        self, services: Sequence[Service]
+    ) -> tuple[dict[tuple[str, str], Service], set[tuple[str, str]] | None]:
+        """The services by key, and the keys whose service is not the memo's object (None:
+        not known). When ``services`` are the memo's last ones position by position but for
+        a few, each with the same key there (no key added, removed or repeated), the memo's
+        mapping is copied and those few put in: no pass over every service's key."""
+        last, old = self._service_list, self._services
+        if last and len(services) == len(last) and len(old) == len(last):
+            differ = list(compress(range(len(last)), map(is_not, services, last)))
+            if 8 * len(differ) <= len(last):
+                by_key = dict(old)
+                changed: set[tuple[str, str]] = set()
+                for k in differ:
+                    key = services[k].key
+                    if key != last[k].key:
+                        break
+                    by_key[key] = services[k]
+                    changed.add(key)
+                else:
+                    return by_key, changed
+        return {s.key: s for s in services}, None
+
+    def _instances(self, by_key: Mapping[tuple[str, str], Service]) -> list[Instance]:
+        """Every instance in instance order (the instances of one service are consecutive),
+        each service's expanded once while it is the same object."""
+        self._expand(by_key)
+        return self._flat()
+
+    def _expand(
+        self,
+        by_key: Mapping[tuple[str, str], Service],
+        changed: set[tuple[str, str]] | None = None,
+    ) -> None:
+        """``_expanded`` and ``_order`` for these services. ``changed``: the keys whose
+        service is not the one in ``_expanded`` (every other is the same object); when none of
+        them was added, removed or given another priority, the order is the last one."""
+        old = self._expanded
+        if changed is not None and all(
+            k in old and k in by_key and old[k][0].priority == by_key[k].priority for k in changed
+        ):
+            patched = dict(old)
+            for k in changed:
+                patched[k] = (by_key[k], expand_instances([by_key[k]]))
+            self._expanded = patched
+            return
+        expanded: dict[tuple[str, str], tuple[Service, list[Instance]]] = {}
+        for service in sorted(by_key.values(), key=service_order):
+            key = service.key
+            got = old.get(key)
+            if got is None or got[0] is not service:
+                got = (service, expand_instances([service]))
+            expanded[key] = got
+        self._expanded = expanded
+        self._order = list(expanded)
+
+    def _flat(self) -> list[Instance]:
+        expanded = self._expanded
+        return list(chain.from_iterable(expanded[key][1] for key in self._order))
+
+    def _previous_is_result(
+        self,
+        result: BalanceResult,
+        previous: Mapping[str, PreviousAllocation],
+        previous_since: PreviousSince | None = None,
+    ) -> bool:
+        """Whether ``previous`` holds exactly the node, runtime, devices and cause of each of
+        ``result``'s placements (the checkpoint the last run wrote). Only the instances whose
+        previous is not the object found right last time (by identity), or whose placement
+        was made or removed since, are compared: every other pair was compared then, and
+        neither side changed (a PreviousAllocation is frozen). ``previous_since`` naming the
+        mapping checked last time tells the first ones without a pass over every entry."""
+        placements = result.placements
+        if len(previous) != len(placements):
+            return False
+        by_id = result.by_id
+        validated = self._validated
+        if validated is None:
+            suspects: Iterable[str] = by_id.keys()
+        elif previous_since is not None and previous_since[0] is self._validated_from:
+            suspects = self._dirty | previous_since[1]
+        else:
+            ids = previous.keys()
+            suspects = set(compress(ids, map(is_not, map(validated.get, ids), previous.values())))
+            suspects |= self._dirty
+        for iid in suspects:
+            p = by_id.get(iid)
+            prev = previous.get(iid)
+            if p is None and prev is None:  # removed, or unplaced, and not in previous
+                continue
+            if (
+                p is None
+                or prev is None
+                or (prev.node_id, prev.runtime_id, prev.devices, prev.cause)
+                != (p.node_id, p.runtime_id, p.devices, p.cause)
+            ):
+                return False
+        # (with equal sizes, every placement's id is in previous: a key of previous not in
+        # result is a suspect, found above)
+        self._validated, self._validated_from = dict(previous), previous
+        self._dirty = set()
+        return True
+
+    def _incremental(
+        self,
+        unit: UnitConfig | None,
+        nodes: Sequence[Node],
+        by_key: Mapping[tuple[str, str], Service],
+        previous: Mapping[str, PreviousAllocation],
+        changed_keys: set[tuple[str, str]] | None = None,
+        previous_since: PreviousSince | None = None,
+    ) -> BalanceResult | None:
+        run, result = self._run, self._result
+        if run is None or result is None or run.cause is not None:
+            return None
+        if not (unit is self._unit or unit == self._unit) or len(nodes) != len(self._nodes):
+            return None
+        listed = self._node_list
+        if len(nodes) != len(listed) or not all(map(is_, nodes, listed)):
+            known = self._nodes  # (the same nodes in another order will do)
+            if not all(map(is_, map(known.get, map(_NODE_ID, nodes)), nodes)):
+                return None
+        if not self._previous_is_result(result, previous, previous_since):
+            return None
+        old = self._services
+        if changed_keys is not None:
+            changed = changed_keys
+        else:
+            changed = {k for k, s in by_key.items() if old.get(k) is not s}
+            changed.update(k for k in old if k not in by_key)
+        if not changed and not result.failures:
+            # the full run keeps every instance where it is (pass 1) and evicts nobody
+            self.incremental, self.replaced = True, 0
+            if not result.preempted:
+                return result
+            again = replace(result, preempted=frozenset(), since=(weakref.ref(result), frozenset()))
+            self._result = again
+            return again
+        # (With nothing changed but instances unplaced, those go through pass 2 and 3 again,
+        # as in the full run: one evicted by the last run's pass 3 may now evict another.)
+        self._run = None  # mutated below: a failure leaves no usable state
+        # release every instance of the services as they were
+        where = run.where
+        gone = set()
+        replaced = 0
+        made = self._made
+        segments = self._segments or _segments_of(result)
+        for key in sorted(changed):  # the same order every time (device pools keep holders)
+            got = self._expanded.get(key)
+            if got is None:
+                continue
+            gone.add(id(got[0]))
+            for inst in got[1]:
+                made.pop(inst.id, None)
+                slot = where.get(inst.id)
+                if slot is not None:
+                    run.release(slot, inst.id)
+        index = run.search
+        assert isinstance(index, ClassIndex)  # (a memo keeps no exhaustive run)
+        index.forget_services(gone)
+        index.freed()
+        self._expand(by_key, changed)
+        expanded = self._expanded
+        # pass 1 for the services as they are now
+        for key in sorted(k for k in changed if k in by_key):
+            for inst in expanded[key][1]:
+                replaced += 1
+                prev = previous.get(inst.id)
+                if prev is not None and not run.keep(inst, prev):
+                    return None
+        # pass 2 and 3: only the changed services and those with an instance unplaced last
+        # time can have an instance without a place (in instance order, as in the full run)
+        unplaced = changed | {(f.item_id, f.subject_id) for f in result.failures}
+        pending = [
+            inst
+            for key in self._order
+            if key in unplaced
+            for inst in expanded[key][1]
+            if inst.id not in where
+        ]
+        preempted = passes(run, pending, {}, always, preempt=True, everyone=self._flat)
+        # Only these services' placements can differ from the last result's: the changed ones,
+        # those with an instance unplaced before the passes (pass 2 may place it) and those of
+        # an evicted instance; every other instance kept its very reservation.
+        affected = set(changed)
+        affected.update((f.item_id, f.subject_id) for f in result.failures)
+        old_by_id = result.by_id
+        for iid in preempted:
+            was = old_by_id.get(iid)
+            if was is not None:
+                affected.add((was.item_id, was.subject_id))
+        parts: list[tuple[Placement, ...]] = []
+        new_segments: dict[tuple[str, str], tuple[Placement, ...]] = {}
+        by_id = dict(old_by_id)
+        redone: list[Instance] = []  # the affected services' instances, in instance order
+        dirty = self._dirty  # (emptied by the check of previous above)
+        for key in self._order:
+            old_seg = segments.get(key, ())
+            if key in affected:
+                insts = expanded[key][1]
+                redone += insts
+                seg = _same_where_equal(run.placements_of(insts, made), old_seg)
+                now = {p.instance_id: p for p in seg}
+                for p in old_seg:
+                    if now.get(p.instance_id) is not p:  # (else placed again exactly so)
+                        del by_id[p.instance_id]
+                        dirty.add(p.instance_id)
+                for p in seg:
+                    if by_id.get(p.instance_id) is not p:
+                        by_id[p.instance_id] = p
+                        dirty.add(p.instance_id)
+            else:
+                seg = old_seg
+            new_segments[key] = seg
+            parts.append(seg)
+        for key in changed - set(self._order):  # services gone
+            for p in segments.get(key, ()):
+                del by_id[p.instance_id]
+                dirty.add(p.instance_id)
+        placements = tuple(chain.from_iterable(parts))
+        result = BalanceResult(
+            placements,
+            run.failures(redone),
+            frozenset(preempted),
+            by_id,
+            since=(weakref.ref(result), frozenset(dirty)),
+        )
+        self._services, self._run, self._result = dict(by_key), run, result
+        self._segments = new_segments
+        self.incremental, self.replaced = True, replaced
+        return result
+
+
+def _same_where_equal(
+    seg: tuple[Placement, ...], old_seg: tuple[Placement, ...]
+) -> tuple[Placement, ...]:
+    """``seg`` with each placement equal to the last result's for the same instance replaced
+    by that very object: an affected service's instances are released and placed again, most
+    of them where they were, and every later stage takes an object it has seen as unchanged
+    (``BalanceResult.since`` need not name it). (``made`` keeps the new, equal object: it is
+    only consulted for a reservation that was not released since.)"""
+    if not old_seg:
+        return seg
+    before = {p.instance_id: p for p in old_seg}
+    out = []
+    for p in seg:
+        q = before.get(p.instance_id)
+        out.append(q if q is not None and q == p else p)
+    return tuple(out)
+
+
+def _segments_of(result: BalanceResult) -> dict[tuple[str, str], tuple[Placement, ...]]:
+    """The placements of ``result`` per service (each service's are consecutive)."""
+    return {
+        key: tuple(group)
+        for key, group in groupby(result.placements, key=lambda p: (p.item_id, p.subject_id))
+    }
+
+
+# ----------------------------------------------------------------------------- explain

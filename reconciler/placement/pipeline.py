@@ -1,0 +1,124 @@
+"""The filter pipeline for one node (SPEC §7.4), the choice order (§7.5) and the failure
+summaries (§7.7): what every candidate search answers with."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from reconciler.placement import filters
+from reconciler.placement.ask import Ask
+from reconciler.placement.filters import NO_NODES
+from reconciler.placement.instances import Failure, Instance
+from reconciler.placement.nodestate import NodeSlot
+
+__all__ = [
+    "Verdict",
+    "best_runtime",
+    "choice_key",
+    "evaluate",
+    "failure",
+    "static_drop",
+    "static_runtimes",
+    "summarize",
+]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The pipeline's answer for one node: survivors, or the code that dropped it."""
+
+    runtimes: tuple[int, ...]  # indexes into slot.runtimes that survived
+    dropped_by: str | None
+    detail: str = ""
+
+
+def evaluate(slot: NodeSlot, ask: Ask) -> Verdict:
+    for nf in filters.NODE_FILTERS:
+        why = nf.check(slot, ask)
+        if why is not None:
+            return Verdict((), nf.name, why)
+    alive = list(range(len(slot.runtimes)))
+    runtime_filters = filters.RUNTIME_FILTERS
+    if not alive:
+        return Verdict((), runtime_filters[0].name, "the node has no runtimes")
+    for rf in runtime_filters:
+        why = ""
+        survivors = []
+        for i in alive:
+            reason = rf.check(slot, slot.runtimes[i], ask)
+            if reason is None:
+                survivors.append(i)
+            else:
+                why = reason
+        if not survivors:
+            return Verdict((), rf.name, why)
+        alive = survivors
+    return Verdict(tuple(alive), None)
+
+
+def static_runtimes(slot: NodeSlot, ask: Ask) -> tuple[int, ...]:
+    """The runtimes of ``slot`` passing every static filter for ``ask`` (empty when a static
+    node filter fails): what no reservation or eviction changes."""
+    for nf in filters.NODE_FILTERS:
+        if nf.static and nf.check(slot, ask) is not None:
+            return ()
+    static = [rf for rf in filters.RUNTIME_FILTERS if rf.static]
+    return tuple(
+        i
+        for i, rt in enumerate(slot.runtimes)
+        if all(rf.check(slot, rt, ask) is None for rf in static)
+    )
+
+
+def static_drop(slot: NodeSlot, ask: Ask) -> str | None:
+    """The code of the first node filter dropping ``slot`` for ``ask`` among the static ones
+    that come before any dynamic one: what :func:`evaluate` charges there whatever is
+    reserved. None when they all pass."""
+    for nf in filters.NODE_FILTERS:
+        if not nf.static:
+            return None
+        if nf.check(slot, ask) is not None:
+            return nf.name
+    return None
+
+
+def choice_key(slot: NodeSlot) -> tuple[int, int, int, str]:
+    """SPEC §7.5, smallest is best: priority, free CPU, free RAM (node pools), node id."""
+    return (-slot.priority, -slot.cpu_pool.free, -slot.ram_pool.free, slot.id)
+
+
+def best_runtime(slot: NodeSlot, verdict: Verdict) -> int:
+    """Runtimes are sorted by (type, id), so the first survivor is the smallest."""
+    return verdict.runtimes[0]
+
+
+def summarize(instance: Instance, n_nodes: int, charges: Iterable[str]) -> Failure:
+    counts: dict[str, int] = {}
+    for code in charges:
+        counts[code] = counts.get(code, 0) + 1
+    ordered = tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    reason = max(counts, key=filters.FILTER_CODES.index) if counts else NO_NODES
+    return failure(instance, n_nodes, reason, ordered)
+
+
+def failure(
+    instance: Instance, n_nodes: int, reason: str, ordered: tuple[tuple[str, int], ...]
+) -> Failure:
+    """A failure with the one-line summary of SPEC §7.7."""
+    if ordered:
+        detail = ", ".join(f"{n} {code}" for code, n in ordered)
+        summary = f"{instance.label}: 0/{n_nodes} nodes feasible: {detail}"
+    else:
+        summary = f"{instance.label}: 0/0 nodes feasible: the unit has no nodes"
+    return Failure(
+        instance.id,
+        instance.item_id,
+        instance.subject_id,
+        instance.index,
+        instance.version,
+        instance.priority,
+        reason,
+        summary,
+        ordered,
+    )

@@ -1,0 +1,118 @@
+"""The class index answers as the exhaustive search on every named fleet shape, and the
+shape-independent shortcuts of pass 3 and of the failure summaries change no result: each is
+compared with the run that does without it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from benchmarks.synth import LATE_PREFIX, SHAPES, synth_unit
+from reconciler.accel import balance
+from reconciler.placement import balancer
+from reconciler.placement.instances import BalanceResult
+from reconciler.placement.search import Exhaustive
+from tests.support.builders import make_node, make_service, previous_of
+
+SMALL = settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _runs(unit: Any, nodes: Any, services: Any, exhaustive: bool) -> list[BalanceResult]:
+    """A fresh run, then a stable run from the fresh placements of every service but the late
+    arrivals (which then preempt, on the preemption shape)."""
+    fresh = balance(unit, nodes, services, mode="fresh", exhaustive=exhaustive)
+    early = [s for s in services if not s.id.startswith(LATE_PREFIX)]
+    before = balance(unit, nodes, early, mode="fresh", exhaustive=exhaustive)
+    stable = balance(unit, nodes, services, previous_of(before), "stable", exhaustive=exhaustive)
+    return [fresh, stable]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@SMALL
+@given(seed=st.integers(0, 10_000))
+def test_the_index_gives_the_exhaustive_result_on_every_shape(shape: str, seed: int) -> None:
+    unit, nodes, services = synth_unit(40, 160, seed, shape)
+    assert _runs(unit, nodes, services, False) == _runs(unit, nodes, services, True)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@SMALL
+@given(seed=st.integers(0, 10_000))
+def test_pruned_preemption_evicts_as_trying_every_node_does(shape: str, seed: int) -> None:
+    """The bound checked before any eviction (static filters, CPU and RAM that evictions can
+    give back) only skips nodes where evicting cannot help: without it, the same result."""
+    unit, nodes, services = synth_unit(40, 160, seed, shape)
+    pruned = _runs(unit, nodes, services, False)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(balancer, "_could_fit", lambda *_: True)
+        unpruned = _runs(unit, nodes, services, True)
+    assert pruned == unpruned
+
+
+@pytest.mark.parametrize("seed", [1, 5])
+def test_pruned_preemption_evicts_as_trying_every_node_does_when_evicting(seed: int) -> None:
+    """On units where the late arrivals fit only by evicting (checked), as above."""
+    unit, nodes, services = synth_unit(40, 160, seed, "preemption")
+    pruned = _runs(unit, nodes, services, False)
+    assert pruned[1].preempted
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(balancer, "_could_fit", lambda *_: True)
+        assert _runs(unit, nodes, services, True) == pruned
+
+
+def test_an_unplaceable_service_tries_preemption_once_per_state() -> None:
+    """Its second instance asks exactly what the first could not get by evicting, on the same
+    node states: it is not tried again (and still fails, as trying would)."""
+    nodes = [make_node("n0", dmips=1000), make_node("n1", dmips=1000)]
+    low = make_service("low", instances=2, cpu=400, priority=1)
+    big = make_service("big", instances=3, cpu=5000, priority=10)
+    calls: list[str] = []
+    real = balancer.Run.preempt
+
+    def counting(run: balancer.Run, instance: Any) -> Any:
+        calls.append(instance.id)
+        return real(run, instance)
+
+    first = balance(None, nodes, [low], mode="fresh")
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(balancer.Run, "preempt", counting)
+        got = balance(None, nodes, [low, big], previous_of(first), "stable")
+    assert len(got.failures) == 3 and not got.preempted
+    assert len(calls) == 1
+    slow = balancer.balance(
+        None, nodes, [low, big], previous_of(first), "stable", search=Exhaustive
+    )
+    assert got == slow
+
+
+def test_failures_of_services_asking_alike_are_summarized_alike() -> None:
+    """Two services of one shape that fail are charged from one pass over the nodes, with the
+    counts a pass per service gives."""
+    nodes = [make_node(f"n{i}", dmips=1000 + 100 * i) for i in range(6)]
+    services = [
+        make_service("x", instances=2, cpu=5000),
+        make_service("y", instances=2, cpu=5000),
+        make_service("z", instances=1, cpu=10, runtimes=["crun"]),
+    ]
+    fast = balance(None, nodes, services, mode="fresh")
+    slow = balance(None, nodes, services, mode="fresh", exhaustive=True)
+    assert fast == slow
+    by_service = {f.item_id: f.counts for f in fast.failures}
+    assert by_service["x"] == by_service["y"] == (("Cpu", 6),)
+    assert by_service["z"] == (("RuntimeType", 6),)
+
+
+@pytest.mark.parametrize("exhaustive", [False, True], ids=["indexed", "every-filter"])
+def test_an_eviction_that_frees_exactly_what_is_asked_is_made(exhaustive: bool) -> None:
+    """The bound is tight: every lower-priority instance of a full node gives back exactly
+    the CPU asked, and they are evicted."""
+    nodes = [make_node("n0", dmips=1000)]
+    low = make_service("low", instances=2, cpu=500, priority=1)
+    first = balance(None, nodes, [low], mode="fresh", exhaustive=exhaustive)
+    high = make_service("high", cpu=1000, priority=10)
+    got = balance(None, nodes, [low, high], previous_of(first), "stable", exhaustive=exhaustive)
+    assert got.preempted == {p.instance_id for p in first.placements}
+    assert [p.item_id for p in got.placements] == ["high"]
