@@ -151,6 +151,25 @@ class ClassIndex:
             self.groups[key] = group
         return group
 
+    def static_candidates(self, ask: Ask) -> list[tuple[NodeSlot, tuple[int, ...]]]:
+        """From the static answers per class (a service naming its node: that node only)."""
+        group = self.group(ask.instance)
+        run = self.run
+        if group.node_id is not None:
+            if group.node_id not in run.nodes:
+                return []
+            slot = run.slot(group.node_id)
+            runtimes = self.static_for(group, slot)
+            return [(slot, runtimes)] if runtimes else []
+        per_class = self._classes(group)
+        class_of = self.class_of
+        out = []
+        for node_id in run.nodes:
+            runtimes = per_class[class_of[node_id]]
+            if runtimes:
+                out.append((run.slot(node_id), runtimes))
+        return out
+
     def alike(self, instance: Instance) -> Hashable:
         """The group: instances of one shape are answered alike by every filter."""
         return self.group(instance)

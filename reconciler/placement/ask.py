@@ -140,7 +140,10 @@ class Ask:
 
     def requested(self, slot: NodeSlot) -> Requested:
         """SPEC §7.2 on ``slot`` (cached per ratios and overload)."""
-        key = slot.request_key
+        return self.requested_on(slot.request_key)
+
+    def requested_on(self, key: RequestKey) -> Requested:
+        """SPEC §7.2 on a node whose request key is ``key``."""
         got = self._cache.get(key)
         if got is None:
             measured = self.usage if key[4] else None

@@ -61,6 +61,7 @@ from reconciler.placement.nodestate import (
     Basics,
     NodeConfigs,
     NodeSlot,
+    RequestKey,
     Reservation,
     StateCache,
     make_slot,
@@ -72,7 +73,6 @@ from reconciler.placement.pipeline import (
     best_runtime,
     evaluate,
     failure,
-    static_runtimes,
     summarize,
 )
 from reconciler.placement.search import Exhaustive, SearchFactory
@@ -185,6 +185,7 @@ class Run:
         # instances held where they were (see hold): id -> (the instance as it was given its
         # place, the previous allocation it keeps)
         self.held: dict[str, tuple[Instance, PreviousAllocation]] = {}
+        self._tops: dict[RequestKey, tuple[int, int]] | None = None  # (_fits_somewhere_empty)
         self.on_slot: Callable[[NodeSlot], None] | None = None
         """Called with each node state built (a search may note what it keeps on it)."""
         self.search = search(self)
@@ -312,7 +313,14 @@ class Run:
                 j = k
             else:
                 cause = self.cause
-            failed += search.place(instances[i:j], cause)
+            if self._tops is None or self._fits_somewhere_empty(self.ask(first)):
+                lost = search.place(instances[i:j], cause)
+                if lost:
+                    failed += lost
+                    if self._tops is None:  # from now on, the bound is worth its one pass
+                        self._fits_somewhere_empty(self.ask(first))
+            else:  # too big for every node: no search
+                failed += instances[i:j]
             i = j
         return failed
 
@@ -363,9 +371,13 @@ class Run:
         ask = self.ask(instance)
         priority = instance.priority
         best: tuple[tuple[int, tuple[int, ...], str], str, list[str]] | None = None
-        for slot in self.all_slots():
+        if not self._fits_somewhere_empty(ask):
+            return None
+        for slot, runtimes in self.search.static_candidates(ask):
+            if not _could_fit(slot, ask, runtimes, None):
+                continue  # not even on the empty node
             lower = [r for r in slot.placed.values() if r.instance.priority < priority]
-            if not lower or not _could_fit(slot, ask, lower):
+            if not lower or not _could_fit(slot, ask, runtimes, lower):
                 continue
             lower.sort(key=lambda r: (r.instance.priority, _neg_order(r.instance)))
             trial = slot.clone()
@@ -401,6 +413,23 @@ class Run:
         assert verdict.dropped_by is None
         self.reserve(slot, ask, best_runtime(slot, verdict))
         return victim_ids
+
+    def _fits_somewhere_empty(self, ask: Ask) -> bool:
+        """False when what ``ask`` asks exceeds, on every node, the CPU or the RAM of every
+        runtime's pools even with nothing reserved: no eviction anywhere can place it."""
+        tops = self._tops
+        if tops is None:
+            tops = self._tops = {}
+            for slot in self.all_slots():
+                top = tops.get(slot.request_key, (0, 0))
+                for rt in slot.runtimes:
+                    top = (max(top[0], rt.cpu_from.capacity), max(top[1], rt.ram_from.capacity))
+                tops[slot.request_key] = top
+        for key, (cpu, ram) in tops.items():
+            need = ask.requested_on(key)
+            if need.cpu <= cpu and need.ram <= ram:
+                return True
+        return False
 
     def placements(
         self, instances: Sequence[Instance], made: Made | None = None
@@ -489,21 +518,26 @@ def _unhealthy(slot: NodeSlot, res: Reservation) -> tuple[str, ...]:
     return tuple(sorted(unhealthy))
 
 
-def _could_fit(slot: NodeSlot, ask: Ask, lower: list[Reservation]) -> bool:
-    """Whether evicting ``lower`` (all of them) could make ``ask`` fit ``slot``: a bound checked
-    before any eviction is tried. False when a static filter fails there (no eviction changes
-    what it reads: Volcano's *UnschedulableAndUnresolvable*) or when no runtime that passes
-    them would have the CPU and RAM asked even with every lower-priority reservation given
-    back (each gives back at most what it reserved)."""
-    runtimes = static_runtimes(slot, ask)
-    if not runtimes:
-        return False
+def _could_fit(
+    slot: NodeSlot, ask: Ask, runtimes: tuple[int, ...], lower: list[Reservation] | None
+) -> bool:
+    """Whether evicting ``lower`` (all of them; None: everything, up to the pools' whole
+    capacity) could make ``ask`` fit one of ``runtimes`` of ``slot`` (those passing the static
+    filters): a bound checked before any eviction is tried. False when no such runtime would
+    have the CPU and RAM asked even with every one of those reservations given back (each
+    gives back at most what it reserved). The nodes where a static filter fails are not asked
+    (no eviction changes what they read: Volcano's *UnschedulableAndUnresolvable*)."""
     need = ask.requested(slot)
+    rts = slot.runtimes
+    if lower is None:
+        return any(
+            rts[i].cpu_from.capacity >= need.cpu and rts[i].ram_from.capacity >= need.ram
+            for i in runtimes
+        )
     cpu = sum([r.requested.cpu for r in lower])
     ram = sum([r.requested.ram for r in lower])
     return any(
-        slot.runtimes[i].cpu_from.free + cpu >= need.cpu
-        and slot.runtimes[i].ram_from.free + ram >= need.ram
+        rts[i].cpu_from.free + cpu >= need.cpu and rts[i].ram_from.free + ram >= need.ram
         for i in runtimes
     )
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 from reconciler.placement.ask import Ask
 from reconciler.placement.instances import Cause, Instance, PreviousAllocation
 from reconciler.placement.nodestate import NO_KEEP, NodeSlot
-from reconciler.placement.pipeline import best_runtime, choice_key, evaluate
+from reconciler.placement.pipeline import best_runtime, choice_key, evaluate, static_runtimes
 from reconciler.placement.sharing import ShareRequest
 
 if TYPE_CHECKING:
@@ -62,6 +62,11 @@ class CandidateSearch(Protocol):
     ) -> None:
         """Reserve again a placement already made (its runtime and devices), without asking
         the filters: the state a result describes (``explain``, ``status``)."""
+        ...
+
+    def static_candidates(self, ask: Ask) -> list[tuple[NodeSlot, tuple[int, ...]]]:
+        """Every node where some runtime passes every static filter for ``ask``, with those
+        runtimes, by node id: the only nodes any eviction can open to it."""
         ...
 
     def alike(self, instance: Instance) -> Hashable:
@@ -165,6 +170,14 @@ class Exhaustive:
         ask.keep_devices = tuple(keep.items())
         ask.cause = cause
         self.run.reserve(slot, ask, runtime_index)
+
+    def static_candidates(self, ask: Ask) -> list[tuple[NodeSlot, tuple[int, ...]]]:
+        out = []
+        for slot in self.run.all_slots():
+            runtimes = static_runtimes(slot, ask)
+            if runtimes:
+                out.append((slot, runtimes))
+        return out
 
     def alike(self, instance: Instance) -> Hashable:
         return (id(instance.service), self.run.usage.get(instance.id))

@@ -42,12 +42,14 @@ def test_the_index_gives_the_exhaustive_result_on_every_shape(shape: str, seed: 
 @SMALL
 @given(seed=st.integers(0, 10_000))
 def test_pruned_preemption_evicts_as_trying_every_node_does(shape: str, seed: int) -> None:
-    """The bound checked before any eviction (static filters, CPU and RAM that evictions can
-    give back) only skips nodes where evicting cannot help: without it, the same result."""
+    """The bounds checked before any eviction (static filters, CPU and RAM that evictions can
+    give back) and before any search (an ask too big for every empty node) only skip what
+    cannot help: without them, the same result."""
     unit, nodes, services = synth_unit(40, 160, seed, shape)
     pruned = _runs(unit, nodes, services, False)
     with pytest.MonkeyPatch.context() as m:
         m.setattr(balancer, "_could_fit", lambda *_: True)
+        m.setattr(balancer.Run, "_fits_somewhere_empty", lambda *_: True)
         unpruned = _runs(unit, nodes, services, True)
     assert pruned == unpruned
 
@@ -60,6 +62,7 @@ def test_pruned_preemption_evicts_as_trying_every_node_does_when_evicting(seed: 
     assert pruned[1].preempted
     with pytest.MonkeyPatch.context() as m:
         m.setattr(balancer, "_could_fit", lambda *_: True)
+        m.setattr(balancer.Run, "_fits_somewhere_empty", lambda *_: True)
         assert _runs(unit, nodes, services, True) == pruned
 
 
