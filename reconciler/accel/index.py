@@ -22,6 +22,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Hashable, Mapping, Sequence
 from heapq import heappop, heappush, heapreplace
+from itertools import takewhile
 from typing import TYPE_CHECKING
 
 from reconciler.accel.classes import (
@@ -32,6 +33,7 @@ from reconciler.accel.classes import (
     class_key,
     shape_of,
 )
+from reconciler.placement import filters
 from reconciler.placement.ask import Ask, ask_for
 from reconciler.placement.instances import Cause, Instance, PreviousAllocation, Requested
 from reconciler.placement.nodestate import (
@@ -42,7 +44,7 @@ from reconciler.placement.nodestate import (
     claim,
     take,
 )
-from reconciler.placement.pipeline import static_drop, static_runtimes
+from reconciler.placement.pipeline import evaluate, static_drop, static_runtimes
 from reconciler.placement.search import all_charges, kept_devices
 from reconciler.placement.sharing import ShareRequest
 
@@ -128,6 +130,10 @@ class ClassIndex:
         # the class for another group of the key starts (see _place_group)
         self.passed: dict[object, dict[int, Entry]] = {}
         self.exhausted: dict[str, set[int]] = {}  # per named resource, nodes with no free slot
+        # the nodes reserved on or released from, in order (with repeats): what the failure
+        # charges of a group computed at some length of it must look at again (see charges)
+        self.moves: list[str] = []
+        self.charged: dict[Group, tuple[int, dict[str, str | None]]] = {}
 
     def _built(self, slot: NodeSlot) -> None:
         slot.order_base = self.order_base[slot.id]
@@ -177,18 +183,33 @@ class ClassIndex:
     def charges(self, ask: Ask) -> list[str]:
         """As the exhaustive search's, with the static node filters that come first answered
         once per class (their answer is the class's: the class key holds what they read, but
-        a node's id, so a service naming its node is charged node by node)."""
+        a node's id, so a service naming its node is charged node by node). Each node's charge
+        is kept per group, and computed again only for the nodes reserved on or released
+        from since (the charge depends on the node's state and the ask's shape only): a
+        watcher's run after an edit charges its failing services on the nodes it changed."""
         run = self.run
         if ask.node_id is not None:
             return all_charges(run.all_slots(), ask)
-        out: list[str] = []
-        for cid, members in enumerate(self.members):
-            code = static_drop(self.class_slot[cid], ask)
-            if code is not None:
-                out += [code] * len(members)
-            else:
-                out += all_charges([run.slot(node_id) for node_id in members], ask)
-        return out
+        group = self.group(ask.instance)
+        known = self.charged.get(group)
+        codes: dict[str, str | None]
+        if known is None:
+            codes = {}
+            for cid, members in enumerate(self.members):
+                code = static_drop(self.class_slot[cid], ask)
+                if code is not None:
+                    codes.update(dict.fromkeys(members, code))
+                else:
+                    for node_id in members:
+                        codes[node_id] = evaluate(run.slot(node_id), ask).dropped_by
+        else:
+            at, codes = known
+            for node_id in set(self.moves[at:]):
+                code = codes[node_id]
+                if code is None or not _static_prefix(code):
+                    codes[node_id] = evaluate(run.slot(node_id), ask).dropped_by
+        self.charged[group] = (len(self.moves), codes)
+        return [code for code in codes.values() if code is not None]
 
     def forget_services(self, services: set[int]) -> None:
         """Forget the groups of the services (by ``id``) that are gone or edited."""
@@ -229,6 +250,7 @@ class ClassIndex:
 
     def moved(self, slot: NodeSlot) -> None:
         """``slot``'s entry may have moved: noted while few have, else the index is rebuilt."""
+        self.moves.append(slot.id)
         if self.index_valid:
             stale = self.stale
             if len(stale) < _STALE_MAX:
@@ -364,6 +386,7 @@ class ClassIndex:
             self.run.where[iid] = slot
         if len(failed) < len(instances):
             self._reposition(slot)
+            self.moves.append(slot.id)
         return failed
 
     def _refused(self, group: Group) -> set[int]:
@@ -498,4 +521,15 @@ class ClassIndex:
             del entries[bisect_left(entries, entry_of[rank])]
             entry_of[rank] = key
             insort(entries, key)
+        if touched:
+            self.moves += [by_rank[rank] for rank in touched]
         return failed
+
+
+_STATIC_PREFIX = frozenset([f.name for f in takewhile(lambda f: f.static, filters.NODE_FILTERS)])
+
+
+def _static_prefix(code: str) -> bool:
+    """Whether ``code`` names one of the static node filters that come before any dynamic
+    one: a node such a filter drops stays dropped whatever is reserved there."""
+    return code in _STATIC_PREFIX

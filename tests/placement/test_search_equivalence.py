@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.synth import LATE_PREFIX, SHAPES, synth_unit
-from reconciler.accel import balance
+from reconciler.accel import BalanceMemo, balance
 from reconciler.placement import balancer
 from reconciler.placement.instances import BalanceResult
 from reconciler.placement.search import Exhaustive
@@ -119,3 +119,20 @@ def test_an_eviction_that_frees_exactly_what_is_asked_is_made(exhaustive: bool) 
     got = balance(None, nodes, [low, high], previous_of(first), "stable", exhaustive=exhaustive)
     assert got.preempted == {p.instance_id for p in first.placements}
     assert [p.item_id for p in got.placements] == ["high"]
+
+
+def test_the_memo_charges_a_failing_service_again_on_the_nodes_an_edit_changed() -> None:
+    """A failing service's charges are kept between a watcher's runs and computed again only
+    on the nodes changed since: one where a new service took the CPU is now charged ``Cpu``
+    instead of ``Ram``, as a full run charges it."""
+    nodes = [make_node(f"n{i}", dmips=1000, ram="1Gi") for i in range(4)]
+    filler = make_service("a", instances=4, cpu=100, ram="500Mi")
+    failing = make_service("f", cpu=400, ram="600Mi")
+    memo = BalanceMemo()
+    first = memo.balance(None, nodes, [filler, failing], {}, "stable")
+    assert [f.counts for f in first.failures] == [(("Ram", 4),)]
+    now = [filler, failing, make_service("b", cpu=600)]
+    got = memo.balance(None, nodes, now, previous_of(first), "stable")
+    assert memo.incremental
+    assert [f.counts for f in got.failures] == [(("Ram", 3), ("Cpu", 1))]
+    assert got == balance(None, nodes, now, previous_of(first), "stable")
