@@ -599,7 +599,7 @@ class _Run:
         # The choice order as one integer per node: priority rank, then CPU below the most any
         # node has, then RAM below the most any node has, then rank of the id, each in a range
         # of its own (free amounts stay within their capacity and are never negative).
-        cpu_top = max((b[1] for b in self.basics.values()), default=0)
+        self.cpu_top = cpu_top = max((b[1] for b in self.basics.values()), default=0)
         self.ram_top = max((b[2] for b in self.basics.values()), default=0)
         priorities = sorted({b[0][0] for b in self.basics.values()}, reverse=True)
         rank = {p: r for r, p in enumerate(priorities)}
@@ -801,6 +801,48 @@ class _Run:
         new = self.entry(slot)
         self.entries[new % self.count] = new
         insort(entries, new)
+
+    def renew_usage(self, unit: UnitConfig | None, nodes: Sequence[Node]) -> bool:
+        """Take in ``nodes`` that differ from this run's only in their measured usage (and
+        report time): each one's CPU and RAM pools get the capacity the new usage leaves
+        (SPEC §7.3) with its reservations kept. False (the run is then unusable) when that
+        may change what the run's pass 1 kept or the choice order's range: a node overloaded,
+        its reservations over the new capacity, or a capacity above the largest of the run."""
+        if self.overloaded:
+            return False
+        configs = NodeConfigs(unit)
+        empty: frozenset[str] = frozenset()
+        for node in nodes:
+            nid = node.id
+            old = self.nodes[nid]
+            basics = node_basics(unit, node, empty, configs)
+            if basics[0] != self.basics[nid][0]:
+                return False
+            _, cpu, ram = basics
+            if cpu > self.cpu_top or ram > self.ram_top:
+                return False
+            slot = self.slots.get(nid)
+            if slot is not None:
+                cpu_pool, ram_pool = slot.cpu_pool, slot.ram_pool
+                used_cpu = cpu_pool.capacity - cpu_pool.free
+                used_ram = ram_pool.capacity - ram_pool.free
+                if used_cpu > cpu or used_ram > ram:
+                    return False
+                cpu_pool.capacity, cpu_pool.free = cpu, cpu - used_cpu
+                ram_pool.capacity, ram_pool.free = ram, ram - used_ram
+                slot.node = node
+            self.basics[nid] = basics
+            self.nodes[nid] = node
+            if old.usage is not None:
+                for iid in old.usage.instances:
+                    self.usage.pop(iid, None)
+            if node.usage is not None:
+                for iid, u in node.usage.instances.items():
+                    self.usage[iid] = (u.cpu, u.ram)
+        self.index_valid = False  # the nodes' places in the choice order moved
+        self.stale.clear()
+        self.forget_refusals()  # a node may have more room now
+        return True
 
     # -- pass 1
 
@@ -1648,12 +1690,24 @@ class BalanceMemo:
         if not (unit is self._unit or unit == self._unit) or len(nodes) != len(self._nodes):
             return None
         listed = self._node_list
+        renewed: list[Node] = []  # nodes whose measured usage alone changed
         if len(nodes) != len(listed) or not all(map(is_, nodes, listed)):
             known = self._nodes  # (the same nodes in another order will do)
-            if not all(map(is_, map(known.get, map(_NODE_ID, nodes)), nodes)):
-                return None
+            for node in compress(nodes, map(is_not, map(known.get, map(_NODE_ID, nodes)), nodes)):
+                was = known.get(node.id)
+                if was is None or not _usage_only(was, node):
+                    return None
+                renewed.append(node)
         if not self._previous_is_result(result, previous, previous_since):
             return None
+        if renewed:
+            self._run = None  # mutated: a refusal leaves no usable state
+            if not run.renew_usage(unit, renewed):
+                return None
+            self._run = run
+            for node in renewed:
+                self._nodes[node.id] = node
+            self._node_list = list(nodes)
         old = self._services
         if changed_keys is not None:
             changed = changed_keys
@@ -1760,6 +1814,15 @@ class BalanceMemo:
         self._segments = new_segments
         self.incremental, self.replaced = True, replaced
         return result
+
+
+_MEASURED = {"usage": None, "reportedAt": None}
+
+
+def _usage_only(old: Node, new: Node) -> bool:
+    """Whether two versions of a node's document differ in nothing but what its agent measures
+    on every sample (``usage``, ``reportedAt``)."""
+    return old.model_copy(update=_MEASURED) == new.model_copy(update=_MEASURED)
 
 
 def _same_where_equal(

@@ -96,7 +96,7 @@ class NodeStateFilter:
     def check(self, slot: NodeSlot, ask: Ask) -> str | None:
         node = slot.node
         if not node.connected:
-            return "disconnected"
+            return node.no_report or "disconnected"
         if node.state != "provisioned":
             return f"state {node.state}"
         return None
