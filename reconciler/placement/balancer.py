@@ -1694,8 +1694,8 @@ class BalanceMemo:
         if len(nodes) != len(listed) or not all(map(is_, nodes, listed)):
             known = self._nodes  # (the same nodes in another order will do)
             for node in compress(nodes, map(is_not, map(known.get, map(_NODE_ID, nodes)), nodes)):
-                was = known.get(node.id)
-                if was is None or not _usage_only(was, node):
+                before = known.get(node.id)
+                if before is None or not _usage_only(before, node):
                     return None
                 renewed.append(node)
         if not self._previous_is_result(result, previous, previous_since):
