@@ -28,6 +28,11 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from reconciler import __version__
 from reconciler.agent.node import AgentError, agent_watch, run_agent_once
 from reconciler.agent.runc import Runc, RuncError
+from reconciler.cli.agent_report import (
+    ReportingOptions,
+    node_report_options,
+    run_reporting_agent,
+)
 from reconciler.cli.render import (
     render_explanation,
     render_placements,
@@ -708,6 +713,7 @@ def watch(
     default=None,
     help="Append each container's stdout and stderr to LOG_DIR/<container>.log.",
 )
+@node_report_options
 def agent(
     node_id: str,
     state_dir: Path,
@@ -718,8 +724,16 @@ def agent(
     once: bool,
     stop_timeout: float,
     log_dir: Path | None,
+    node_config: Path | None,
+    usage_interval: float,
+    device_plugin_dir: Path,
 ) -> int:
     """The node agent: apply out/nodes/NODE.json to this node with runc.
+
+    With --node-config FILE it also writes nodes/NODE.yaml: the declared facts of FILE with
+    what it measures (RAM, CPUs, partition sizes, OS; with --watch the usage every
+    --usage-interval, and the devices of the device plugins registered on
+    --device-plugin-dir/kubelet.sock).
 
     Refuses a plan whose revision test fails against actual/NODE.yaml (a stale plan: nothing
     is started or stopped). For each stop: runc kill (SIGTERM, then SIGKILL after
@@ -749,6 +763,18 @@ def agent(
     del runtime  # only runc is supported (crun refuses this kind of cgroup setup)
     runc = Runc(binary="runc", root=runc_root)
     store = _etcd(store_url) if store_url is not None else None
+    if node_config is not None:
+        if store is not None:
+            raise click.UsageError("--node-config works with a state directory, not --store")
+        return run_reporting_agent(
+            state_dir,
+            node_id,
+            runc,
+            ReportingOptions(
+                node_config, usage_interval, device_plugin_dir, once, stop_timeout, log_dir
+            ),
+            as_json=as_json,
+        )
     if not once:
         logging.getLogger("reconciler").setLevel(min(logging.INFO, logging.getLogger().level))
         if store is not None:
