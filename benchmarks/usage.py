@@ -56,7 +56,8 @@ def main() -> None:
     )
     full = report["full"]
     print(
-        f"control, balance in full: run {full['run_ms']:.1f} ms, balance {full['balance_ms']:.1f} ms"
+        f"control (balance in full): run {full['run_ms']:.1f} ms, "
+        f"balance {full['balance_ms']:.1f} ms"
     )
 
 
