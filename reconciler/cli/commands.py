@@ -17,6 +17,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO, TypeVar, cast
@@ -53,6 +54,7 @@ from reconciler.controller.reconcile import (
     compute_once,
     reconcile,
 )
+from reconciler.controller.reports import StaleMarks
 from reconciler.controller.watch import WatchOptions, watch_loop
 from reconciler.io.checkpoint_files import (
     load_checkpoint,
@@ -979,7 +981,7 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
     loaded = load_checkpoint(state_dir / "checkpoint", view.actual, quarantine=False)
     exp = explain_instance(
         view.unit,
-        list(view.nodes.values()),
+        StaleMarks().apply(view.unit, view.nodes.values(), time.time()),  # as reconcile sees them
         services,
         iid,
         loaded.checkpoint.previous(),
