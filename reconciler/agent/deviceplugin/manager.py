@@ -268,24 +268,24 @@ class DevicePluginManager:
     def allocate(
         self, resource: str, device_ids: Iterable[str]
     ) -> api_pb2.ContainerAllocateResponse:
-        """``Allocate`` for one container holding ``device_ids`` of ``resource`` (after
-        ``PreStartContainer`` when the plugin's options ask for it)."""
+        """``Allocate`` for one container holding ``device_ids`` of ``resource``, then
+        ``PreStartContainer`` when the plugin's options ask for it."""
         ids = sorted(device_ids)
         with self._lock:
             plugin = self._plugins.get(resource)
         if plugin is None or plugin.ended_at is not None:
             raise DevicePluginError(f"no device plugin serves {resource} now")
         try:
-            if plugin.options.pre_start_required:
-                plugin.stub.PreStartContainer(
-                    api_pb2.PreStartContainerRequest(devices_ids=ids), timeout=_CALL_TIMEOUT
-                )
             response = plugin.stub.Allocate(
                 api_pb2.AllocateRequest(
                     container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids)]
                 ),
                 timeout=_CALL_TIMEOUT,
             )
+            if plugin.options.pre_start_required:  # (as the kubelet: after Allocate)
+                plugin.stub.PreStartContainer(
+                    api_pb2.PreStartContainerRequest(devices_ids=ids), timeout=_CALL_TIMEOUT
+                )
         except grpc.RpcError as e:
             raise DevicePluginError(
                 f"{resource}: Allocate({', '.join(ids)}): {_rpc_text(e)}"
