@@ -90,7 +90,7 @@ class NodeStateFilter:
 
     name: ClassVar[str] = "NodeState"
     static: ClassVar[bool] = True
-    reads_node: ClassVar[tuple[str, ...]] = ("node.connected", "node.state")
+    reads_node: ClassVar[tuple[str, ...]] = ("node.connected", "node.no_report", "node.state")
     reads_ask: ClassVar[tuple[str, ...]] = ()
 
     def check(self, slot: NodeSlot, ask: Ask) -> str | None:
