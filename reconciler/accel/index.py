@@ -38,6 +38,7 @@ from reconciler.placement.ask import Ask, ask_for
 from reconciler.placement.instances import Cause, Instance, PreviousAllocation, Requested
 from reconciler.placement.nodestate import (
     NO_KEEP,
+    Basics,
     NodeSlot,
     RequestKey,
     Reservation,
@@ -85,7 +86,7 @@ class ClassIndex:
         # node has, then RAM below the most any node has, then rank of the id, each in a range
         # of its own (free amounts stay within their capacity and are never negative).
         basics_of = run.basics
-        cpu_top = max((b[1] for b in basics_of.values()), default=0)
+        self.cpu_top = cpu_top = max((b[1] for b in basics_of.values()), default=0)
         self.ram_top = max((b[2] for b in basics_of.values()), default=0)
         priorities = sorted({b[0][0] for b in basics_of.values()}, reverse=True)
         rank = {p: r for r, p in enumerate(priorities)}
@@ -266,6 +267,17 @@ class ClassIndex:
         for passed in self.passed.values():
             passed.clear()
         self.exhausted.clear()
+
+    def renewed(self, basics: Basics) -> bool:
+        """A node's capacity changed: its place in the choice order moves (the index is built
+        again at its next use). Refused when the capacity is above the largest of the run:
+        the order's integer encoding has no room for it."""
+        _, cpu, ram = basics
+        if cpu > self.cpu_top or ram > self.ram_top:
+            return False
+        self.index_valid = False
+        self.stale.clear()
+        return True
 
     def entry(self, slot: NodeSlot) -> Entry:
         """A node's place in the choice order now (see ``Entry``)."""

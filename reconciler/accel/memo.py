@@ -257,12 +257,24 @@ class BalanceMemo:
         if not (unit is self._unit or unit == self._unit) or len(nodes) != len(self._nodes):
             return None
         listed = self._node_list
+        renewed: list[Node] = []  # nodes whose measured usage alone changed
         if len(nodes) != len(listed) or not all(map(is_, nodes, listed)):
             known = self._nodes  # (the same nodes in another order will do)
-            if not all(map(is_, map(known.get, map(_NODE_ID, nodes)), nodes)):
-                return None
+            for node in compress(nodes, map(is_not, map(known.get, map(_NODE_ID, nodes)), nodes)):
+                before = known.get(node.id)
+                if before is None or not _usage_only(before, node):
+                    return None
+                renewed.append(node)
         if not self._previous_is_result(result, previous, previous_since):
             return None
+        if renewed:
+            self._run = None  # mutated: a refusal leaves no usable state
+            if not run.renew_usage(unit, renewed):
+                return None
+            self._run = run
+            for node in renewed:
+                self._nodes[node.id] = node
+            self._node_list = list(nodes)
         old = self._services
         if changed_keys is not None:
             changed = changed_keys
@@ -370,6 +382,15 @@ class BalanceMemo:
         self._segments = new_segments
         self.incremental, self.replaced = True, replaced
         return result
+
+
+_MEASURED = {"usage": None, "reportedAt": None}
+
+
+def _usage_only(old: Node, new: Node) -> bool:
+    """Whether two versions of a node's document differ in nothing but what its agent measures
+    on every sample (``usage``, ``reportedAt``)."""
+    return old.model_copy(update=_MEASURED) == new.model_copy(update=_MEASURED)
 
 
 def _same_where_equal(

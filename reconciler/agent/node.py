@@ -38,7 +38,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -84,6 +84,10 @@ __all__ = [
 ]
 
 log = logging.getLogger("reconciler.agent")
+
+Prepare = Callable[[str, Mapping[str, Sequence[str]], Path], "Path | str"]
+"""Before a start: (instance id, its devices by resource, its bundle) -> the bundle to run it
+from, or why it cannot start (the device plugins' Allocate, :mod:`.deviceplugin.prestart`)."""
 
 InstanceState = Literal["activating", "active", "inactive", "failed"]
 
@@ -449,6 +453,7 @@ class _Starter:
     node_id: str
     instances: Path  # out/instances
     log_dir: Path | None
+    prepare: Callable[[str, Path], Path | str] | None = None
 
     def bundle(self, iid: str) -> Path:
         return self.instances / iid
@@ -458,7 +463,19 @@ class _Starter:
         if self.log_dir is not None:
             ensure_dir(self.log_dir)
             log_file = self.log_dir / f"{iid}.log"
-        return _start(self.runtime, container_id(self.node_id, iid), self.bundle(iid), log_file)
+        bundle = self.bundle(iid)
+        if self.prepare is not None and _bundle_problem(bundle) is None:
+            cid = container_id(self.node_id, iid)
+            try:
+                st = self.runtime.state(cid)
+            except RuncError:
+                st = None
+            if st is None or st.status not in ("running", "paused", "pausing"):
+                got = self.prepare(iid, bundle)
+                if isinstance(got, str):
+                    return got
+                bundle = got
+        return _start(self.runtime, container_id(self.node_id, iid), bundle, log_file)
 
 
 def _already_applied(doc: Mapping[str, Any], ops: list[dict[str, Any]]) -> bool:
@@ -563,6 +580,7 @@ class _Options:
     reap_orphans: bool
     now: Callable[[], float]
     memory_path: Path
+    prepare: Prepare | None = None
 
 
 def run_agent_once(
@@ -576,6 +594,7 @@ def run_agent_once(
     reap_orphans: bool = True,
     now: Callable[[], float] = time.time,
     agent_state: Path | None = None,
+    prepare: Prepare | None = None,
 ) -> AgentReport:
     """Apply the node's plan once and restart what died; see the module docstring.
 
@@ -584,7 +603,9 @@ def run_agent_once(
     containers named ``<node>.<uuid>`` under this runtime that no record of the patched
     document claims (left by an interrupted run whose plan then changed); only when a plan
     was applied. ``now``: the clock of the restart back-off (seconds since the epoch).
-    ``agent_state``: the agent's own state file (default :func:`agent_state_path`). Raises
+    ``agent_state``: the agent's own state file (default :func:`agent_state_path`).
+    ``prepare``: called before each start with the instance's devices (see :data:`Prepare`).
+    Raises
     :class:`AgentError` (an unknown node included: no ``nodes/<node>.yaml``, no plan and no
     actual document), :class:`~reconciler.agent.runc.RuncError` (when runc itself cannot be listed)
     or :class:`~reconciler.io.lock.LockTimeout`.
@@ -597,7 +618,7 @@ def run_agent_once(
         raise AgentError(f"state directory {state_dir} does not exist")
     state_dir = state_dir.resolve()
     memory_path = agent_state or agent_state_path(state_dir, node_id)
-    opts = _Options(stop_timeout, log_dir, reap_orphans, now, memory_path)
+    opts = _Options(stop_timeout, log_dir, reap_orphans, now, memory_path, prepare)
     with StateLock(state_dir, lock_timeout):
         return _run_locked(state_dir, node_id, runc, opts)
 
@@ -683,7 +704,14 @@ def _run_locked(
     now = opts.now()
     memory = _read_memory(opts.memory_path, node_id)
     remembered = {iid: memory.get(iid, RestartRecord()) for iid in records}
-    starter = _Starter(runtime, node_id, state_dir / "out" / "instances", opts.log_dir)
+    prepare = None
+    if opts.prepare is not None:
+        given = opts.prepare
+
+        def prepare(iid: str, bundle: Path) -> Path | str:
+            return given(iid, records.get(iid, {}).get("devices", {}), bundle)
+
+    starter = _Starter(runtime, node_id, state_dir / "out" / "instances", opts.log_dir, prepare)
     started: list[str] = []
     already: list[str] = []
     start_failed: list[str] = []
@@ -805,6 +833,7 @@ def agent_watch(
     debounce: float = 0.2,
     on_run: Callable[[AgentReport | None], None] | None = None,
     now: Callable[[], float] = time.time,
+    prepare: Prepare | None = None,
 ) -> None:
     """Run the agent now, on every change of ``out/nodes/<node>.json``, every ``resync``
     seconds and when a restart's back-off ends, until ``stop`` is set (SIGTERM and SIGINT set
@@ -827,7 +856,13 @@ def agent_watch(
             node_id,
             reason,
             lambda: run_agent_once(
-                state_dir, node_id, runc, stop_timeout=stop_timeout, log_dir=log_dir, now=now
+                state_dir,
+                node_id,
+                runc,
+                stop_timeout=stop_timeout,
+                log_dir=log_dir,
+                now=now,
+                prepare=prepare,
             ),
             seen,
         )

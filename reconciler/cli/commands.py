@@ -17,6 +17,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO, TypeVar, cast
@@ -29,6 +30,11 @@ from reconciler import __version__
 from reconciler.accel import explain as explain_instance
 from reconciler.agent.node import AgentError, agent_watch, run_agent_once
 from reconciler.agent.runc import Runc, RuncError
+from reconciler.cli.agent_report import (
+    ReportingOptions,
+    node_report_options,
+    run_reporting_agent,
+)
 from reconciler.cli.render import (
     render_explanation,
     render_placements,
@@ -49,6 +55,7 @@ from reconciler.controller.reconcile import (
     compute_once,
     reconcile,
 )
+from reconciler.controller.reports import StaleMarks
 from reconciler.controller.watch import WatchOptions, watch_loop
 from reconciler.io.checkpoint_files import (
     load_checkpoint,
@@ -708,6 +715,7 @@ def watch(
     default=None,
     help="Append each container's stdout and stderr to LOG_DIR/<container>.log.",
 )
+@node_report_options
 def agent(
     node_id: str,
     state_dir: Path,
@@ -718,8 +726,16 @@ def agent(
     once: bool,
     stop_timeout: float,
     log_dir: Path | None,
+    node_config: Path | None,
+    usage_interval: float,
+    device_plugin_dir: Path,
 ) -> int:
     """The node agent: apply out/nodes/NODE.json to this node with runc.
+
+    With --node-config FILE it also writes nodes/NODE.yaml: the declared facts of FILE with
+    what it measures (RAM, CPUs, partition sizes, OS; with --watch the usage every
+    --usage-interval, and the devices of the device plugins registered on
+    --device-plugin-dir/kubelet.sock).
 
     Refuses a plan whose revision test fails against actual/NODE.yaml (a stale plan: nothing
     is started or stopped). For each stop: runc kill (SIGTERM, then SIGKILL after
@@ -749,6 +765,18 @@ def agent(
     del runtime  # only runc is supported (crun refuses this kind of cgroup setup)
     runc = Runc(binary="runc", root=runc_root)
     store = _etcd(store_url) if store_url is not None else None
+    if node_config is not None:
+        if store is not None:
+            raise click.UsageError("--node-config works with a state directory, not --store")
+        return run_reporting_agent(
+            state_dir,
+            node_id,
+            runc,
+            ReportingOptions(
+                node_config, usage_interval, device_plugin_dir, once, stop_timeout, log_dir
+            ),
+            as_json=as_json,
+        )
     if not once:
         logging.getLogger("reconciler").setLevel(min(logging.INFO, logging.getLogger().level))
         if store is not None:
@@ -953,7 +981,7 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
     loaded = load_checkpoint(state_dir / "checkpoint", view.actual, quarantine=False)
     exp = explain_instance(
         view.unit,
-        list(view.nodes.values()),
+        StaleMarks().apply(view.unit, view.nodes.values(), time.time()),  # as reconcile sees them
         services,
         iid,
         loaded.checkpoint.previous(),

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.accel import BalanceMemo, balance
+from reconciler.controller.reports import StaleMarks
 from reconciler.controller.status import NodeStatusCache, status_bytes
 from reconciler.io.checkpoint_files import (
     LoadReport,
@@ -122,6 +123,8 @@ class ReconcileCache:
     encoded_for: Mapping[str, object] | None = None
     """The plan's patch map (by identity) whose every file a run left as ``encoded`` says."""
     outputs: dict[Path, tuple[ContentKey, StatKey | None]] = field(default_factory=dict)
+    stale: StaleMarks = field(default_factory=StaleMarks)
+    """The nodes whose reports are too old, as the balancer last saw them."""
     """out/ files (node patches, status, plan) with the content found in them (a big one by its
     digest: :func:`content_key`) and their settled stat keys: an unchanged output costs an
     lstat, not a read."""
@@ -244,7 +247,9 @@ def compute_once(
     n_instances = sum(map(_INSTANCES, view.services.values()))
     stage(f"placing {n_instances} instances on {len(view.nodes)} nodes")
     previous = cp.previous()
-    nodes, services = list(view.nodes.values()), view.services_sorted()
+    marks = opts.cache.stale if opts.cache is not None else StaleMarks()
+    nodes = marks.apply(view.unit, view.nodes.values(), now)  # a too old report fails NodeState
+    services = view.services_sorted()
     if opts.cache is None:
         result = balance(view.unit, nodes, services, previous, mode, overload)
     else:

@@ -14,6 +14,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     Strict,
     field_validator,
     model_validator,
@@ -149,6 +150,7 @@ class UnitConfig(_Model):
     version: SemVer
     placement: Literal["stable", "fresh"] = "stable"
     maxInstances: UnitInstanceLimit = DEFAULT_UNIT_MAX_INSTANCES
+    nodeTimeout: Duration = 60.0  # a node whose reportedAt is older fails NodeState (SPEC §19)
     nodes: tuple[NodeConfig, ...] = ()
 
     @model_validator(mode="after")
@@ -392,6 +394,10 @@ class Node(_Model):
     resourcesFile: Str | None = None
     devicePools: tuple[DevicePool, ...] = ()
     usage: NodeUsage | None = None
+    reportedAt: AwareDatetime | None = None  # when its agent wrote it (SPEC §19); None: by hand
+    _no_report: str | None = PrivateAttr(default=None)
+    """Set on the controller's copy of a node whose report is too old: why it fails NodeState
+    (never read from or written to the file)."""
 
     @field_validator("partitions")
     @classmethod
@@ -415,6 +421,17 @@ class Node(_Model):
         if self.resources is not None:
             _unique([r.name for r in self.resources], "resource name")
         return self
+
+    @property
+    def no_report(self) -> str | None:
+        """Why the node has no fresh report (see :attr:`_no_report`), or None."""
+        return self._no_report
+
+    def marked_stale(self, why: str) -> Node:
+        """A disconnected copy of this node that says ``why`` it fails NodeState."""
+        copy = self.model_copy(update={"connected": False})
+        copy._no_report = why
+        return copy
 
     @property
     def host_resources(self) -> tuple[HostResource, ...]:

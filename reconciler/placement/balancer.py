@@ -245,6 +245,46 @@ class Run:
         self.search.moved(slot)
         self.search.freed()  # something became free
 
+    def renew_usage(self, unit: UnitConfig | None, nodes: Sequence[Node]) -> bool:
+        """Take in ``nodes`` that differ from this run's only in their measured usage (and
+        report time): each one's CPU and RAM pools get the capacity the new usage leaves
+        (SPEC §7.3) with its reservations kept. False (the run is then unusable) when that
+        may change what the run's pass 1 kept: a node overloaded, its reservations over the
+        new capacity, or a change the search cannot take in."""
+        if self.overloaded:
+            return False
+        configs = NodeConfigs(unit)
+        empty: frozenset[str] = frozenset()
+        for node in nodes:
+            nid = node.id
+            old = self.nodes[nid]
+            basics = node_basics(unit, node, empty, configs)
+            if basics[0] != self.basics[nid][0] or not self.search.renewed(basics):
+                return False
+            _, cpu, ram = basics
+            slot = self.slots.get(nid)
+            if slot is not None:
+                cpu_pool, ram_pool = slot.cpu_pool, slot.ram_pool
+                used_cpu = cpu_pool.capacity - cpu_pool.free
+                used_ram = ram_pool.capacity - ram_pool.free
+                if used_cpu > cpu or used_ram > ram:
+                    return False
+                cpu_pool.capacity, cpu_pool.free = cpu, cpu - used_cpu
+                ram_pool.capacity, ram_pool.free = ram, ram - used_ram
+                slot.node = node
+                self.search.moved(slot)
+            self.basics[nid] = basics
+            self.nodes[nid] = node
+            if old.usage is not None:
+                for iid in old.usage.instances:
+                    self.usage.pop(iid, None)
+            if node.usage is not None:
+                for iid, u in node.usage.instances.items():
+                    self.usage[iid] = (u.cpu, u.ram)
+        self._tops = None
+        self.search.freed()  # a node may have more room now
+        return True
+
     # -- pass 1
 
     def keep(self, instance: Instance, prev: PreviousAllocation) -> bool:

@@ -91,13 +91,13 @@ class NodeStateFilter:
 
     name: ClassVar[str] = "NodeState"
     static: ClassVar[bool] = True
-    reads_node: ClassVar[tuple[str, ...]] = ("node.connected", "node.state")
+    reads_node: ClassVar[tuple[str, ...]] = ("node.connected", "node.no_report", "node.state")
     reads_ask: ClassVar[tuple[str, ...]] = ()
 
     def check(self, slot: NodeSlot, ask: Ask) -> str | None:
         node = slot.node
         if not node.connected:
-            return "disconnected"
+            return node.no_report or "disconnected"
         if node.state != "provisioned":
             return f"state {node.state}"
         return None

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from reconciler.placement.ask import Ask
 from reconciler.placement.instances import Cause, Instance, PreviousAllocation
-from reconciler.placement.nodestate import NO_KEEP, NodeSlot
+from reconciler.placement.nodestate import NO_KEEP, Basics, NodeSlot
 from reconciler.placement.pipeline import best_runtime, choice_key, evaluate, static_runtimes
 from reconciler.placement.sharing import ShareRequest
 
@@ -85,6 +85,12 @@ class CandidateSearch(Protocol):
 
     def freed(self) -> None:
         """Something was released: a node that refused a request may accept it now."""
+        ...
+
+    def renewed(self, basics: Basics) -> bool:
+        """Whether the search can take in a node whose capacity became ``basics`` (measured
+        usage changed, see :meth:`~reconciler.placement.balancer.Run.renew_usage`); its
+        state, when built, is then reported through :meth:`moved`."""
         ...
 
 
@@ -190,3 +196,6 @@ class Exhaustive:
 
     def freed(self) -> None:
         pass
+
+    def renewed(self, basics: Basics) -> bool:
+        return True

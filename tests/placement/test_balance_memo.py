@@ -292,9 +292,15 @@ class TestTheMemoIsUsed:
             assert got.by_id[iid] is first.by_id[iid]
 
     def test_other_nodes_run_in_full(self) -> None:
-        nodes = [*self.nodes[:3], make_node("n3")]  # equal, but not the objects the memo saw
+        nodes = [*self.nodes[:3], make_node("n3", ram="2Gi")]  # more than usage changed
         got = self.memo.balance(None, nodes, self.services, self.previous, "stable")
         assert not self.memo.incremental
+        assert got == balance(None, nodes, self.services, self.previous, "stable")
+
+    def test_equal_nodes_that_are_other_objects_replace_nothing(self) -> None:
+        nodes = [*self.nodes[:3], make_node("n3")]  # equal, but not the objects the memo saw
+        got = self.memo.balance(None, nodes, self.services, self.previous, "stable")
+        assert self.memo.incremental and self.memo.replaced == 0
         assert got == balance(None, nodes, self.services, self.previous, "stable")
 
     def test_a_previous_other_than_the_result_runs_in_full(self) -> None:

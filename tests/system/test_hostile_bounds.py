@@ -358,6 +358,7 @@ def _documents(v: Draw) -> dict[str, dict[str, Any]]:
         "kind": "UnitConfig",
         "version": "1.0.0",
         "maxInstances": v("UnitConfig", ("maxInstances",)),
+        "nodeTimeout": v("UnitConfig", ("nodeTimeout",)),
         "nodes": [
             {
                 "nodeType": "t",

@@ -1,0 +1,55 @@
+"""Node reports that are too old (SPEC §19): a node whose agent writes ``reportedAt`` and has
+not reported for longer than unit.yaml's ``nodeTimeout`` fails ``NodeState`` ("no report for
+3m"). A node without ``reportedAt`` (written by hand) is never stale.
+
+:class:`StaleMarks` gives the balancer the nodes with the stale ones replaced by disconnected
+copies. A long-running caller keeps one: the copy of a node stays the same object while its
+document and the whole minutes of its age do not change, so the balancer's memo sees the same
+nodes from one run to the next."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from reconciler.model.documents import Node, UnitConfig
+
+__all__ = ["DEFAULT_NODE_TIMEOUT", "StaleMarks", "age_text"]
+
+DEFAULT_NODE_TIMEOUT = 60.0
+
+
+def age_text(seconds: float) -> str:
+    """``3m``, ``1h5m``, ``40s`` (whole minutes from a minute on, tens of seconds below)."""
+    s = int(seconds)
+    if s < 60:
+        return f"{s // 10 * 10}s"
+    hours, minutes = divmod(s // 60, 60)
+    if hours:
+        return f"{hours}h{minutes}m" if minutes else f"{hours}h"
+    return f"{minutes}m"
+
+
+class StaleMarks:
+    """The stale nodes' disconnected copies, kept while they stay the same."""
+
+    def __init__(self) -> None:
+        self._copies: dict[str, tuple[Node, str, Node]] = {}
+
+    def apply(self, unit: UnitConfig | None, nodes: Iterable[Node], now: float) -> list[Node]:
+        timeout = unit.nodeTimeout if unit is not None else DEFAULT_NODE_TIMEOUT
+        out: list[Node] = []
+        copies: dict[str, tuple[Node, str, Node]] = {}
+        for node in nodes:
+            at = node.reportedAt
+            age = now - at.timestamp() if at is not None else 0.0
+            if at is None or age <= timeout:
+                out.append(node)
+                continue
+            why = f"no report for {age_text(age)}"
+            got = self._copies.get(node.id)
+            if got is None or got[0] is not node or got[1] != why:
+                got = (node, why, node.marked_stale(why))
+            copies[node.id] = got
+            out.append(got[2])
+        self._copies = copies
+        return out
