@@ -15,6 +15,7 @@ from reconciler.model.documents import ActualInstance, Node, Service, UnitConfig
 from reconciler.model.inventory import Inventory
 from reconciler.model.jsonbytes import document, fragment, join_object, member
 from reconciler.placement.balancer import NodeSlot, node_states
+from reconciler.placement.nodestate import system_usage
 from reconciler.placement.instances import BalanceResult, Placement
 from reconciler.placement.sharing import REGISTRY
 from reconciler.placement.sharing.shared_count import UNLIMITED
@@ -24,6 +25,7 @@ __all__ = [
     "STATUS_FORMAT_VERSION",
     "NodeStatusCache",
     "build_status",
+    "cached_status",
     "node_statuses",
     "status_bytes",
 ]
@@ -81,7 +83,17 @@ def _node_status(slot: NodeSlot) -> dict[str, Any]:
         "resources": resources,
         "devices": devices,
         "instances": len(slot.placed),
+        **_system_usage(node),
     }
+
+
+def _system_usage(node: Node) -> dict[str, Any]:
+    """``systemUsage``: what the node reports in use by anything but its instances (the cpu
+    and ram taken off its capacity), only when it reports usage."""
+    if node.usage is None:
+        return {}
+    cpu, ram = system_usage(node)
+    return {"systemUsage": {"cpu": cpu, "ram": ram}}
 
 
 Observed = tuple[str, ActualInstance | None]
@@ -104,7 +116,7 @@ class NodeStatusCache:
         self.recomputed = 0  # in the last call: nodes whose entry was computed again
         # status_bytes: each node entry's and each instance record's pretty JSON
         self._node_fragments: dict[str, tuple[dict[str, Any], bytes]] = {}
-        self._instance_fragments: dict[str, tuple[InstanceKey, bytes]] = {}
+        self._instance_fragments: dict[str, tuple[InstanceKey, bytes, dict[str, Any]]] = {}
         self._instance_order: list[str] = []  # the fragments' ids, sorted
         # (the joined sections are not kept: 7 MB each at 20,000 instances, and a run that
         # changes nothing, the only one a kept join would serve, joins them in a few ms)
@@ -264,13 +276,14 @@ def status_bytes(
         node_frags[node_id] = got
     observed = _observed(view)
     ids = uids or {}
-    instance_frags: dict[str, tuple[InstanceKey, bytes]] = {}
+    instance_frags: dict[str, tuple[InstanceKey, bytes, dict[str, Any]]] = {}
     for p in result.placements:
         iid = p.instance_id
         key: InstanceKey = (p, _state(p, observed), ids.get(iid))
         known = old_instances.get(iid)
         if known is None or known[0][0] is not p or known[0][1:] != key[1:]:
-            known = (key, member(iid, fragment(_instance_record(p, key[1], key[2]), 2), 1))
+            record = _instance_record(p, key[1], key[2])
+            known = (key, member(iid, fragment(record, 2), 1), record)
         instance_frags[iid] = known
     if instance_frags.keys() != old_instances.keys():
         cache._instance_order = sorted(instance_frags)
@@ -285,3 +298,26 @@ def status_bytes(
         ("nodes", join_object([node_frags[n][1] for n in sorted(node_frags)], 1)),
     ]
     return document(members)
+
+
+def cached_status(
+    cache: NodeStatusCache,
+    result: BalanceResult,
+    diagnostics: Sequence[Diagnostic],
+    *,
+    alerts: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """The status document the last :func:`status_bytes` call with ``cache`` (and these
+    arguments) wrote, as a value: ``build_status``'s, made of the node entries and instance
+    records ``cache`` holds (the same objects while their inputs are the same, which lets the
+    status page reuse what it made of them)."""
+    nodes = cache._node_fragments
+    instances = cache._instance_fragments
+    return {
+        "formatVersion": STATUS_FORMAT_VERSION,
+        "nodes": {n: nodes[n][0] for n in sorted(nodes)},
+        "instances": {i: instances[i][2] for i in cache._instance_order},
+        "failures": [failure_json(f) for f in result.failures],
+        "alerts": list(alerts),
+        "invalidInputs": _invalid(diagnostics),
+    }
