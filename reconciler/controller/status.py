@@ -15,8 +15,8 @@ from reconciler.model.documents import ActualInstance, Node, Service, UnitConfig
 from reconciler.model.inventory import Inventory
 from reconciler.model.jsonbytes import document, fragment, join_object, member
 from reconciler.placement.balancer import NodeSlot, node_states
-from reconciler.placement.nodestate import system_usage
 from reconciler.placement.instances import BalanceResult, Placement
+from reconciler.placement.nodestate import system_usage
 from reconciler.placement.sharing import REGISTRY
 from reconciler.placement.sharing.shared_count import UNLIMITED
 from reconciler.planning.plans import failure_json

@@ -29,7 +29,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from html import escape
 from typing import Any
 
-__all__ = ["PageMemo", "render_status_page"]
+__all__ = ["PageMemo", "page_source", "render_status_page"]
+
+_SOURCE = b'<meta name="reconciler-report" content="'
+"""The page's head names the report it was made from (see :func:`page_source`)."""
 
 _STATE_ORDER = ("failed", "pending", "activating", "active")
 """States first in each node's list (the ones to look at), then any other by name."""
@@ -104,6 +107,17 @@ class PageMemo:
     def __init__(self) -> None:
         self._rows: dict[str, tuple[object, tuple[object, ...], str]] = {}
         self.rebuilt = 0  # in the last call: node rows built again
+        self.source: str | None = None  # the report digest of the page last written (the shell's)
+
+
+def page_source(head: bytes) -> str | None:
+    """The report digest a page's first bytes name (``render_status_page``'s ``source``)."""
+    at = head.find(_SOURCE)
+    if at < 0:
+        return None
+    start = at + len(_SOURCE)
+    end = head.find(b'"', start)
+    return head[start:end].decode("ascii", "replace") if end > 0 else None
 
 
 def _e(value: object) -> str:
@@ -320,10 +334,13 @@ def _summary(
         f'<span class="st {_state_class(s)}">{n} {_e(s)}</span>' for s, n in sorted(states.items())
     )
     bars = [
-        ("CPU", _bar(*totals["cpu"], "DMIPS")),
-        ("RAM", _bar(*totals["ram"], "B")),
-        ("Storage", _bar(*totals["storage"], "B")),
-        ("State", _bar(*totals["state"], "B")),
+        (name, _bar(totals[key][0], totals[key][1], totals[key][2], unit))
+        for name, key, unit in (
+            ("CPU", "cpu", "DMIPS"),
+            ("RAM", "ram", "B"),
+            ("Storage", "storage", "B"),
+            ("State", "state", "B"),
+        )
     ]
     for resource in sorted(pools):
         a, u, f = pools[resource]
@@ -343,12 +360,17 @@ def _summary(
 
 
 def render_status_page(
-    status: Mapping[str, Any], *, made_at: float, memo: PageMemo | None = None
+    status: Mapping[str, Any],
+    *,
+    made_at: float,
+    memo: PageMemo | None = None,
+    source: str | None = None,
 ) -> bytes:
     """The page of ``status`` (the status report's value), made at ``made_at`` (seconds since
     the epoch). Raises KeyError, TypeError or ValueError on a value not shaped like a report.
     ``memo``: rows of the last call, reused for nodes whose entry and instance records are
-    the same objects."""
+    the same objects. ``source``: a digest of the report, named in the page's head (how a
+    run tells that the page on disk was made from the report it has)."""
     nodes: Mapping[str, Mapping[str, Any]] = status["nodes"]
     instances: Mapping[str, Mapping[str, Any]] = status["instances"]
     failures: Sequence[Mapping[str, Any]] = status.get("failures", [])
@@ -383,7 +405,8 @@ def render_status_page(
     head = (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
-        f"<title>reconciler status: {n_nodes} nodes, {len(failures)} unplaceable</title>"
+        + (f'{_SOURCE.decode()}{_e(source)}">' if source is not None else "")
+        + f"<title>reconciler status: {n_nodes} nodes, {len(failures)} unplaceable</title>"
         f"<style>{_CSS}</style></head><body>"
         f'<header><h1>Unit status</h1><p class="meta">Made <time datetime="{made}">{made}</time>'
         " by reconciler from the last reconcile&#8217;s status report.</p>"
