@@ -195,8 +195,14 @@ class ReconcileReport:
     written: tuple[str, ...] = ()
     checkpoint_written: bool = False
     problems: tuple[str, ...] = field(default=())
-    status: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
-    """The status report the run wrote (out/status.json's value), for metrics."""
+    status_of: Callable[[], Mapping[str, Any]] | None = field(
+        default=None, repr=False, compare=False
+    )
+    """The status report the run wrote (out/status.json's value), made when first asked for
+    (ask before the next run: it is made of the cache that run changes)."""
+
+    def status(self) -> Mapping[str, Any] | None:
+        return self.status_of() if self.status_of is not None else None
 
     @property
     def plan(self) -> Plan:
@@ -393,7 +399,7 @@ def _changed(
 
 def _write_outputs(
     state_dir: Path, c: Computed, opts: ReconcileOptions
-) -> tuple[list[str], dict[str, Any]]:
+) -> tuple[list[str], Callable[[], dict[str, Any]]]:
     """Write out/ in dependency order, each group as one batch (SPEC §2, §10, §11, §12):
     instance configs first (a patch never names a config that is not there), then the node
     patches with the plan, then the status report."""
@@ -506,7 +512,13 @@ def _write_outputs(
     )
     status_ident = content_key(status)
     put(out / "status.json", status, ident=status_ident)
-    value = cached_status(status_cache, c.result, c.diagnostics, alerts=raised)
+    made: list[dict[str, Any]] = []
+
+    def value() -> dict[str, Any]:  # made once, if the page or the caller needs it
+        if not made:
+            made.append(cached_status(status_cache, c.result, c.diagnostics, alerts=raised))
+        return made[0]
+
     page = _put_page(out / "status.html", value, status_ident, batch, idents, opts)
     if page is not None:
         at = len(written) - (1 if written and written[-1] == "out/status.json" else 0)
@@ -527,7 +539,7 @@ PAGE_HEAD_BYTES = 2048
 
 def _put_page(
     path: Path,
-    value: Mapping[str, Any],
+    value: Callable[[], Mapping[str, Any]],
     report: ContentKey,
     batch: list[tuple[Path, bytes, int]],
     idents: dict[Path, ContentKey],
@@ -554,7 +566,7 @@ def _put_page(
             memo.source = digest
         return None
     now = opts.clock() if opts.clock is not None else time.time()
-    page = render_status_page(value, made_at=now, memo=memo, source=digest)
+    page = render_status_page(value(), made_at=now, memo=memo, source=digest)
     before = 1 if batch and batch[-1][0] == path.parent / "status.json" else 0
     batch.insert(len(batch) - before, (path, page, 0o600))
     idents[path] = b""  # (flush records each batch entry; the page is never compared)

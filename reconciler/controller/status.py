@@ -118,6 +118,7 @@ class NodeStatusCache:
         self._node_fragments: dict[str, tuple[dict[str, Any], bytes]] = {}
         self._instance_fragments: dict[str, tuple[InstanceKey, bytes, dict[str, Any]]] = {}
         self._instance_order: list[str] = []  # the fragments' ids, sorted
+        self._records: dict[str, dict[str, Any]] = {}  # each instance's record, result order
         # (the joined sections are not kept: 7 MB each at 20,000 instances, and a run that
         # changes nothing, the only one a kept join would serve, joins them in a few ms)
 
@@ -277,6 +278,7 @@ def status_bytes(
     observed = _observed(view)
     ids = uids or {}
     instance_frags: dict[str, tuple[InstanceKey, bytes, dict[str, Any]]] = {}
+    records: dict[str, dict[str, Any]] = {}
     for p in result.placements:
         iid = p.instance_id
         key: InstanceKey = (p, _state(p, observed), ids.get(iid))
@@ -285,9 +287,11 @@ def status_bytes(
             record = _instance_record(p, key[1], key[2])
             known = (key, member(iid, fragment(record, 2), 1), record)
         instance_frags[iid] = known
+        records[iid] = known[2]
     if instance_frags.keys() != old_instances.keys():
         cache._instance_order = sorted(instance_frags)
     cache._node_fragments, cache._instance_fragments = node_frags, instance_frags
+    cache._records = records
     instances = [instance_frags[i][1] for i in cache._instance_order]
     members = [
         ("alerts", fragment(list(alerts), 1)),
@@ -311,12 +315,10 @@ def cached_status(
     arguments) wrote, as a value: ``build_status``'s, made of the node entries and instance
     records ``cache`` holds (the same objects while their inputs are the same, which lets the
     status page reuse what it made of them)."""
-    nodes = cache._node_fragments
-    instances = cache._instance_fragments
     return {
         "formatVersion": STATUS_FORMAT_VERSION,
-        "nodes": {n: nodes[n][0] for n in sorted(nodes)},
-        "instances": {i: instances[i][2] for i in cache._instance_order},
+        "nodes": {n: entry for n, (entry, _) in cache._node_fragments.items()},  # sorted
+        "instances": cache._records,  # (in the result's order, not sorted)
         "failures": [failure_json(f) for f in result.failures],
         "alerts": list(alerts),
         "invalidInputs": _invalid(diagnostics),

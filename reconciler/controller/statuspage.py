@@ -99,13 +99,21 @@ table.nodes td:nth-child(8)::before{content:"Instances"}
 """
 
 
+Totals = dict[tuple[str, str], int]
+"""What the summary adds up, by (what, which): a node's share of it (see :func:`_share`)."""
+
+_Row = tuple[Mapping[str, Any], list[tuple[str, Mapping[str, Any]]], bytes, Totals]
+"""A node's row: its status entry and instances (id, record), the row's HTML, its share."""
+
+
 class PageMemo:
     """What :func:`render_status_page` made of each node last time: its row, with the status
     entry and the instance records it was made from (compared by identity: equal objects
     made again are built again, which costs time, never correctness)."""
 
     def __init__(self) -> None:
-        self._rows: dict[str, tuple[object, tuple[object, ...], str]] = {}
+        self._rows: dict[str, _Row] = {}
+        self._totals: Totals | None = None  # the summary's, over the rows
         self.rebuilt = 0  # in the last call: node rows built again
         self.source: str | None = None  # the report digest of the page last written (the shell's)
 
@@ -184,6 +192,10 @@ def _pool_bars(devices: Mapping[str, Any]) -> str:
     return "".join(parts) or '<span class="empty">none</span>'
 
 
+def _first(item: tuple[str, object]) -> str:
+    return item[0]
+
+
 def _state_class(state: str) -> str:
     return f"s-{state}" if state in _STATE_ORDER else "s-other"
 
@@ -202,7 +214,9 @@ def _counts_text(groups: Sequence[tuple[str, Sequence[object]]]) -> str:
     )
 
 
-def _node_row(node_id: str, entry: Mapping[str, Any], records: Sequence[Any]) -> str:
+def _node_row(
+    node_id: str, entry: Mapping[str, Any], records: Sequence[tuple[str, Mapping[str, Any]]]
+) -> tuple[bytes, Totals]:
     system = entry.get("systemUsage") or {}
     parts = entry.get("partitions") or {}
     nid = _e(node_id)
@@ -220,8 +234,8 @@ def _node_row(node_id: str, entry: Mapping[str, Any], records: Sequence[Any]) ->
     ]
     if not records:
         cells.append('<td><span class="empty">no instances</span></td></tr>')
-        return "".join(cells)
-    groups = _by_state(records)
+        return "".join(cells).encode(), _share(entry, ())
+    groups = _by_state(sorted(records, key=_first))
     n = len(records)
     lists = []
     for state_name, items in groups:
@@ -237,7 +251,7 @@ def _node_row(node_id: str, entry: Mapping[str, Any], records: Sequence[Any]) ->
         f"<td><details><summary>{n} instance{'s' if n != 1 else ''}: {_counts_text(groups)}"
         f"</summary>{''.join(lists)}</details></td></tr>"
     )
-    return "".join(cells)
+    return "".join(cells).encode(), _share(entry, groups)
 
 
 def _table(caption: str, headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
@@ -300,59 +314,69 @@ def _invalid(invalid: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
     )
 
 
-def _summary(
-    nodes: Mapping[str, Mapping[str, Any]],
-    states: Mapping[str, int],
-    n_failed: int,
-) -> str:
-    totals = {k: [0, 0, 0] for k in ("cpu", "ram", "storage", "state")}  # reserved, system, free
-    node_states: dict[str, int] = {}
-    pools: dict[str, list[int]] = {}
-    for entry in nodes.values():
-        ns = str(entry.get("state", ""))
-        node_states[ns] = node_states.get(ns, 0) + 1
-        system = entry.get("systemUsage") or {}
-        parts = entry.get("partitions") or {}
-        for key, inv in (
-            ("cpu", entry.get("cpu")),
-            ("ram", entry.get("ram")),
-            ("storage", parts.get("storage")),
-            ("state", parts.get("state")),
-        ):
-            if isinstance(inv, Mapping):
-                t = totals[key]
-                t[0] += int(inv["reserved"])
-                t[1] += int(system.get(key, 0))
-                t[2] += max(0, int(inv["free"]))
-        for resource, pool in (entry.get("devices") or {}).items():
-            acc = pools.setdefault(resource, [0, 0, 0])
-            acc[0] += int(pool["allocated"])
-            acc[1] += max(0, int(pool["total"]) - int(pool["healthy"]))
-            acc[2] += max(0, int(pool["healthy"]) - int(pool["allocated"]))
-    placed = sum(states.values())
-    inst = ", ".join(
-        f'<span class="st {_state_class(s)}">{n} {_e(s)}</span>' for s, n in sorted(states.items())
-    )
+_RESOURCES = (
+    ("CPU", "cpu", "DMIPS"),
+    ("RAM", "ram", "B"),
+    ("Storage", "storage", "B"),
+    ("State", "state", "B"),
+)
+
+
+def _share(entry: Mapping[str, Any], groups: Sequence[tuple[str, Sequence[object]]]) -> Totals:
+    """One node's share of the summary: its state, its reserved / system / free amounts, its
+    device pools' allocated / unhealthy / free devices, and its instances by state."""
+    share: Totals = {("node", str(entry.get("state", ""))): 1}
+    system = entry.get("systemUsage") or {}
+    parts = entry.get("partitions") or {}
+    for key, inv in (
+        ("cpu", entry.get("cpu")),
+        ("ram", entry.get("ram")),
+        ("storage", parts.get("storage")),
+        ("state", parts.get("state")),
+    ):
+        if isinstance(inv, dict):
+            share[(key, "r")] = int(inv["reserved"])
+            share[(key, "s")] = int(system.get(key, 0))
+            share[(key, "f")] = max(0, int(inv["free"]))
+    for resource, pool in (entry.get("devices") or {}).items():
+        total, healthy, allocated = int(pool["total"]), int(pool["healthy"]), int(pool["allocated"])
+        share[("pool " + resource, "r")] = allocated
+        share[("pool " + resource, "s")] = max(0, total - healthy)
+        share[("pool " + resource, "f")] = max(0, healthy - allocated)
+    for state, items in groups:
+        share[("instances", state)] = len(items)
+    return share
+
+
+def _add(totals: Totals, share: Totals, sign: int) -> None:
+    for key, value in share.items():
+        totals[key] = totals.get(key, 0) + sign * value
+
+
+def _summary(totals: Totals, n_nodes: int, n_failed: int) -> str:
+    def get(what: str, which: str) -> int:
+        return totals.get((what, which), 0)
+
+    states = sorted((k[1], n) for k, n in totals.items() if k[0] == "instances" and n)
+    node_states = sorted((k[1], n) for k, n in totals.items() if k[0] == "node" and n)
+    pools = sorted({k[0] for k in totals if k[0].startswith("pool ")})
+    placed = sum(n for _, n in states)
+    inst = ", ".join(f'<span class="st {_state_class(s)}">{n} {_e(s)}</span>' for s, n in states)
     bars = [
-        (name, _bar(totals[key][0], totals[key][1], totals[key][2], unit))
-        for name, key, unit in (
-            ("CPU", "cpu", "DMIPS"),
-            ("RAM", "ram", "B"),
-            ("Storage", "storage", "B"),
-            ("State", "state", "B"),
-        )
+        (name, _bar(get(key, "r"), get(key, "s"), get(key, "f"), unit))
+        for name, key, unit in _RESOURCES
     ]
-    for resource in sorted(pools):
-        a, u, f = pools[resource]
-        bar = _bar(a, u, f, "", words="allocated")
-        bars.append((_e(resource), bar.replace(" system", " unhealthy", 1) if u else bar))
+    for pool in pools:
+        u = get(pool, "s")
+        bar = _bar(get(pool, "r"), u, get(pool, "f"), "", words="allocated")
+        bars.append((_e(pool[5:]), bar.replace(" system", " unhealthy", 1) if u else bar))
     cells = "".join(f"<div><b>{name}</b>{bar}</div>" for name, bar in bars)
-    node_text = ", ".join(f"{n} {_e(s)}" for s, n in sorted(node_states.items()))
+    node_text = ", ".join(f"{n} {_e(s)}" for s, n in node_states)
     return (
         f"<p>{placed + n_failed} instances desired: {placed} placed"
         f"{' (' + inst + ')' if inst else ''}, "
         f'<a href="#unplaceable">{n_failed} unplaceable</a>. '
-        f"{len(nodes)} nodes{' (' + node_text + ')' if node_text else ''}.</p>"
+        f"{n_nodes} nodes{' (' + node_text + ')' if node_text else ''}.</p>"
         '<p><span class="sw k-r"></span>reserved <span class="sw k-u"></span>system usage '
         '(devices: unhealthy) <span class="sw k-f"></span>free</p>'
         f'<div class="sum">{cells}</div>'
@@ -378,26 +402,40 @@ def render_status_page(
     invalid: Mapping[str, Sequence[Mapping[str, Any]]] = status.get("invalidInputs", {})
 
     on_node: dict[str, list[tuple[str, Mapping[str, Any]]]] = {}
-    states: dict[str, int] = {}
-    for iid, rec in instances.items():
-        on_node.setdefault(rec["nodeId"], []).append((iid, rec))
-        s = rec["state"]
-        states[s] = states.get(s, 0) + 1
+    for item in instances.items():
+        node_id = item[1]["nodeId"]
+        got_list = on_node.get(node_id)
+        if got_list is None:
+            on_node[node_id] = [item]
+        else:
+            got_list.append(item)
 
     old = memo._rows if memo is not None else {}
-    rows: dict[str, tuple[object, tuple[object, ...], str]] = {}
+    # the summary's totals: the last call's, less the shares of rows made again, plus theirs
+    known = memo is not None and memo._totals is not None
+    totals: Totals = dict(memo._totals) if memo is not None and memo._totals is not None else {}
+    rows: dict[str, _Row] = {}
     rebuilt = 0
+    empty: list[tuple[str, Mapping[str, Any]]] = []
     for node_id in sorted(nodes):
         entry = nodes[node_id]
-        recs = on_node.get(node_id, ())
-        ident = tuple(recs)
+        recs = on_node.get(node_id, empty)
         got = old.get(node_id)
-        if got is None or got[0] is not entry or got[1] != ident:
-            got = (entry, ident, _node_row(node_id, entry, recs))
+        if got is None or got[0] is not entry or got[1] != recs:
+            new = (entry, recs, *_node_row(node_id, entry, recs))
+            if known and got is not None:
+                _add(totals, got[3], -1)
+            _add(totals, new[3], 1)
+            got = new
             rebuilt += 1
+        elif not known:
+            _add(totals, got[3], 1)
         rows[node_id] = got
+    if known:
+        for gone in old.keys() - rows.keys():
+            _add(totals, old[gone][3], -1)
     if memo is not None:
-        memo._rows = rows
+        memo._rows, memo._totals = rows, totals
         memo.rebuilt = rebuilt
 
     made = datetime.datetime.fromtimestamp(made_at, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -415,7 +453,8 @@ def render_status_page(
         f'<a href="#alerts">Alerts ({len(alerts)})</a>'
         f'<a href="#invalid">Invalid inputs ({len(invalid)})</a>'
         f'<a href="#nodes">Nodes ({n_nodes})</a></nav></header><main>'
-        f'<section id="summary"><h2>Summary</h2>{_summary(nodes, states, len(failures))}</section>'
+        f'<section id="summary"><h2>Summary</h2>{_summary(totals, n_nodes, len(failures))}'
+        "</section>"
         f'<section id="unplaceable"><h2>Unplaceable instances ({len(failures)})</h2>'
         f"{_failures(failures)}</section>"
         f'<section id="alerts"><h2>Alerts ({len(alerts)})</h2>{_alerts(alerts)}</section>'
@@ -430,4 +469,4 @@ def render_status_page(
         '<th scope="col">Instances</th></tr></thead><tbody>'
     )
     tail = "</tbody></table></section></main></body></html>\n"
-    return "".join([head, *(r[2] for r in rows.values()), tail]).encode()
+    return b"".join([head.encode(), *[r[2] for r in rows.values()], tail.encode()])
