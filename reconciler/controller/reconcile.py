@@ -198,6 +198,8 @@ class ReconcileReport:
     status_of: Callable[[], Mapping[str, Any]] | None = field(
         default=None, repr=False, compare=False
     )
+    elapsed: float | None = field(default=None, compare=False)
+    """Seconds the run took, from the lock on."""
     """The status report the run wrote (out/status.json's value), made when first asked for
     (ask before the next run: it is made of the cache that run changes)."""
 
@@ -586,6 +588,7 @@ def reconcile(
     if not state_dir.exists():
         state_dir.mkdir(mode=0o700, parents=True)
     with StateLock(state_dir, opts.lock_timeout), collector_paused():
+        started = time.monotonic()
         for name in ("checkpoint", "out"):  # a symlink in their place is refused: nothing is
             if (state_dir / name).is_symlink():  # ever written outside the state directory
                 raise FileReadError(f"{state_dir / name} is a symlink; refusing to use it")
@@ -629,7 +632,9 @@ def reconcile(
             more, status = _write_outputs(state_dir, c, opts)
             written += more
             if not opts.recheck and hint is None:
-                return ReconcileReport(n, c, tuple(written), cp_written, tuple(problems), status)
+                return ReconcileReport(
+                    n, c, tuple(written), cp_written, tuple(problems), status, _since(started)
+                )
             # level-triggered after all: every input stat'ed (a watcher's hint may have missed
             # an event; an edit may have landed during the run)
             after, _ = load_state(state_dir, c.view)
@@ -637,11 +642,17 @@ def reconcile(
                 # the same objects (the loader keeps them for the same content), with the stat
                 # keys just taken: the next run does not read a recently written file again
                 c = dataclasses.replace(c, view=after)
-                return ReconcileReport(n, c, tuple(written), cp_written, tuple(problems), status)
+                return ReconcileReport(
+                    n, c, tuple(written), cp_written, tuple(problems), status, _since(started)
+                )
             log.info("inputs changed during the run; reconciling again")
             previous_view = after
             hint = None
         log.warning("inputs kept changing for %d passes; stopping here", opts.max_passes)
         return ReconcileReport(
-            opts.max_passes, c, tuple(written), cp_written, tuple(problems), status
+            opts.max_passes, c, tuple(written), cp_written, tuple(problems), status, _since(started)
         )
+
+
+def _since(started: float) -> float:
+    return time.monotonic() - started
