@@ -296,6 +296,7 @@ def test_warm_reconcile_writes_what_a_fresh_process_writes(demo_copy: Path, tmp_
     run, on two copies of the same directory edited the same way."""
     fresh_dir = tmp_path / "fresh"
     shutil.copytree(demo_copy, fresh_dir)
+
     def clock() -> float:  # the status page's time: the same in both
         return 1_700_000_000.0
 
