@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from reconciler.agent.node import AgentReport
 
@@ -35,6 +35,10 @@ class AgentMetrics:
             buckets=APPLY_BUCKETS,
             registry=self.registry,
         )
+
+    def registry_text(self) -> str:
+        """The metrics in the text exposition format (what the endpoint serves)."""
+        return generate_latest(self.registry).decode()
 
     def observe(self, report: AgentReport | None) -> None:
         if report is None:

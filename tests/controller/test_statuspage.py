@@ -8,6 +8,7 @@ import html
 import json
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,7 @@ class TestThePageOfAReconcile:
         assert opts.cache is not None
         view = None
         logger = demo_copy / "desired" / "apps" / "logger.yaml"
-        edits = [
+        edits: list[Callable[[], object]] = [
             lambda: None,
             lambda: logger.write_text(logger.read_text().replace("instances: 3", "instances: 5")),
             lambda: (demo_copy / BROKEN_SERVICE).unlink(),

@@ -57,18 +57,18 @@ def read_png(data: bytes) -> Image:
     prev = bytearray(stride)
     for y in range(height):
         start = y * (stride + 1)
-        kind, line = raw[start], bytearray(raw[start + 1 : start + 1 + stride])
+        filt, line = raw[start], bytearray(raw[start + 1 : start + 1 + stride])
         for i in range(stride):
             left = line[i - channels] if i >= channels else 0
             up = prev[i]
             up_left = prev[i - channels] if i >= channels else 0
-            if kind == 1:
+            if filt == 1:
                 line[i] = (line[i] + left) & 0xFF
-            elif kind == 2:
+            elif filt == 2:
                 line[i] = (line[i] + up) & 0xFF
-            elif kind == 3:
+            elif filt == 3:
                 line[i] = (line[i] + ((left + up) >> 1)) & 0xFF
-            elif kind == 4:
+            elif filt == 4:
                 line[i] = (line[i] + _paeth(left, up, up_left)) & 0xFF
         rows.append(bytes(line))
         prev = line
