@@ -580,6 +580,8 @@ exec setpriv --no-new-privs --bounding-set=-all --inh-caps=-all -- "$@"
         argv = shlex.split(_settings(unit)["ExecStart"][0])
         argv[0] = _binary()
         argv[argv.index("--state") + 1] = str(demo_copy)
+        if "--metrics-file" in argv:  # written too, as node-exporter's textfile
+            argv[argv.index("--metrics-file") + 1] = str(tmp_path / "reconciler.prom")
         cmd = [strace, "-f", "-qq", "-c", "-o", str(trace), *argv]
         if "watch" in argv:
             proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
@@ -598,6 +600,8 @@ exec setpriv --no-new-privs --bounding-set=-all --inh-caps=-all -- "$@"
         else:
             run = subprocess.run(cmd, capture_output=True, text=True, check=False)
             assert run.returncode == 0, run.stderr
+            if "--metrics-file" in argv:
+                assert (tmp_path / "reconciler.prom").is_file(), run.stderr
         used = set()
         for line in trace.read_text().splitlines():
             fields = line.split()
