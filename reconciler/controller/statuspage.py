@@ -67,10 +67,8 @@ vertical-align:-.05em}
 .s-activating{--c:var(--act)}.s-other{--c:var(--oth)}
 .st{color:var(--c)}.st::before{content:"";display:inline-block;width:.7em;height:.7em;
 border-radius:50%;background:var(--c);margin-right:.3em}
-ul.i{list-style:none;margin:.2em 0;padding:0}
-ul.i li{padding-left:1em;position:relative}
-ul.i li::before{content:"";position:absolute;left:0;top:.45em;width:.6em;height:.6em;
-border-radius:50%;background:var(--c)}
+p.i{margin:.3em 0;overflow-wrap:anywhere;font-size:.9em}
+th small{display:block;font-weight:400}
 details summary{cursor:pointer}
 table.nodes{table-layout:fixed}
 table.nodes th:nth-child(1){width:14%}table.nodes th:nth-child(2){width:8%}
@@ -168,7 +166,7 @@ def _bar(reserved: int, system: int, free: int, unit: str, *, words: str = "rese
     if system:
         svg += f'<rect class="u" x="{r:.1f}%" width="{system * 100 / total:.1f}%"/>'
         text += f", {_pct(system, total)} system"
-    return f"{svg}</svg>{text} <small>of {_num(total, unit)}</small>"
+    return f"{svg}</svg>{text} of {_num(total, unit)}"
 
 
 def _inv_bar(inv: Any, system: int, unit: str) -> str:
@@ -224,8 +222,8 @@ def _node_row(
     if entry.get("connected") is False:
         state += " <small>disconnected</small>"
     cells = [
-        f'<tr id="node-{nid}"><th scope="row"><code>{nid}</code><br>'
-        f"<small>{_e(entry.get('type', ''))}</small></th><td>{state}</td>",
+        f'<tr id="node-{nid}"><th scope="row">{nid} <small>{_e(entry.get("type", ""))}</small>'
+        f"</th><td>{state}</td>",
         f"<td>{_inv_bar(entry.get('cpu'), int(system.get('cpu', 0)), 'DMIPS')}</td>",
         f"<td>{_inv_bar(entry.get('ram'), int(system.get('ram', 0)), 'B')}</td>",
         f"<td>{_inv_bar(parts.get('storage'), 0, 'B')}</td>",
@@ -238,15 +236,13 @@ def _node_row(
     groups = _by_state(sorted(records, key=_first))
     n = len(records)
     lists = []
-    for state_name, items in groups:
-        lis = "".join(
-            f"<li>{_e(rec.get('itemId', ''))}/{_e(rec.get('subjectId', ''))}"
-            f"#{_e(rec.get('index', ''))} <code>{_e(iid)}</code></li>"
+    for state_name, items in groups:  # one paragraph per state: few elements at 20,000
+        text = ", ".join(
+            f"{_e(rec.get('itemId', ''))}/{_e(rec.get('subjectId', ''))}"
+            f"#{_e(rec.get('index', ''))} ({_e(iid)})"
             for iid, rec in items
         )
-        lists.append(
-            f'<ul class="i {_state_class(state_name)}" aria-label="{_e(state_name)}">{lis}</ul>'
-        )
+        lists.append(f'<p class="i st {_state_class(state_name)}">{_e(state_name)}: {text}</p>')
     cells.append(
         f"<td><details><summary>{n} instance{'s' if n != 1 else ''}: {_counts_text(groups)}"
         f"</summary>{''.join(lists)}</details></td></tr>"
