@@ -3,6 +3,7 @@ section, and a synthetic status report of any size."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -91,3 +92,12 @@ def synthetic_status(n_nodes: int, n_instances: int, n_failures: int = 50) -> di
         "alerts": [],
         "invalidInputs": {},
     }
+
+
+_MADE = re.compile(rb'<time datetime="[^"]*">[^<]*</time>')
+
+
+def without_made_time(page: bytes) -> bytes:
+    """A status page with its time of making blanked: two runs at different times that make
+    the same report make pages equal but for it."""
+    return _MADE.sub(b"<time></time>", page)
