@@ -39,7 +39,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -127,6 +127,7 @@ class AgentReport:
     stale: bool = False  # the patch was refused: nothing started or stopped
     applied: bool = False  # a patch was applied (False: no patch, or stale)
     written: bool = False  # actual/<node>.yaml was rewritten
+    elapsed: float | None = field(default=None, compare=False)  # seconds (a watching agent's)
     message: str = ""
 
     @property
@@ -809,8 +810,9 @@ def run_agent_logged(
     errors: tuple[type[Exception], ...] = AGENT_RUN_ERRORS,
 ) -> None:
     """One run of a watching agent: a failure is logged and reported as ``on_run(None)``."""
+    started = time.monotonic()
     try:
-        report = once()
+        report = replace(once(), elapsed=time.monotonic() - started)
     except errors as e:
         log.error("%s: agent run failed (%s): %s", node_id, reason, e)
         if on_run is not None:

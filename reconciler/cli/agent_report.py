@@ -14,7 +14,7 @@ import click
 
 from reconciler.agent.deviceplugin.manager import DEFAULT_PLUGIN_DIR, DevicePluginManager
 from reconciler.agent.deviceplugin.prestart import PluginBundles, agent_bundles_dir
-from reconciler.agent.node import AgentError, agent_watch, run_agent_once
+from reconciler.agent.node import AgentError, AgentReport, agent_watch, run_agent_once
 from reconciler.agent.report import NodeReportError, load_node_config
 from reconciler.agent.reporter import NodeReporter
 from reconciler.agent.runc import ContainerRuntime, RuncError
@@ -81,8 +81,10 @@ def run_reporting_agent(
     opts: ReportingOptions,
     *,
     as_json: bool = False,
+    on_run: Callable[[AgentReport | None], None] | None = None,
 ) -> int:
-    """Report the node, then apply its plan (once), or keep doing both until SIGTERM."""
+    """Report the node, then apply its plan (once), or keep doing both until SIGTERM
+    (``on_run``: called with each watching run's report, as ``agent_watch`` does)."""
     try:
         config = load_node_config(opts.node_config)
     except NodeReportError as e:
@@ -137,6 +139,7 @@ def run_reporting_agent(
             stop_timeout=opts.stop_timeout,
             log_dir=opts.log_dir,
             prepare=bundles.prepare,
+            on_run=on_run,
         )
     finally:
         stop.set()

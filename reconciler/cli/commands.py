@@ -35,6 +35,13 @@ from reconciler.cli.agent_report import (
     node_report_options,
     run_reporting_agent,
 )
+from reconciler.cli.observe import (
+    agent_metrics,
+    controller_metrics,
+    metrics_addr_option,
+    write_reconcile_metrics,
+    write_status_page,
+)
 from reconciler.cli.render import (
     render_explanation,
     render_placements,
@@ -52,6 +59,7 @@ from reconciler.controller.ha import (
 from reconciler.controller.reconcile import (
     ReconcileError,
     ReconcileOptions,
+    ReconcileReport,
     compute_once,
     reconcile,
 )
@@ -442,7 +450,26 @@ def _progress() -> Iterator[Callable[[str], None] | None]:
 
 
 def _run_reconcile(
-    state_dir: Path, opts: ReconcileOptions, as_json: bool, store_url: str | None = None
+    state_dir: Path,
+    opts: ReconcileOptions,
+    as_json: bool,
+    store_url: str | None = None,
+    metrics_file: Path | None = None,
+) -> int:
+    done: list[ReconcileReport] = []  # the run's report, once it succeeded
+    try:
+        return _reconcile_and_show(state_dir, opts, as_json, store_url, done)
+    finally:
+        if metrics_file is not None:  # a failed run is counted too
+            write_reconcile_metrics(metrics_file, done[0] if done else None)
+
+
+def _reconcile_and_show(
+    state_dir: Path,
+    opts: ReconcileOptions,
+    as_json: bool,
+    store_url: str | None,
+    done: list[ReconcileReport],
 ) -> int:
     try:
         with _progress() as on_stage:
@@ -459,6 +486,7 @@ def _run_reconcile(
     except OSError as e:  # a failed write or fsync ends the run; the old files stay
         _err_console().print(f"error: writing {state_dir}: {e}", markup=False)
         return EXIT_ERROR
+    done.append(report)
     comp = report.computed
     _report_diagnostics(comp.diagnostics)
     p = report.plan
@@ -503,6 +531,13 @@ def _run_reconcile(
     default=None,
     help="Give up after waiting this many seconds for another writer (default: wait).",
 )
+@click.option(
+    "--metrics-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="After the run (failed or not), write Prometheus metrics to this file in the "
+    "node-exporter textfile format, atomically (e.g. in node-exporter's textfile directory).",
+)
 def reconcile_cmd(
     state_dir: Path,
     store_url: str | None,
@@ -510,13 +545,15 @@ def reconcile_cmd(
     mode: str | None,
     allow_empty: bool,
     lock_timeout: float | None,
+    metrics_file: Path | None,
 ) -> int:
     """Compute the plan and write out/ and the checkpoint.
 
     Under the exclusive lock on DIR/.lock: loads every input, recovers the allocation
     checkpoint (quarantining a corrupt one), places every instance, writes out/plan.json,
     out/nodes/<node>.json (the node's JSON Patch), out/instances/<id>/ (OCI config and hosts),
-    out/status.json and a new checkpoint generation when allocations changed. Files are written
+    out/status.json and out/status.html (a page to open in a browser) and a new checkpoint
+    generation when allocations changed. Files are written
     atomically and only when their content changed. If the inputs changed during the run, it
     runs again (at most 5 passes).
 
@@ -534,7 +571,7 @@ def reconcile_cmd(
         lock_timeout=lock_timeout,
         configs=default_config_builder(),
     )
-    return _run_reconcile(state_dir, opts, as_json, store_url)
+    return _run_reconcile(state_dir, opts, as_json, store_url, metrics_file)
 
 
 @cli.command()
@@ -641,6 +678,7 @@ it gone at its next look (every 0.25 s), then takes it (two requests)."""
     callback=_duration,
     help="Full reconcile at least this often, even without events (e.g. 60s, 5m).",
 )
+@metrics_addr_option("the controller's")
 def watch(
     state_dir: Path,
     store_url: str | None,
@@ -649,6 +687,7 @@ def watch(
     lease_ttl: int,
     debounce: float,
     resync: float,
+    metrics_addr: str | None,
 ) -> int:
     """Reconcile on every change of the inputs, until SIGTERM.
 
@@ -673,9 +712,12 @@ def watch(
         mode=_mode(mode), allow_empty=allow_empty, configs=default_config_builder()
     )
     wopts = WatchOptions(debounce=debounce, resync=resync)
-    if store_url is not None:
-        return store_watch_loop(_etcd(store_url), state_dir, opts, wopts, ttl=lease_ttl)
-    return watch_loop(state_dir, opts, wopts)
+    with controller_metrics(metrics_addr) as on_run:
+        if store_url is not None:
+            return store_watch_loop(
+                _etcd(store_url), state_dir, opts, wopts, ttl=lease_ttl, on_run=on_run
+            )
+        return watch_loop(state_dir, opts, wopts, on_run=on_run)
 
 
 @cli.command()
@@ -716,6 +758,7 @@ def watch(
     help="Append each container's stdout and stderr to LOG_DIR/<container>.log.",
 )
 @node_report_options
+@metrics_addr_option("the agent's (with --watch)")
 def agent(
     node_id: str,
     state_dir: Path,
@@ -729,6 +772,7 @@ def agent(
     node_config: Path | None,
     usage_interval: float,
     device_plugin_dir: Path,
+    metrics_addr: str | None,
 ) -> int:
     """The node agent: apply out/nodes/NODE.json to this node with runc.
 
@@ -765,34 +809,47 @@ def agent(
     del runtime  # only runc is supported (crun refuses this kind of cgroup setup)
     runc = Runc(binary="runc", root=runc_root)
     store = _etcd(store_url) if store_url is not None else None
+    if once and metrics_addr is not None:
+        raise click.UsageError("--metrics-addr needs --watch")
     if node_config is not None:
         if store is not None:
             raise click.UsageError("--node-config works with a state directory, not --store")
-        return run_reporting_agent(
-            state_dir,
-            node_id,
-            runc,
-            ReportingOptions(
-                node_config, usage_interval, device_plugin_dir, once, stop_timeout, log_dir
-            ),
-            as_json=as_json,
-        )
+        with agent_metrics(metrics_addr) as metrics:
+            return run_reporting_agent(
+                state_dir,
+                node_id,
+                runc,
+                ReportingOptions(
+                    node_config, usage_interval, device_plugin_dir, once, stop_timeout, log_dir
+                ),
+                as_json=as_json,
+                on_run=metrics.observe if metrics is not None else None,
+            )
     if not once:
         logging.getLogger("reconciler").setLevel(min(logging.INFO, logging.getLogger().level))
-        if store is not None:
-            agent_watch_store(
-                store,
+        with agent_metrics(metrics_addr) as metrics:
+            on_run = metrics.observe if metrics is not None else None
+            if store is not None:
+                agent_watch_store(
+                    store,
+                    state_dir,
+                    node_id,
+                    runc,
+                    threading.Event(),
+                    stop_timeout=stop_timeout,
+                    log_dir=log_dir,
+                    on_run=on_run,
+                )
+                return EXIT_OK
+            agent_watch(
                 state_dir,
                 node_id,
                 runc,
                 threading.Event(),
                 stop_timeout=stop_timeout,
                 log_dir=log_dir,
+                on_run=on_run,
             )
-            return EXIT_OK
-        agent_watch(
-            state_dir, node_id, runc, threading.Event(), stop_timeout=stop_timeout, log_dir=log_dir
-        )
         return EXIT_OK
     try:
         if store is not None:
@@ -899,7 +956,14 @@ _STATUS_MAX_BYTES = 1 << 32
 @state_option
 @snapshot_store_option(("out/status.json",))
 @json_option
-def status(state_dir: Path, as_json: bool) -> int:
+@click.option(
+    "--html",
+    "html_file",
+    type=click.Path(dir_okay=False, path_type=Path, resolve_path=True),  # (before --store's cd)
+    default=None,
+    help="Write the status as one self-contained HTML page to this file (as out/status.html).",
+)
+def status(state_dir: Path, as_json: bool, html_file: Path | None) -> int:
     """Show nodes, instances, failures, alerts and invalid inputs.
 
     Reads out/status.json as the last reconcile wrote it (run `reconciler reconcile` first):
@@ -926,6 +990,19 @@ def status(state_dir: Path, as_json: bool) -> int:
         raise click.ClickException(f"{path}: {e}") from None
     if not isinstance(doc, dict):
         raise click.ClickException(f"{path}: not a status report")
+    if html_file is not None:
+        try:  # made when the report was written
+            size = write_status_page(doc, os.lstat(path).st_mtime, html_file)
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
+            raise click.ClickException(
+                f"{path}: not a status report of this version ({type(e).__name__}: {e}); "
+                "run `reconciler reconcile` again"
+            ) from None
+        except OSError as e:
+            raise click.ClickException(f"{html_file}: {e.strerror or e}") from None
+        if not as_json:
+            _console().print(f"Wrote {html_file} ({size:,} bytes).", markup=False)
+            return EXIT_OK
     if as_json:
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
         return EXIT_OK

@@ -23,7 +23,8 @@ from typing import Any
 
 from reconciler.accel import BalanceMemo, balance
 from reconciler.controller.reports import StaleMarks
-from reconciler.controller.status import NodeStatusCache, status_bytes
+from reconciler.controller.status import NodeStatusCache, cached_status, status_bytes
+from reconciler.controller.statuspage import PageMemo, page_source, render_status_page
 from reconciler.io.checkpoint_files import (
     LoadReport,
     load_checkpoint,
@@ -116,6 +117,8 @@ class ReconcileCache:
     plan: PlanMemo = field(default_factory=PlanMemo)
     """The last plan: nodes whose inputs are the same objects reuse their diff and patch."""
     status: NodeStatusCache = field(default_factory=NodeStatusCache)
+    page: PageMemo = field(default_factory=PageMemo)
+    """out/status.html's node rows, by the status entries and records they were made from."""
     configs: WriteMemo = field(default_factory=WriteMemo)
     """out/instances as the last run left it (the manifest, in memory)."""
     encoded: dict[str, tuple[Path, object, bytes]] = field(default_factory=dict)
@@ -195,6 +198,16 @@ class ReconcileReport:
     written: tuple[str, ...] = ()
     checkpoint_written: bool = False
     problems: tuple[str, ...] = field(default=())
+    status_of: Callable[[], Mapping[str, Any]] | None = field(
+        default=None, repr=False, compare=False
+    )
+    elapsed: float | None = field(default=None, compare=False)
+    """Seconds the run took, from the lock on."""
+    """The status report the run wrote (out/status.json's value), made when first asked for
+    (ask before the next run: it is made of the cache that run changes)."""
+
+    def status(self) -> Mapping[str, Any] | None:
+        return self.status_of() if self.status_of is not None else None
 
     @property
     def plan(self) -> Plan:
@@ -394,7 +407,9 @@ def _changed(
     return current != data
 
 
-def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list[str]:
+def _write_outputs(
+    state_dir: Path, c: Computed, opts: ReconcileOptions
+) -> tuple[list[str], Callable[[], dict[str, Any]]]:
     """Write out/ in dependency order, each group as one batch (SPEC §2, §10, §11, §12):
     instance configs first (a patch never names a config that is not there), then the node
     patches with the plan, then the status report."""
@@ -423,8 +438,9 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
 
     idents: dict[Path, ContentKey] = {}
 
-    def put(path: Path, data: bytes, mode: int = 0o600) -> None:
-        ident = content_key(data) if known is not None else None
+    def put(path: Path, data: bytes, mode: int = 0o600, ident: ContentKey | None = None) -> None:
+        if ident is None and known is not None:
+            ident = content_key(data)
         if _changed(path, data, known, opts.verify, ident):
             batch.append((path, data, mode))
             written.append(str(path.relative_to(state_dir)))
@@ -500,21 +516,71 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
         opts.on_stage("reporting status")
     uids = {iid: (a.uid, a.gid) for iid, a in c.checkpoint.allocations.items()}
     raised = c.alerts.raised if c.alerts is not None else []
+    status_cache = opts.cache.status if opts.cache is not None else NodeStatusCache()
     status = status_bytes(
-        c.view,
-        c.result,
-        c.diagnostics,
-        alerts=raised,
-        uids=uids,
-        cache=opts.cache.status if opts.cache is not None else NodeStatusCache(),
+        c.view, c.result, c.diagnostics, alerts=raised, uids=uids, cache=status_cache
     )
-    put(out / "status.json", status)
+    status_ident = content_key(status)
+    put(out / "status.json", status, ident=status_ident)
+    made: list[dict[str, Any]] = []
+
+    def value() -> dict[str, Any]:  # made once, if the page or the caller needs it
+        if not made:
+            made.append(cached_status(status_cache, c.result, c.diagnostics, alerts=raised))
+        return made[0]
+
+    page = _put_page(out / "status.html", value, status_ident, batch, idents, opts)
+    if page is not None:
+        at = len(written) - (1 if written and written[-1] == "out/status.json" else 0)
+        written.insert(at, "out/status.html")
     if manifest is not None:  # the configs' own record (see PendingManifest): after the plan
         batch.append((manifest.path, manifest.data(), 0o600))
     flush()
+    if page is not None and opts.cache is not None:
+        opts.cache.page.source = page  # written
     if manifest is not None:
         manifest.written()
-    return written
+    return written, value
+
+
+PAGE_HEAD_BYTES = 2048
+"""How much of out/status.html a run reads to find the report it was made from."""
+
+
+def _put_page(
+    path: Path,
+    value: Callable[[], Mapping[str, Any]],
+    report: ContentKey,
+    batch: list[tuple[Path, bytes, int]],
+    idents: dict[Path, ContentKey],
+    opts: ReconcileOptions,
+) -> str | None:
+    """Put out/status.html (SPEC §20) in ``batch`` unless it was made from this very report
+    (``report``: the report's :func:`content_key`; the page names its digest in its head);
+    returns that digest if put. It goes just before the report when that is in the batch,
+    so a report on disk always has its page beside it. The page's time is when it was
+    made: a run that changes nothing leaves it as it is. A watcher's trusting run (``verify``
+    off) takes the page it last made for granted, as the other outputs."""
+    digest = "sha256:" + (
+        report[1].hex() if isinstance(report, tuple) else hashlib.sha256(report).hexdigest()
+    )
+    memo = opts.cache.page if opts.cache is not None else None
+    if memo is not None and not opts.verify and memo.source == digest:
+        return None
+    try:
+        head, _ = read_bytes_at(path, PAGE_HEAD_BYTES)
+    except FileReadError:
+        head = b""
+    if page_source(head) == digest:
+        if memo is not None:
+            memo.source = digest
+        return None
+    now = opts.clock() if opts.clock is not None else time.time()
+    page = render_status_page(value(), made_at=now, memo=memo, source=digest)
+    before = 1 if batch and batch[-1][0] == path.parent / "status.json" else 0
+    batch.insert(len(batch) - before, (path, page, 0o600))
+    idents[path] = b""  # (flush records each batch entry; the page is never compared)
+    return digest
 
 
 def reconcile(
@@ -530,6 +596,7 @@ def reconcile(
     if not state_dir.exists():
         state_dir.mkdir(mode=0o700, parents=True)
     with StateLock(state_dir, opts.lock_timeout), collector_paused():
+        started = time.monotonic()
         for name in ("checkpoint", "out"):  # a symlink in their place is refused: nothing is
             if (state_dir / name).is_symlink():  # ever written outside the state directory
                 raise FileReadError(f"{state_dir / name} is a symlink; refusing to use it")
@@ -570,9 +637,12 @@ def reconcile(
                     current=c.loaded.current,  # read under this lock: not read again
                 )
                 cp_written = True
-            written += _write_outputs(state_dir, c, opts)
+            more, status = _write_outputs(state_dir, c, opts)
+            written += more
             if not opts.recheck and hint is None:
-                return ReconcileReport(n, c, tuple(written), cp_written, tuple(problems))
+                return ReconcileReport(
+                    n, c, tuple(written), cp_written, tuple(problems), status, _since(started)
+                )
             # level-triggered after all: every input stat'ed (a watcher's hint may have missed
             # an event; an edit may have landed during the run)
             after, _ = load_state(state_dir, c.view)
@@ -580,9 +650,17 @@ def reconcile(
                 # the same objects (the loader keeps them for the same content), with the stat
                 # keys just taken: the next run does not read a recently written file again
                 c = dataclasses.replace(c, view=after)
-                return ReconcileReport(n, c, tuple(written), cp_written, tuple(problems))
+                return ReconcileReport(
+                    n, c, tuple(written), cp_written, tuple(problems), status, _since(started)
+                )
             log.info("inputs changed during the run; reconciling again")
             previous_view = after
             hint = None
         log.warning("inputs kept changing for %d passes; stopping here", opts.max_passes)
-        return ReconcileReport(opts.max_passes, c, tuple(written), cp_written, tuple(problems))
+        return ReconcileReport(
+            opts.max_passes, c, tuple(written), cp_written, tuple(problems), status, _since(started)
+        )
+
+
+def _since(started: float) -> float:
+    return time.monotonic() - started

@@ -16,7 +16,7 @@ from reconciler.model.documents import ActualInstance, Node, Service, UnitConfig
 from reconciler.model.inventory import Inventory
 from reconciler.model.jsonbytes import document, fragment, join_object, member
 from reconciler.placement.instances import BalanceResult, Placement
-from reconciler.placement.nodestate import NodeSlot
+from reconciler.placement.nodestate import NodeSlot, system_usage
 from reconciler.placement.sharing import REGISTRY
 from reconciler.placement.sharing.shared_count import UNLIMITED
 from reconciler.planning.plans import failure_json
@@ -25,6 +25,7 @@ __all__ = [
     "STATUS_FORMAT_VERSION",
     "NodeStatusCache",
     "build_status",
+    "cached_status",
     "node_statuses",
     "status_bytes",
 ]
@@ -82,7 +83,17 @@ def _node_status(slot: NodeSlot) -> dict[str, Any]:
         "resources": resources,
         "devices": devices,
         "instances": len(slot.placed),
+        **_system_usage(node),
     }
+
+
+def _system_usage(node: Node) -> dict[str, Any]:
+    """``systemUsage``: what the node reports in use by anything but its instances (the cpu
+    and ram taken off its capacity), only when it reports usage."""
+    if node.usage is None:
+        return {}
+    cpu, ram = system_usage(node)
+    return {"systemUsage": {"cpu": cpu, "ram": ram}}
 
 
 Observed = tuple[str, ActualInstance | None]
@@ -105,8 +116,9 @@ class NodeStatusCache:
         self.recomputed = 0  # in the last call: nodes whose entry was computed again
         # status_bytes: each node entry's and each instance record's pretty JSON
         self._node_fragments: dict[str, tuple[dict[str, Any], bytes]] = {}
-        self._instance_fragments: dict[str, tuple[InstanceKey, bytes]] = {}
+        self._instance_fragments: dict[str, tuple[InstanceKey, bytes, dict[str, Any]]] = {}
         self._instance_order: list[str] = []  # the fragments' ids, sorted
+        self._records: dict[str, dict[str, Any]] = {}  # each instance's record, result order
         # (the joined sections are not kept: 7 MB each at 20,000 instances, and a run that
         # changes nothing, the only one a kept join would serve, joins them in a few ms)
 
@@ -265,17 +277,21 @@ def status_bytes(
         node_frags[node_id] = got
     observed = _observed(view)
     ids = uids or {}
-    instance_frags: dict[str, tuple[InstanceKey, bytes]] = {}
+    instance_frags: dict[str, tuple[InstanceKey, bytes, dict[str, Any]]] = {}
+    records: dict[str, dict[str, Any]] = {}
     for p in result.placements:
         iid = p.instance_id
         key: InstanceKey = (p, _state(p, observed), ids.get(iid))
         known = old_instances.get(iid)
         if known is None or known[0][0] is not p or known[0][1:] != key[1:]:
-            known = (key, member(iid, fragment(_instance_record(p, key[1], key[2]), 2), 1))
+            record = _instance_record(p, key[1], key[2])
+            known = (key, member(iid, fragment(record, 2), 1), record)
         instance_frags[iid] = known
+        records[iid] = known[2]
     if instance_frags.keys() != old_instances.keys():
         cache._instance_order = sorted(instance_frags)
     cache._node_fragments, cache._instance_fragments = node_frags, instance_frags
+    cache._records = records
     instances = [instance_frags[i][1] for i in cache._instance_order]
     members = [
         ("alerts", fragment(list(alerts), 1)),
@@ -286,3 +302,24 @@ def status_bytes(
         ("nodes", join_object([node_frags[n][1] for n in sorted(node_frags)], 1)),
     ]
     return document(members)
+
+
+def cached_status(
+    cache: NodeStatusCache,
+    result: BalanceResult,
+    diagnostics: Sequence[Diagnostic],
+    *,
+    alerts: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """The status document the last :func:`status_bytes` call with ``cache`` (and these
+    arguments) wrote, as a value: ``build_status``'s, made of the node entries and instance
+    records ``cache`` holds (the same objects while their inputs are the same, which lets the
+    status page reuse what it made of them)."""
+    return {
+        "formatVersion": STATUS_FORMAT_VERSION,
+        "nodes": {n: entry for n, (entry, _) in cache._node_fragments.items()},  # sorted
+        "instances": cache._records,  # (in the result's order, not sorted)
+        "failures": [failure_json(f) for f in result.failures],
+        "alerts": list(alerts),
+        "invalidInputs": _invalid(diagnostics),
+    }

@@ -62,6 +62,7 @@ __all__ = [
     "state_fits",
     "state_need",
     "storage_fits",
+    "system_usage",
     "take",
 ]
 
@@ -504,6 +505,19 @@ Basics = tuple[Settings, int, int]
 of its CPU and RAM pools (SPEC §7.3)."""
 
 
+def system_usage(node: Node) -> tuple[int, int]:
+    """The cpu and ram a node reports in use by anything but its instances (its reported
+    usage less its instances' own), taken off its capacity; (0, 0) without a usage report."""
+    usage = node.usage
+    if usage is None:
+        return 0, 0
+    own_cpu = own_ram = 0
+    for u in usage.instances.values():
+        own_cpu += u.cpu
+        own_ram += u.ram
+    return max(0, usage.cpu - own_cpu), max(0, usage.ram - own_ram)
+
+
 def node_basics(
     unit: UnitConfig | None,
     node: Node,
@@ -516,15 +530,7 @@ def node_basics(
         settings = _settings(cfg)
     else:
         cfg, settings = configs.entry(node)
-    usage = node.usage
-    sys_cpu = sys_ram = 0
-    if usage is not None:
-        own_cpu = own_ram = 0
-        for u in usage.instances.values():
-            own_cpu += u.cpu
-            own_ram += u.ram
-        sys_cpu = max(0, usage.cpu - own_cpu)
-        sys_ram = max(0, usage.ram - own_ram)
+    sys_cpu, sys_ram = system_usage(node)
     cpu_base, ram_base = node.maxDMIPS, node.totalRAM
     if overload and cfg is not None and cfg.alertRules is not None:
         rules = cfg.alertRules

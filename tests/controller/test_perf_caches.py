@@ -296,14 +296,18 @@ def test_warm_reconcile_writes_what_a_fresh_process_writes(demo_copy: Path, tmp_
     run, on two copies of the same directory edited the same way."""
     fresh_dir = tmp_path / "fresh"
     shutil.copytree(demo_copy, fresh_dir)
-    warm = ReconcileOptions(configs=default_config_builder(), cache=ReconcileCache())
+
+    def clock() -> float:  # the status page's time: the same in both
+        return 1_700_000_000.0
+
+    warm = ReconcileOptions(configs=default_config_builder(), cache=ReconcileCache(), clock=clock)
     view = None
 
     def both() -> None:
         nonlocal view
         report = reconcile(demo_copy, warm, view)
         view = report.computed.view
-        reconcile(fresh_dir, ReconcileOptions(configs=default_config_builder()))
+        reconcile(fresh_dir, ReconcileOptions(configs=default_config_builder(), clock=clock))
         assert _outputs(demo_copy) == {
             k: v.replace(str(fresh_dir.resolve()).encode(), str(demo_copy.resolve()).encode())
             for k, v in _outputs(fresh_dir).items()

@@ -25,6 +25,7 @@ from reconciler.controller import reconcile as reconcile_module
 from reconciler.controller.reconcile import ReconcileOptions, ReconcileReport, reconcile
 from reconciler.controller.watch import WatchOptions, input_filter, watch_loop
 from reconciler.io.lock import StateLock
+from tests.support.observability import without_made_time
 from tests.support.paths import ROOT
 
 UNITS = [
@@ -423,6 +424,7 @@ def _outputs(state: Path) -> dict[str, Any]:
             rel = str(p.relative_to(state / "out"))
             out[rel] = json.loads(p.read_bytes()) if p.suffix == ".json" else p.read_bytes()
     del out["plan.json"]["inputs"]["fingerprint"]
+    out["status.html"] = without_made_time(out["status.html"])  # made at another time
     return out
 
 
@@ -580,6 +582,8 @@ exec setpriv --no-new-privs --bounding-set=-all --inh-caps=-all -- "$@"
         argv = shlex.split(_settings(unit)["ExecStart"][0])
         argv[0] = _binary()
         argv[argv.index("--state") + 1] = str(demo_copy)
+        if "--metrics-file" in argv:  # written too, as node-exporter's textfile
+            argv[argv.index("--metrics-file") + 1] = str(tmp_path / "reconciler.prom")
         cmd = [strace, "-f", "-qq", "-c", "-o", str(trace), *argv]
         if "watch" in argv:
             proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
@@ -598,6 +602,8 @@ exec setpriv --no-new-privs --bounding-set=-all --inh-caps=-all -- "$@"
         else:
             run = subprocess.run(cmd, capture_output=True, text=True, check=False)
             assert run.returncode == 0, run.stderr
+            if "--metrics-file" in argv:
+                assert (tmp_path / "reconciler.prom").is_file(), run.stderr
         used = set()
         for line in trace.read_text().splitlines():
             fields = line.split()

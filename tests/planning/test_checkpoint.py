@@ -35,6 +35,7 @@ from reconciler.planning.checkpoint import (
 )
 from tests.support.agent_sim import apply_all
 from tests.support.faults import FailAt
+from tests.support.observability import without_made_time
 
 
 def reconciled(state: Path) -> Checkpoint:
@@ -504,8 +505,11 @@ def _clean_copy(src: Path, dst: Path) -> Path:
 
 
 def _tree(root: Path) -> dict[str, bytes]:
+    """Every file's bytes (the status page's without its time of making)."""
     return {
-        str(p.relative_to(root)): p.read_bytes()
+        str(p.relative_to(root)): (
+            without_made_time(p.read_bytes()) if p.name == "status.html" else p.read_bytes()
+        )
         for p in sorted(root.rglob("*"))
         if p.is_file() and p.name != ".lock"
     }
