@@ -182,17 +182,30 @@ def copy_state_dir(src: Path, dst: Path) -> None:
     )
 
 
-def edit_target(root: Path) -> str:
+def edit_target(
+    root: Path, failing: frozenset[str] | None = None, unplaceable: bool = False
+) -> str:
     """The desired file a benchmark edits: the first (in path order) whose top-level
-    ``instances:`` line counts at least one instance. Returns its path relative to ``root``."""
+    ``instances:`` line counts at least one instance. With ``failing`` (the ids of the services
+    with an unplaceable instance), the first of those services (``unplaceable``) or the first
+    of the others. Returns its path relative to ``root``."""
     for path in sorted((root / "desired").rglob("*")):
         if path.suffix not in (".yaml", ".yml") or path.name.startswith("."):
             continue
+        count, service = "", ""
         for line in path.read_text().splitlines():
-            count = line.split(":", 1)[1].strip() if line.startswith("instances:") else ""
-            if count.isdigit() and int(count) >= 1:
-                return str(path.relative_to(root))
-    raise ValueError(f"{root}/desired holds no file with a top-level 'instances:' line of 1+")
+            if line.startswith("instances:"):
+                count = line.split(":", 1)[1].strip()
+            elif line.startswith("id:"):
+                service = line.split(":", 1)[1].strip().strip("'\"")
+        if not (count.isdigit() and int(count) >= 1):
+            continue
+        if failing is None or (service in failing) == unplaceable:
+            return str(path.relative_to(root))
+    kind = "" if failing is None else (" unplaceable" if unplaceable else " placeable")
+    raise ValueError(
+        f"{root}/desired holds no{kind} service's file with a top-level 'instances:' line of 1+"
+    )
 
 
 def bump_instances(root: Path, target: str, delta: int = 1) -> Path:

@@ -77,6 +77,11 @@ def _timer(times: dict[str, list[float]], name: str, fn: Callable[..., Any]) -> 
     return timed
 
 
+def failing_services(result: Any) -> frozenset[str]:
+    """The ids of the services with an unplaceable instance in a balance result."""
+    return frozenset(f.item_id for f in result.failures)
+
+
 def edit_parser(doc: str, edits_help: str) -> argparse.ArgumentParser:
     """The options of the benchmarks that edit a desired file (this one and
     ``benchmarks.watch``); ``doc``: the module's docstring."""
@@ -97,6 +102,13 @@ def edit_parser(doc: str, edits_help: str) -> argparse.ArgumentParser:
         help="how node files are written (default: yaml)",
     )
     add_unit_options(parser)
+    parser.add_argument(
+        "--edit",
+        choices=("placeable", "unplaceable"),
+        default="placeable",
+        help="edit a service whose instances all have a place, or one with an unplaceable "
+        "instance (default: placeable)",
+    )
     parser.add_argument("--dir", type=Path, help="where to create the state dir (default: /tmp)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     return parser
@@ -138,7 +150,7 @@ def _bench(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     opts = ReconcileOptions(configs=_timer(times, "configs", builder), cache=ReconcileCache())
     cold = reconcile(root, opts)
     view = cold.computed.view
-    victim = edit_target(root)
+    victim = edit_target(root, failing_services(cold.computed.result), args.edit == "unplaceable")
     _write_actual(root, _steady_actual(cold.computed.result))
     opts = dataclasses.replace(opts, recheck=False, verify=False)
     view = reconcile(root, opts, view).computed.view

@@ -46,7 +46,7 @@ from reconciler.model.documents import ActualState
 
 from .reconcile import _generate, _steady_actual, floor_parse, machine_description
 from .statedir import bump_instances, edit_target, iter_input_files
-from .warm import edit_parser, in_scratch_dir
+from .warm import edit_parser, failing_services, in_scratch_dir
 
 __all__ = ["main"]
 
@@ -146,7 +146,6 @@ def _summary(values: list[float]) -> dict[str, float]:
 def _bench(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     _generate(root, args)
     floor = min(floor_parse(list(iter_input_files(root))) for _ in range(3))
-    victim = edit_target(root)
     w = _Watcher(root, args.debounce)
     t0 = time.perf_counter()
     gc.callbacks.append(w._gc)
@@ -154,6 +153,9 @@ def _bench(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     try:
         at, cold = w.next_run(timeout=1800)
         cold_ms = (at - t0) * 1000
+        victim = edit_target(
+            root, failing_services(cold.computed.result), args.edit == "unplaceable"
+        )
         _write_actual_as_agents(root, _steady_actual(cold.computed.result))
         _at, settled = w.next_run(timeout=600)  # the agents' files: at least one run
         settled = w.quiet(seconds=max(2.0, 5 * args.debounce), timeout=600) or settled
