@@ -179,7 +179,7 @@ def test_address_exhaustion_fails_only_the_instances_beyond_it() -> None:
     # a /29 has .1 (the bridge) and .2-.6 for instances: five
     the_unit = unit(subnets=["10.0.0.0/29", "10.0.1.0/29"])
     services = [service("a", 7, owner="p1"), service("b", 1, owner="p2")]
-    result, net = run(services, the_unit=the_unit)
+    _, net = run(services, the_unit=the_unit)
     assert sorted(net.failures) == sorted([iid("a", 5), iid("a", 6)])
     assert "no free address in 10.0.0.0/29" in net.failures[iid("a", 5)]
     assert ip(net, "a", 4) == "10.0.0.6"
