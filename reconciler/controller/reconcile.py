@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reconciler.controller.network_files import write_network_files
 from reconciler.controller.status import NodeStatusCache, status_bytes
 from reconciler.io.checkpoint_files import (
     LoadReport,
@@ -430,6 +431,8 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
         written += [f"out/{f}" for f in report.written]
         written += [f"out/instances/{i}" for i in report.removed]
         manifest = report.manifest
+        # the network files (SPEC §17) beside the configs, before any plan names them
+        written += write_network_files(state_dir, c.network, c.built)
 
     batch: list[tuple[Path, bytes, int]] = []
 

@@ -56,6 +56,7 @@ __all__ = [
     "NetworkResult",
     "assign_networks",
     "dns_names",
+    "explain_network",
     "has_network",
     "instance_addresses",
     "netns_name",
@@ -486,3 +487,16 @@ def _hinted(
             if str(pool) not in taken and ipaddress.IPv4Address(ip) in pool:
                 return pool
     return None
+
+
+def explain_network(
+    unit: UnitConfig | None,
+    services: Mapping[_ServiceKey, Service] | Iterable[Service],
+    result: BalanceResult,
+    previous: Mapping[str, Any],
+    instance: str,
+) -> tuple[str | None, InstanceNetwork | None]:
+    """For ``reconciler explain``: why the network phase fails ``instance`` (None: it does
+    not), and its network parameters when it has a network."""
+    net = assign_networks(unit, services, result, previous)
+    return net.failures.get(instance), net.instances.get(instance)
