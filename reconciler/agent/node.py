@@ -48,6 +48,7 @@ import jsonpatch
 import watchfiles
 from pydantic import ValidationError
 
+from reconciler.agent.network import NetworkError, NodeNetwork
 from reconciler.agent.restarts import (
     AgentMemory,
     RestartRecord,
@@ -563,6 +564,7 @@ class _Options:
     reap_orphans: bool
     now: Callable[[], float]
     memory_path: Path
+    host_netns: str | None = None
 
 
 def run_agent_once(
@@ -576,6 +578,7 @@ def run_agent_once(
     reap_orphans: bool = True,
     now: Callable[[], float] = time.time,
     agent_state: Path | None = None,
+    host_netns: str | None = None,
 ) -> AgentReport:
     """Apply the node's plan once and restart what died; see the module docstring.
 
@@ -584,7 +587,9 @@ def run_agent_once(
     containers named ``<node>.<uuid>`` under this runtime that no record of the patched
     document claims (left by an interrupted run whose plan then changed); only when a plan
     was applied. ``now``: the clock of the restart back-off (seconds since the epoch).
-    ``agent_state``: the agent's own state file (default :func:`agent_state_path`). Raises
+    ``agent_state``: the agent's own state file (default :func:`agent_state_path`).
+    ``host_netns``: wire networks inside that named namespace instead of the host's own
+    (:class:`~reconciler.agent.network.NodeNetwork`). Raises
     :class:`AgentError` (an unknown node included: no ``nodes/<node>.yaml``, no plan and no
     actual document), :class:`~reconciler.agent.runc.RuncError` (when runc itself cannot be listed)
     or :class:`~reconciler.io.lock.LockTimeout`.
@@ -597,9 +602,31 @@ def run_agent_once(
         raise AgentError(f"state directory {state_dir} does not exist")
     state_dir = state_dir.resolve()
     memory_path = agent_state or agent_state_path(state_dir, node_id)
-    opts = _Options(stop_timeout, log_dir, reap_orphans, now, memory_path)
+    opts = _Options(stop_timeout, log_dir, reap_orphans, now, memory_path, host_netns)
     with StateLock(state_dir, lock_timeout):
         return _run_locked(state_dir, node_id, runc, opts)
+
+
+def _wire_networks(
+    state_dir: Path,
+    node_id: str,
+    host_netns: str | None,
+    records: dict[str, dict[str, Any]],
+    failed: dict[str, str],
+) -> None:
+    """:meth:`NodeNetwork.sync` for the desired instances; each one's address goes into its
+    record, a failed setup into ``failed`` (the instance is not started)."""
+    network = NodeNetwork(state_dir, node_id, host_netns)
+    try:
+        wired = network.sync(records)
+    except (NetworkError, OSError) as e:
+        log.error("%s: networks: %s", node_id, e)
+        return
+    for iid, why in network.problems.items():
+        failed[iid] = why
+    for iid, net in wired.items():
+        records[iid]["ip"] = net["ip"]
+        records[iid]["network"] = net["networkId"]
 
 
 def _known_node(state_dir: Path, node_id: str, patch: Path, actual: Path) -> bool:
@@ -679,6 +706,9 @@ def _run_locked(
         c[len(node_id) + 1 :] for c in orphans if c in existed and c not in stop_errors
     )
 
+    # networks (SPEC §17): what stopped loses its namespace, what is desired gets one
+    _wire_networks(state_dir, node_id, opts.host_netns, records, failed)
+
     # starts: the plan's, then the restarts of what is desired here and found down
     now = opts.now()
     memory = _read_memory(opts.memory_path, node_id)
@@ -690,7 +720,7 @@ def _run_locked(
     for iid in sorted(set(added)):
         if iid not in records:
             continue  # added, then removed again by the same patch
-        outcome = starter.start(iid)
+        outcome = starter.start(iid) if iid not in failed else failed[iid]
         if outcome == "started":
             started.append(iid)
             remembered[iid] = tried_start(RestartRecord(), now, ok=True, restart=False)
