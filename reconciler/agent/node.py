@@ -48,6 +48,7 @@ import jsonpatch
 import watchfiles
 from pydantic import ValidationError
 
+from reconciler.agent.components import Components
 from reconciler.agent.network import NetworkError, NodeNetwork
 from reconciler.agent.restarts import (
     AgentMemory,
@@ -708,6 +709,8 @@ def _run_locked(
 
     # networks (SPEC §17): what stopped loses its namespace, what is desired gets one
     _wire_networks(state_dir, node_id, opts.host_netns, records, failed)
+    # components (SPEC §18): installed and removed by their runtime's handler, not runc
+    components = Components(state_dir, node_id).sync(records)
 
     # starts: the plan's, then the restarts of what is desired here and found down
     now = opts.now()
@@ -720,7 +723,11 @@ def _run_locked(
     for iid in sorted(set(added)):
         if iid not in records:
             continue  # added, then removed again by the same patch
-        outcome = starter.start(iid) if iid not in failed else failed[iid]
+        if iid in components:
+            done = components[iid]
+            outcome = "started" if done.state == "active" else done.result
+        else:
+            outcome = starter.start(iid) if iid not in failed else failed[iid]
         if outcome == "started":
             started.append(iid)
             remembered[iid] = tried_start(RestartRecord(), now, ok=True, restart=False)
@@ -739,7 +746,12 @@ def _run_locked(
     due: list[float] = []
     states: dict[str, InstanceState] = {}
     for iid, record in sorted(records.items()):
-        if iid in failed:
+        if iid in components:
+            done = components[iid]
+            problem = None if done.state == "active" else done.result
+            seen = _Seen("active" if problem is None else "failed", problem, remembered[iid])
+            record["handlerResult"] = done.result
+        elif iid in failed:
             seen = _Seen("failed", failed[iid], remembered[iid])
         else:
             seen = _observe(starter, iid, record, remembered[iid], now)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reconciler.controller.component_files import write_component_files
 from reconciler.controller.network_files import write_network_files
 from reconciler.controller.status import NodeStatusCache, status_bytes
 from reconciler.io.checkpoint_files import (
@@ -433,6 +434,8 @@ def _write_outputs(state_dir: Path, c: Computed, opts: ReconcileOptions) -> list
         manifest = report.manifest
         # the network files (SPEC §17) beside the configs, before any plan names them
         written += write_network_files(state_dir, c.network, c.built)
+    # the components' files (SPEC §18): what their agents install, before the plan
+    written += write_component_files(state_dir, c.view.services, c.view.nodes, c.result)
 
     batch: list[tuple[Path, bytes, int]] = []
 
