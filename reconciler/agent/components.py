@@ -66,11 +66,11 @@ class Components:
         return doc
 
     def _installed(self) -> dict[str, dict[str, Any]]:
+        if not self.path.exists() and not self.path.is_symlink():
+            return {}
         try:
             raw, _ = read_bytes_at(self.path, _MAX)
             data = json.loads(raw)
-        except FileNotFoundError:
-            return {}
         except (FileReadError, ValueError) as e:
             log.warning("%s: ignoring %s: %s", self.node_id, self.path, e)
             return {}

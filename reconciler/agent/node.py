@@ -59,7 +59,13 @@ from reconciler.agent.restarts import (
     seen_running,
     tried_start,
 )
-from reconciler.agent.runc import ContainerRuntime, ContainerState, RuncError, delete_quietly
+from reconciler.agent.runc import (
+    ContainerRuntime,
+    ContainerState,
+    Runc,
+    RuncError,
+    delete_quietly,
+)
 from reconciler.io.fsio import FileReadError, atomic_write, ensure_dir, read_bytes_at
 from reconciler.io.loader import format_validation_error
 from reconciler.io.lock import LockTimeout, StateLock
@@ -566,6 +572,7 @@ class _Options:
     now: Callable[[], float]
     memory_path: Path
     host_netns: str | None = None
+    networks: bool = False
 
 
 def run_agent_once(
@@ -580,6 +587,7 @@ def run_agent_once(
     now: Callable[[], float] = time.time,
     agent_state: Path | None = None,
     host_netns: str | None = None,
+    networks: bool | None = None,
 ) -> AgentReport:
     """Apply the node's plan once and restart what died; see the module docstring.
 
@@ -590,7 +598,8 @@ def run_agent_once(
     was applied. ``now``: the clock of the restart back-off (seconds since the epoch).
     ``agent_state``: the agent's own state file (default :func:`agent_state_path`).
     ``host_netns``: wire networks inside that named namespace instead of the host's own
-    (:class:`~reconciler.agent.network.NodeNetwork`). Raises
+    (:class:`~reconciler.agent.network.NodeNetwork`). ``networks``: wire the instances'
+    networks (default: when the runtime is runc itself; a test double gets none). Raises
     :class:`AgentError` (an unknown node included: no ``nodes/<node>.yaml``, no plan and no
     actual document), :class:`~reconciler.agent.runc.RuncError` (when runc itself cannot be listed)
     or :class:`~reconciler.io.lock.LockTimeout`.
@@ -603,7 +612,8 @@ def run_agent_once(
         raise AgentError(f"state directory {state_dir} does not exist")
     state_dir = state_dir.resolve()
     memory_path = agent_state or agent_state_path(state_dir, node_id)
-    opts = _Options(stop_timeout, log_dir, reap_orphans, now, memory_path, host_netns)
+    wire = isinstance(runc, Runc) if networks is None else networks
+    opts = _Options(stop_timeout, log_dir, reap_orphans, now, memory_path, host_netns, wire)
     with StateLock(state_dir, lock_timeout):
         return _run_locked(state_dir, node_id, runc, opts)
 
@@ -708,7 +718,8 @@ def _run_locked(
     )
 
     # networks (SPEC §17): what stopped loses its namespace, what is desired gets one
-    _wire_networks(state_dir, node_id, opts.host_netns, records, failed)
+    if opts.networks:
+        _wire_networks(state_dir, node_id, opts.host_netns, records, failed)
     # components (SPEC §18): installed and removed by their runtime's handler, not runc
     components = Components(state_dir, node_id).sync(records)
 
