@@ -6,7 +6,7 @@ another and find what would only show later, as an instance that cannot be place
 - a service label that no node has (warning: the service waits for such a node);
 - a runtime type that no node offers (error);
 - a node whose type (or id) has no entry in unit.yaml (warning: it gets the defaults);
-- an image with neither entrypoint nor cmd (error: nothing to run);
+- an image with neither entrypoint nor cmd (error: nothing to run; a component runs nothing);
 - a requested amount above its quota (warning: the quota is requested instead);
 - an allowed connection to an item no service has (error), or to a port no service of that
   item exposes (warning: the consumer fails with ``Network`` until one does).
@@ -74,7 +74,7 @@ def cross_checks(view: StateView, locate: Locate) -> list[Diagnostic]:
                     )
             _check_runtimes(rel, service, offered, report)
         image = service.image
-        if not image.entrypoint and not image.cmd:
+        if not image.entrypoint and not image.cmd and service.type != "component":
             report(
                 rel,
                 ("image",),

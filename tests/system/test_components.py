@@ -52,7 +52,7 @@ def component(item: str, version: str = "1.0.0") -> str:
         f"apiVersion: reconciler/v1\nkind: Service\ntype: component\nid: {item}\n"
         f"version: {version}\nruntimes: [rootfs]\n"
         "requestedResources: {cpu: 50000, ram: 64Gi}\n"
-        "image: {rootfs: artifacts/fw, cmd: [none]}\n"
+        "image: {rootfs: artifacts/fw}\n"
     )
 
 
