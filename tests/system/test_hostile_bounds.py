@@ -398,6 +398,8 @@ def _documents(v: Draw) -> dict[str, dict[str, Any]]:
                     "pidsLimit",
                     "noFileLimit",
                     "tmpLimit",
+                    "downloadSpeed",
+                    "uploadSpeed",
                 )
             },
             "requestedResources": {
