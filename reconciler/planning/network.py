@@ -248,11 +248,10 @@ def assign_networks(
     previous: Mapping[str, Any],
 ) -> NetworkResult:
     """The network phase over ``result``'s placements; see the module docstring."""
-    by_key: dict[_ServiceKey, Service] = (
-        {s.key: s for s in services.values()}
-        if isinstance(services, Mapping)
-        else {s.key: s for s in services}
-    )
+    listed = list(services.values()) if isinstance(services, Mapping) else list(services)
+    if (unit is None or unit.network is None) and not any(s.networked for s in listed):
+        return NetworkResult({}, {})  # no network anywhere: no pass over the placements
+    by_key: dict[_ServiceKey, Service] = {s.key: s for s in listed}
     cfg = unit.network if unit is not None and unit.network is not None else NetworkConfig()
     prev_nets: Mapping[str, Any] = previous.get("networks", {}) or {}
     prev_addr: Mapping[str, Any] = previous.get("addresses", {}) or {}
