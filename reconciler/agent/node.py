@@ -48,6 +48,8 @@ import jsonpatch
 import watchfiles
 from pydantic import ValidationError
 
+from reconciler.agent.components import Components
+from reconciler.agent.network import NetworkError, NodeNetwork
 from reconciler.agent.restarts import (
     AgentMemory,
     RestartRecord,
@@ -57,7 +59,13 @@ from reconciler.agent.restarts import (
     seen_running,
     tried_start,
 )
-from reconciler.agent.runc import ContainerRuntime, ContainerState, RuncError, delete_quietly
+from reconciler.agent.runc import (
+    ContainerRuntime,
+    ContainerState,
+    Runc,
+    RuncError,
+    delete_quietly,
+)
 from reconciler.io.fsio import FileReadError, atomic_write, ensure_dir, read_bytes_at
 from reconciler.io.loader import format_validation_error
 from reconciler.io.lock import LockTimeout, StateLock
@@ -582,6 +590,8 @@ class _Options:
     now: Callable[[], float]
     memory_path: Path
     prepare: Prepare | None = None
+    host_netns: str | None = None
+    networks: bool = False
 
 
 def run_agent_once(
@@ -596,6 +606,8 @@ def run_agent_once(
     now: Callable[[], float] = time.time,
     agent_state: Path | None = None,
     prepare: Prepare | None = None,
+    host_netns: str | None = None,
+    networks: bool | None = None,
 ) -> AgentReport:
     """Apply the node's plan once and restart what died; see the module docstring.
 
@@ -606,7 +618,9 @@ def run_agent_once(
     was applied. ``now``: the clock of the restart back-off (seconds since the epoch).
     ``agent_state``: the agent's own state file (default :func:`agent_state_path`).
     ``prepare``: called before each start with the instance's devices (see :data:`Prepare`).
-    Raises
+    ``host_netns``: wire networks inside that named namespace instead of the host's own
+    (:class:`~reconciler.agent.network.NodeNetwork`). ``networks``: wire the instances'
+    networks (default: when the runtime is runc itself; a test double gets none). Raises
     :class:`AgentError` (an unknown node included: no ``nodes/<node>.yaml``, no plan and no
     actual document), :class:`~reconciler.agent.runc.RuncError` (when runc itself cannot be listed)
     or :class:`~reconciler.io.lock.LockTimeout`.
@@ -619,9 +633,34 @@ def run_agent_once(
         raise AgentError(f"state directory {state_dir} does not exist")
     state_dir = state_dir.resolve()
     memory_path = agent_state or agent_state_path(state_dir, node_id)
-    opts = _Options(stop_timeout, log_dir, reap_orphans, now, memory_path, prepare)
+    wire = isinstance(runc, Runc) if networks is None else networks
+    opts = _Options(
+        stop_timeout, log_dir, reap_orphans, now, memory_path, prepare, host_netns, wire
+    )
     with StateLock(state_dir, lock_timeout):
         return _run_locked(state_dir, node_id, runc, opts)
+
+
+def _wire_networks(
+    state_dir: Path,
+    node_id: str,
+    host_netns: str | None,
+    records: dict[str, dict[str, Any]],
+    failed: dict[str, str],
+) -> None:
+    """:meth:`NodeNetwork.sync` for the desired instances; each one's address goes into its
+    record, a failed setup into ``failed`` (the instance is not started)."""
+    network = NodeNetwork(state_dir, node_id, host_netns)
+    try:
+        wired = network.sync(records)
+    except (NetworkError, OSError) as e:
+        log.error("%s: networks: %s", node_id, e)
+        return
+    for iid, why in network.problems.items():
+        failed[iid] = why
+    for iid, net in wired.items():
+        records[iid]["ip"] = net["ip"]
+        records[iid]["network"] = net["networkId"]
 
 
 def _known_node(state_dir: Path, node_id: str, patch: Path, actual: Path) -> bool:
@@ -701,6 +740,12 @@ def _run_locked(
         c[len(node_id) + 1 :] for c in orphans if c in existed and c not in stop_errors
     )
 
+    # networks (SPEC §17): what stopped loses its namespace, what is desired gets one
+    if opts.networks:
+        _wire_networks(state_dir, node_id, opts.host_netns, records, failed)
+    # components (SPEC §18): installed and removed by their runtime's handler, not runc
+    components = Components(state_dir, node_id).sync(records)
+
     # starts: the plan's, then the restarts of what is desired here and found down
     now = opts.now()
     memory = _read_memory(opts.memory_path, node_id)
@@ -719,7 +764,11 @@ def _run_locked(
     for iid in sorted(set(added)):
         if iid not in records:
             continue  # added, then removed again by the same patch
-        outcome = starter.start(iid)
+        if iid in components:
+            done = components[iid]
+            outcome = "started" if done.state == "active" else done.result
+        else:
+            outcome = starter.start(iid) if iid not in failed else failed[iid]
         if outcome == "started":
             started.append(iid)
             remembered[iid] = tried_start(RestartRecord(), now, ok=True, restart=False)
@@ -738,7 +787,12 @@ def _run_locked(
     due: list[float] = []
     states: dict[str, InstanceState] = {}
     for iid, record in sorted(records.items()):
-        if iid in failed:
+        if iid in components:
+            done = components[iid]
+            problem = None if done.state == "active" else done.result
+            seen = _Seen("active" if problem is None else "failed", problem, remembered[iid])
+            record["handlerResult"] = done.result
+        elif iid in failed:
             seen = _Seen("failed", failed[iid], remembered[iid])
         else:
             seen = _observe(starter, iid, record, remembered[iid], now)

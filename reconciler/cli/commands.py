@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from reconciler import __version__
+from reconciler.accel import balance
 from reconciler.accel import explain as explain_instance
 from reconciler.agent.node import AgentError, agent_watch, run_agent_once
 from reconciler.agent.runc import Runc, RuncError
@@ -75,7 +76,8 @@ from reconciler.io.lock import LockTimeout, StateLock
 from reconciler.model.documents import KINDS, Service
 from reconciler.model.schema import RESOURCES_FILE, all_schemas
 from reconciler.model.values import parse_duration
-from reconciler.placement.instances import Mode, expand_instances
+from reconciler.placement.instances import Failure, Mode, expand_instances
+from reconciler.planning.network import NETWORK_FAILURE, explain_network
 from reconciler.planning.plans import Plan, failure_json
 from reconciler.stores.base import FileStore, StateStore, StoreError, copy_unit
 from reconciler.stores.etcd import EtcdStore
@@ -1056,17 +1058,48 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
     if iid is None:
         raise click.ClickException(f"no desired instance {instance!r}")
     loaded = load_checkpoint(state_dir / "checkpoint", view.actual, quarantine=False)
+    nodes = StaleMarks().apply(view.unit, view.nodes.values(), time.time())  # as reconcile does
     exp = explain_instance(
         view.unit,
-        StaleMarks().apply(view.unit, view.nodes.values(), time.time()),  # as reconcile sees them
+        nodes,
         services,
         iid,
         loaded.checkpoint.previous(),
         _mode(mode),
     )
+    # the network phase after placement (SPEC §17): its failure, or the instance's network
+    net_why, net = None, None
+    if exp.placement is not None and exp.failure is None:
+        placed = balance(
+            view.unit,
+            nodes,
+            services,
+            loaded.checkpoint.previous(),
+            _mode(mode),
+        )
+        net_why, net = explain_network(view.unit, services, placed, loaded.checkpoint.network, iid)
+    if net_why is not None:
+        i = exp.instance
+        summary = f"{i.label}: {net_why}"
+        exp = dataclasses.replace(
+            exp,
+            placement=None,
+            failure=Failure(
+                iid,
+                i.item_id,
+                i.subject_id,
+                i.index,
+                i.version,
+                i.priority,
+                NETWORK_FAILURE,
+                summary,
+                ((NETWORK_FAILURE, 1),),
+            ),
+        )
     if as_json:
         _print_json(
             {
+                "network": None if net is None else net.to_json(),
                 "instanceId": iid,
                 "label": exp.instance.label,
                 "filters": list(exp.filters),
@@ -1096,6 +1129,11 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
         )
     else:
         render_explanation(_console(), exp)
+        if net is not None:
+            _console().print(
+                f"network {net.network_id}: {net.ip}/{net.prefix} via {net.gateway}, "
+                f"{len(net.firewall_rules)} firewall rule(s)"
+            )
     return EXIT_OK
 
 

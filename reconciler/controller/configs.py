@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from itertools import compress, repeat
-from operator import attrgetter, is_, is_not, not_
+from operator import attrgetter, eq, is_, is_not, not_
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from reconciler.oci.builder import (
     DeviceLookup,
     DevicePolicy,
     GroupLookup,
+    InstanceAddress,
     build_all,
     same_placement_inputs,
 )
@@ -31,6 +32,7 @@ from reconciler.oci.hostdevices import HostDevices, SystemGroups
 from reconciler.oci.writer import instances_dir
 from reconciler.placement.instances import BalanceResult, Placement
 from reconciler.planning.checkpoint import Allocation, Checkpoint
+from reconciler.planning.network import instance_addresses
 
 __all__ = ["default_config_builder", "resolve_rootfs"]
 
@@ -72,13 +74,16 @@ def default_config_builder(
         {},
         {},
     )
+    last_nets: dict[str, InstanceAddress] = {}  # the previous run's (network, address) per id
 
     def build(
         state_dir: Path, view: StateView, result: BalanceResult, cp: Checkpoint
     ) -> BuildResult:
-        nonlocal last_base, last, last_result, last_built
+        nonlocal last_base, last, last_result, last_built, last_nets
         nodes = view.nodes
         allocations = cp.allocations
+        nets = instance_addresses(cp.network) if cp.network else {}
+        was_nets, last_nets = last_nets, nets
         resolved = state_dir.resolve()  # once per run, not per instance
         base = str(instances_dir(resolved))
         # a job of the previous run is passed back as is when its inputs are the same objects
@@ -102,7 +107,12 @@ def default_config_builder(
             if result is was and view.services is not last[2]:
                 since = None  # (an edited service's placements are not known: built in full)
             if since is not None:
-                built = _patched(since, done, view, result, allocations, rootfs_of, base)
+                if nets or was_nets:  # an address can change while its placement does not
+                    moved = {
+                        i for i in nets.keys() | was_nets.keys() if nets.get(i) != was_nets.get(i)
+                    }
+                    since = since | moved
+                built = _patched(since, done, view, result, allocations, rootfs_of, base, nets)
                 last_base, last_result, last_built = base, result, built
                 last = (nodes, dict(allocations), view.services)
                 return built
@@ -124,17 +134,20 @@ def default_config_builder(
                 changed = {k for k, s in view.services.items() if last[2].get(k) is not s}
                 if changed:
                     checks.append(map(not_, map(changed.__contains__, map(_KEY, placements))))
+            if nets or was_nets:
+                checks.append(map(eq, map(nets.get, iids), map(was_nets.get, iids)))
             same = list(map(all, zip(*checks, strict=True)))
         jobs: list[ConfigJob | None] = [
             old if ok else None for old, ok in zip(olds, same, strict=True)
         ]
         for k in compress(range(len(iids)), map(not_, same)):
             p, iid, alloc, old = placements[k], iids[k], allocs[k], olds[k]
-            if alloc is None or iid in held:
-                jobs[k] = None
-                continue
             service = services[(p.item_id, p.subject_id)]
-            jobs[k] = _job(iid, p, alloc, service, nodes[p.node_id], old, rootfs_of, base)
+            if alloc is None or iid in held or service.type == "component":
+                jobs[k] = None  # (a component gets no OCI config: SPEC §18)
+                continue
+            net = nets.get(iid)
+            jobs[k] = _job(iid, p, alloc, service, nodes[p.node_id], old, rootfs_of, base, net)
         built = build_all(
             list(filter(None, jobs)),
             groups=group_lookup,
@@ -156,6 +169,7 @@ def default_config_builder(
         allocations: Mapping[str, Allocation],
         rootfs_of: Callable[[str], str],
         base: str,
+        nets: Mapping[str, InstanceAddress],
     ) -> BuildResult:
         """The last run's build, with only the instances that can differ built again: those
         ``since`` names (placed, moved or removed since the last result), those of a service
@@ -182,12 +196,14 @@ def default_config_builder(
         removed: list[str] = []
         for iid in sorted(redo):
             p, alloc = by_id.get(iid), allocations.get(iid)
-            if p is None or alloc is None:
+            service = view.services[(p.item_id, p.subject_id)] if p is not None else None
+            if p is None or alloc is None or service is None or service.type == "component":
                 removed.append(iid)
                 continue
-            service = view.services[(p.item_id, p.subject_id)]
             node = view.nodes[p.node_id]
-            jobs.append(_job(iid, p, alloc, service, node, memo.job(iid), rootfs_of, base))
+            old = memo.job(iid)
+            net = nets.get(iid)
+            jobs.append(_job(iid, p, alloc, service, node, old, rootfs_of, base, net))
         some = build_all(
             jobs,
             groups=group_lookup,
@@ -244,11 +260,13 @@ def _job(
     old: ConfigJob | None,
     rootfs_of: Callable[[str], str],
     base: str,
+    net: InstanceAddress | None = None,
 ) -> ConfigJob:
     """The job of one instance: ``old`` (the last run's) when its inputs are the same objects
     and values, else a new one."""
     if (
         old is not None
+        and old.network == net
         and old.service is service
         and old.node is node
         and old.uid == alloc.uid
@@ -265,4 +283,5 @@ def _job(
         uid=alloc.uid,
         gid=alloc.gid,
         hosts_path=f"{base}/{iid}/hosts",  # as oci_writer.hosts_path
+        network=net,
     )

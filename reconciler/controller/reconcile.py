@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.accel import BalanceMemo, balance
+from reconciler.controller.component_files import write_component_files
+from reconciler.controller.network_files import write_network_files
 from reconciler.controller.reports import StaleMarks
 from reconciler.controller.status import NodeStatusCache, cached_status, status_bytes
 from reconciler.controller.statuspage import PageMemo, page_source, render_status_page
@@ -69,6 +71,7 @@ from reconciler.planning.checkpoint import (
     IdsMemo,
     assign_ids,
 )
+from reconciler.planning.network import NETWORK_FAILURE, NetworkResult, assign_networks
 from reconciler.planning.plans import Plan, PlanMemo, make_plan, plan_bytes
 
 __all__ = [
@@ -179,6 +182,7 @@ class Computed:
     built_since: tuple[Mapping[str, BuiltConfig], frozenset[str]] | None = field(
         default=None, repr=False, compare=False
     )  # see BuildResult.since
+    network: NetworkResult | None = None  # the network phase (SPEC §17)
 
     def plan_inputs(self) -> dict[str, Any]:
         """``out/plan.json``'s ``inputs``: the fingerprint, and the mode asked for (so that
@@ -276,11 +280,21 @@ def compute_once(
             # (the checkpoint memo's: this mapping is the last one it handed out but at these ids)
             previous_since=cp.memo.previous_since if cp.memo is not None else None,
         )
+    # the network phase after placement (SPEC §17): failures leave the placements
+    network = assign_networks(view.unit, view.services, result, cp.network)
+    if network.failures:
+        by_id = result.by_id
+        result = _without(
+            result,
+            {i: f"{by_id[i].label}: {m}" for i, m in network.failures.items()},
+            NETWORK_FAILURE,
+        )
     ids = opts.cache.ids if opts.cache is not None else None
     allocations, gids, id_errors = assign_ids(
         result, cp.allocations, cp.gids, ids, old_is_last=ids is not None and ids.given_last(cp)
     )
-    new_cp = Checkpoint(cp.lineage, cp.generation, allocations, gids, alerts.timelines)
+    net_state = network.state
+    new_cp = Checkpoint(cp.lineage, cp.generation, allocations, gids, alerts.timelines, net_state)
     built: dict[str, BuiltConfig] | None = None
     built_since = None
     if opts.configs is not None:
@@ -290,12 +304,20 @@ def compute_once(
         if configs.errors:
             result = _without(result, configs.errors)
             allocations = {i: a for i, a in allocations.items() if i not in configs.errors}
-            new_cp = Checkpoint(cp.lineage, cp.generation, allocations, gids, alerts.timelines)
+            new_cp = Checkpoint(
+                cp.lineage, cp.generation, allocations, gids, alerts.timelines, net_state
+            )
     if loaded.source != "current" or not new_cp.same_data(cp):
         # (since: what changed from the allocations of the last run, for the encoder)
         since = ids.since_for(allocations) if ids is not None else None
         new_cp = Checkpoint(
-            cp.lineage, cp.generation + 1, allocations, gids, alerts.timelines, since=since
+            cp.lineage,
+            cp.generation + 1,
+            allocations,
+            gids,
+            alerts.timelines,
+            net_state,
+            since=since,
         )
     stage("planning")
     plan = make_plan(
@@ -318,11 +340,14 @@ def compute_once(
         mode,
         requested,
         built_since,
+        network if network.state else None,
     )
 
 
-def _without(result: BalanceResult, errors: Mapping[str, str]) -> BalanceResult:
-    """The result with the instances whose config failed turned into failures."""
+def _without(
+    result: BalanceResult, errors: Mapping[str, str], reason: str = CONFIG_FAILURE
+) -> BalanceResult:
+    """The result with the instances whose config (or network) failed turned into failures."""
     failures = list(result.failures)
     for p in result.placements:
         if p.instance_id in errors:
@@ -334,9 +359,9 @@ def _without(result: BalanceResult, errors: Mapping[str, str]) -> BalanceResult:
                     p.index,
                     p.version,
                     p.priority,
-                    CONFIG_FAILURE,
+                    reason,
                     errors[p.instance_id],
-                    ((CONFIG_FAILURE, 1),),
+                    ((reason, 1),),
                 )
             )
     failures.sort(key=placement_order)
@@ -430,6 +455,10 @@ def _write_outputs(
         written += [f"out/{f}" for f in report.written]
         written += [f"out/instances/{i}" for i in report.removed]
         manifest = report.manifest
+        # the network files (SPEC §17) beside the configs, before any plan names them
+        written += write_network_files(state_dir, c.network, c.built)
+    # the components' files (SPEC §18): what their agents install, before the plan
+    written += write_component_files(state_dir, c.view.services, c.view.nodes, c.result)
 
     batch: list[tuple[Path, bytes, int]] = []
 

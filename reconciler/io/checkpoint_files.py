@@ -32,6 +32,9 @@ from reconciler.planning.checkpoint import (
     encode_checkpoint,
     rebuild_from_actual,
 )
+from reconciler.planning.network import (
+    state_from_actual,
+)
 
 __all__ = [
     "CURRENT",
@@ -114,7 +117,13 @@ def load_checkpoint(
     lineage = expected or new_lineage()
     rebuilt = rebuild_from_actual(actual)
     origin: Source = "actual" if (problems or rebuilt) else "new"
-    return LoadReport(Checkpoint(lineage, 0, rebuilt), origin, tuple(problems))
+    # the addresses node agents report (SPEC §17): sticky even when no checkpoint is trusted
+    network = state_from_actual(
+        (iid, inst.network, inst.ip)
+        for doc in actual.values()
+        for iid, inst in doc.instances.items()
+    )
+    return LoadReport(Checkpoint(lineage, 0, rebuilt, network=network), origin, tuple(problems))
 
 
 def _keep_as_previous(current: Path, previous: Path, raw: bytes, hook: WriteHook | None) -> None:

@@ -6,8 +6,10 @@ another and find what would only show later, as an instance that cannot be place
 - a service label that no node has (warning: the service waits for such a node);
 - a runtime type that no node offers (error);
 - a node whose type (or id) has no entry in unit.yaml (warning: it gets the defaults);
-- an image with neither entrypoint nor cmd (error: nothing to run);
-- a requested amount above its quota (warning: the quota is requested instead).
+- an image with neither entrypoint nor cmd (error: nothing to run; a component runs nothing);
+- a requested amount above its quota (warning: the quota is requested instead);
+- an allowed connection to an item no service has (error), or to a port no service of that
+  item exposes (warning: the consumer fails with ``Network`` until one does).
 
 The label and runtime checks need nodes to compare with: with no node file they are skipped.
 :func:`cross_checks` is a pure function of the view; where each finding sits in its file is
@@ -54,7 +56,11 @@ def cross_checks(view: StateView, locate: Locate) -> list[Diagnostic]:
     nodes = list(view.nodes.values())
     labels = _node_labels(view.unit, nodes)
     offered = {runtime.type for node in nodes for runtime in node.runtimes}
+    exposed: dict[str, set[str]] = {}
+    for s in view.services.values():
+        exposed.setdefault(s.id, set()).update(str(p) for p in s.ports)
     for rel, service in _current(view, Service):
+        _check_connections(rel, service, exposed, report)
         if nodes:
             for n, label in enumerate(service.labels):
                 if label not in labels:
@@ -68,7 +74,7 @@ def cross_checks(view: StateView, locate: Locate) -> list[Diagnostic]:
                     )
             _check_runtimes(rel, service, offered, report)
         image = service.image
-        if not image.entrypoint and not image.cmd:
+        if not image.entrypoint and not image.cmd and service.type != "component":
             report(
                 rel,
                 ("image",),
@@ -123,6 +129,25 @@ def _check_runtimes(
             f"service names none (offered: {known})"
         )
         report(rel, ("id",), "error", message, True)
+
+
+def _check_connections(
+    rel: str,
+    service: Service,
+    exposed: dict[str, set[str]],
+    report: Callable[[str, DocPath, Severity, str, bool], None],
+) -> None:
+    for n, conn in enumerate(service.connections):
+        ports = exposed.get(conn.item_id)
+        if ports is None:
+            message = f"allowedConnections: no service has the item {conn.item_id!r}"
+            report(rel, ("allowedConnections", n), "error", message, False)
+        elif str(conn.spec) not in ports:
+            message = (
+                f"allowedConnections: no service of {conn.item_id!r} exposes {conn.spec} "
+                f"(exposed: {', '.join(sorted(ports)) or 'none'}): the instances fail Network"
+            )
+            report(rel, ("allowedConnections", n), "warning", message, False)
 
 
 def _node_labels(unit: UnitConfig | None, nodes: list[Node]) -> set[str]:

@@ -10,16 +10,28 @@ from collections.abc import Mapping
 from typing import Annotated, Literal, Self
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     ConfigDict,
     Field,
     PrivateAttr,
     Strict,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
 
+from reconciler.model.network import (
+    DEFAULT_SUBNETS,
+    Connection,
+    PortSpec,
+    Subnet,
+    check_connection,
+    check_port,
+    connection_spec,
+    port_spec,
+)
 from reconciler.model.sysctl import SysctlName
 from reconciler.model.values import (
     AccessMode,
@@ -59,6 +71,7 @@ __all__ = [
     "ImagePlatform",
     "LastExit",
     "Mount",
+    "NetworkConfig",
     "Node",
     "NodeConfig",
     "NodeUsage",
@@ -144,6 +157,20 @@ class NodeConfig(_Model):
     alertRules: AlertRules | None = None
 
 
+class NetworkConfig(_Model):
+    """unit.yaml ``network``: the subnets networks take (in order), the ranges in use on the
+    nodes that no network may overlap, and whether each network gets a VLAN id."""
+
+    subnets: tuple[Subnet, ...] = Field(default=DEFAULT_SUBNETS, min_length=1)
+    excludeSubnets: tuple[Subnet, ...] = ()
+    vlan: Bool = False
+
+    @model_validator(mode="after")
+    def _checks(self) -> Self:
+        _unique(list(self.subnets), "subnet")
+        return self
+
+
 class UnitConfig(_Model):
     apiVersion: ApiVersion
     kind: Literal["UnitConfig"]
@@ -152,6 +179,7 @@ class UnitConfig(_Model):
     maxInstances: UnitInstanceLimit = DEFAULT_UNIT_MAX_INSTANCES
     nodeTimeout: Duration = 60.0  # a node whose reportedAt is older fails NodeState (SPEC §19)
     nodes: tuple[NodeConfig, ...] = ()
+    network: NetworkConfig | None = None
 
     @model_validator(mode="after")
     def _no_duplicate_entries(self) -> Self:
@@ -206,6 +234,8 @@ class Quotas(_Model):
     pidsLimit: PosInt | None = None
     noFileLimit: PosInt | None = None
     tmpLimit: Bytes | None = None
+    downloadSpeed: NonNegInt | None = None  # kbit/s into the instance; 0 = unlimited
+    uploadSpeed: NonNegInt | None = None  # kbit/s out of the instance; 0 = unlimited
 
 
 class RequestedResources(_Model):
@@ -238,9 +268,30 @@ RestartPolicy = Literal["always", "on-failure", "never"]
 RESTART_POLICIES: tuple[RestartPolicy, ...] = ("always", "on-failure", "never")
 
 
+ItemType = Literal["service", "component"]
+"""``service``: a container; ``component``: firmware, a rootfs or a boot image installed by its
+runtime's handler (no CPU, RAM, network or OCI config)."""
+
+_PortString = Annotated[
+    str,
+    Strict(),
+    AfterValidator(check_port),
+    WithJsonSchema({"type": "string", "pattern": r"^[0-9]{1,5}(/(tcp|udp))?$"}),
+]
+_ConnectionString = Annotated[
+    str,
+    Strict(),
+    AfterValidator(check_connection),
+    WithJsonSchema(
+        {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]*/[0-9]{1,5}(/(tcp|udp))?$"}
+    ),
+]
+
+
 class Service(_Model):
     apiVersion: ApiVersion
     kind: Literal["Service"]
+    type: ItemType = "service"
     id: Id
     version: SemVer
     subject: Id = "default"
@@ -260,13 +311,59 @@ class Service(_Model):
     # the pattern on the plain type: on Str (whose NUL check is a validator) it left the schema
     hostname: Annotated[str, Strict(), Field(pattern=_HOSTNAME)] | None = None
     sysctl: Mapping[SysctlName, Str] = Field(default_factory=dict)
+    # networks (SPEC §17): the provider whose network the instances join, the ports they serve
+    # and the ports of other items they may reach
+    owner: Id | None = None
+    exposedPorts: tuple[_PortString, ...] = ()
+    allowedConnections: tuple[_ConnectionString, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _component_defaults(cls, data: object) -> object:
+        """A component keeps its node when rebalancing unless it says otherwise (SPEC §18)."""
+        if (
+            isinstance(data, Mapping)
+            and data.get("type") == "component"
+            and "balancingPolicy" not in data
+        ):
+            return {**data, "balancingPolicy": "disabled"}
+        return data
 
     @model_validator(mode="after")
     def _unique_lists(self) -> Self:
         _unique([r.name for r in self.resources], "resource")
         _unique([d.resource for d in self.devices], "device request for resource")
         _unique(list(self.runtimes), "runtime")
+        _unique([str(p) for p in self.ports], "exposed port")
+        _unique([str(c) for c in self.connections], "allowed connection")
+        if self.type == "component":
+            for name in ("owner", "exposedPorts", "allowedConnections"):
+                if name in self.model_fields_set:
+                    raise ValueError(f"{name}: a component gets no network")
         return self
+
+    @property
+    def ports(self) -> tuple[PortSpec, ...]:
+        """``exposedPorts`` parsed (``8080`` is ``8080/tcp``)."""
+        return tuple(port_spec(p) for p in self.exposedPorts)
+
+    @property
+    def connections(self) -> tuple[Connection, ...]:
+        """``allowedConnections`` parsed."""
+        return tuple(connection_spec(c) for c in self.allowedConnections)
+
+    @property
+    def networked(self) -> bool:
+        """Whether the service's instances get a network of their own even when unit.yaml
+        declares none: it names an owner, exposes a port or connects to one."""
+        return self.type == "service" and bool(
+            self.owner is not None or self.exposedPorts or self.allowedConnections
+        )
+
+    @property
+    def network_id(self) -> str:
+        """The network the instances join: the owner's (SPEC §17), ``default`` without one."""
+        return self.owner or "default"
 
     @property
     def key(self) -> tuple[str, str]:
@@ -307,6 +404,17 @@ class Runtime(_Model):
     maxInstances: NonNegInt = 0
     allowedDMIPS: NonNegInt | None = None
     allowedRAM: Bytes | None = None
+    handler: tuple[Str, ...] = ()
+    """A component runtime's installer (argv): the agent runs ``handler install ITEM VERSION
+    ARTIFACT`` and ``handler remove ITEM VERSION`` (SPEC §18)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_component_each(cls, data: object) -> object:
+        """A runtime with a handler hosts one component unless ``maxInstances`` says otherwise."""
+        if isinstance(data, Mapping) and data.get("handler") and "maxInstances" not in data:
+            return {**data, "maxInstances": 1}
+        return data
 
 
 class Mount(_Model):
@@ -465,6 +573,9 @@ class ActualInstance(_Model):
     restartCount: NonNegInt = 0
     lastExit: LastExit | None = None
     reason: Str | None = None  # why the state is failed
+    ip: Str | None = None  # the instance's address in its network (SPEC §17)
+    network: Id | None = None  # that network's id
+    handlerResult: Str | None = None  # a component: what its runtime's handler said (SPEC §18)
 
     @property
     def instance_id(self) -> str:

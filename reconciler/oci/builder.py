@@ -35,6 +35,7 @@ __all__ = [
     "DEFAULT_ENV",
     "KNOWN_OPTION_KEYS",
     "MIN_CPU_QUOTA",
+    "NETNS_DIR",
     "NEVER_THROUGH",
     "OCI_VERSION",
     "RESTART_POLICY_ANNOTATION",
@@ -48,6 +49,7 @@ __all__ = [
     "DevicePolicy",
     "DeviceSpec",
     "GroupLookup",
+    "InstanceAddress",
     "OciError",
     "build_all",
     "build_config",
@@ -120,6 +122,11 @@ _DEFAULT_MOUNTS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
 )
 _TMP_OPTIONS = ("nosuid", "nodev", "mode=1777")
 _HOSTS_OPTIONS = ("rbind", "ro")
+NETNS_DIR = "/run/netns"
+"""Where ``ip netns`` keeps named network namespaces (an instance's is its container id)."""
+
+InstanceAddress = tuple[str, str]
+"""An instance's (network id, address) (SPEC §17)."""
 
 
 class OciError(ValueError):
@@ -583,12 +590,28 @@ def build_config(
     groups: GroupLookup,
     devices: DeviceLookup,
     policy: DevicePolicy = _DEFAULT_POLICY,
+    network: InstanceAddress | None = None,
 ) -> BuiltConfig:
-    """The OCI config and hosts file of one placed instance (SPEC §11), or :class:`OciError`."""
+    """The OCI config and hosts file of one placed instance (SPEC §11), or :class:`OciError`.
+
+    ``network``: the instance's (network id, address) when it has a network (SPEC §17): the
+    container joins the namespace ``/run/netns/<nodeId>.<instanceId>`` the node agent makes,
+    its hosts file names its address, and ``resolv.conf`` beside the hosts file is bound
+    read-only at ``/etc/resolv.conf``."""
     label = f"instance {placement.instance_id} ({placement.label})"
     try:
         return _build(
-            service, placement, node, rootfs, uid, gid, hosts_path, groups, devices, policy
+            service,
+            placement,
+            node,
+            rootfs,
+            uid,
+            gid,
+            hosts_path,
+            groups,
+            devices,
+            policy,
+            network,
         )
     except _Fail as e:
         raise OciError(label, str(e)) from None
@@ -605,6 +628,7 @@ def _build(
     groups: GroupLookup,
     devices: DeviceLookup,
     policy: DevicePolicy,
+    network: InstanceAddress | None = None,
 ) -> BuiltConfig:
     if service.key != (placement.item_id, placement.subject_id):
         raise _Fail(f"service {service.id}:{service.subject} does not match the placement")
@@ -664,7 +688,19 @@ def _build(
     # 9. allocated pool devices, by resource
     _apply_pool_devices(draft, placement, node, devices, policy)
     # 10. hosts, bind-mounted read-only at /etc/hosts (last, so nothing shadows it)
-    lines = ["127.0.0.1 localhost", f"127.0.1.1 {hostname}"]
+    namespaces: list[dict[str, Any]] = [{"type": t} for t in _NAMESPACES]
+    if network is None:
+        lines = ["127.0.0.1 localhost", f"127.0.1.1 {hostname}"]
+    else:  # SPEC §17: the instance's address under its network's name (and its hostname)
+        net_id, address = network
+        named = f"{address}\t{net_id}" + (f" {service.hostname}" if service.hostname else "")
+        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback", named]
+        netns = f"{NETNS_DIR}/{placement.node_id}.{placement.instance_id}"
+        namespaces = [
+            {"type": t, "path": netns} if t == "network" else {"type": t} for t in _NAMESPACES
+        ]
+        resolv = hosts_path.rsplit("/", 1)[0] + "/resolv.conf"
+        draft.set_mount(_mount("/etc/resolv.conf", "bind", resolv, _HOSTS_OPTIONS))
     lines += [f"{ip} {name}" for ip, name in draft.hosts]
     hosts = "\n".join(lines) + "\n"
     draft.set_mount(_mount("/etc/hosts", "bind", hosts_path, _HOSTS_OPTIONS))
@@ -687,7 +723,7 @@ def _build(
     resources["devices"] += draft.rules
     linux: dict[str, Any] = {
         "resources": resources,
-        "namespaces": [{"type": t} for t in _NAMESPACES],
+        "namespaces": namespaces,
         "maskedPaths": list(_MASKED_PATHS),
         "readonlyPaths": list(_READONLY_PATHS),
     }
@@ -723,6 +759,7 @@ class ConfigJob:
     uid: int
     gid: int
     hosts_path: str
+    network: InstanceAddress | None = None
 
 
 @dataclass(frozen=True)
@@ -834,6 +871,7 @@ class _Memoized:
             and old.uid == job.uid
             and old.gid == job.gid
             and old.hosts_path == job.hosts_path
+            and old.network == job.network
             and _same(old.service, job.service)
             and _same(old.node, job.node)
         ):
@@ -981,6 +1019,7 @@ def build_all(
                     groups=lookups.group,
                     devices=lookups,
                     policy=policy,
+                    network=job.network,
                 )
             except OciError as e:
                 outcome = str(e)

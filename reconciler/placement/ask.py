@@ -55,6 +55,19 @@ cpu, ram, storage and state."""
 
 def request_inputs(service: Service) -> RequestInputs:
     req, quotas = service.requestedResources, service.quotas
+    if service.type == "component":  # SPEC §18: a component consumes no CPU or RAM
+        skip = service.skipResourceLimits
+        return (
+            skip,
+            None,
+            None,
+            None,
+            None,
+            req.storage,
+            quotas.storageLimit,
+            req.state,
+            quotas.stateLimit,
+        )
     return (
         service.skipResourceLimits,
         req.cpu,

@@ -151,6 +151,10 @@ class Checkpoint:
     allocations: Mapping[str, Allocation] = field(default_factory=dict)
     gids: Mapping[str, int] = field(default_factory=dict)  # itemId -> gid
     alerts: Mapping[str, Any] = field(default_factory=dict)  # node -> alert timelines (SPEC §8)
+    network: Mapping[str, Any] = field(default_factory=dict)
+    """The network phase's state (SPEC §17, :mod:`reconciler.planning.network`): subnets, VLAN
+    ids, host and instance addresses. Absent from the file while empty, so a unit without
+    networks writes the checkpoint it wrote before networks existed (and reads old ones)."""
     memo: CheckpointMemo | None = field(default=None, kw_only=True, compare=False, repr=False)
     """Not part of the value: the :class:`CheckpointMemo` of the :class:`CheckpointCache` that
     returned this checkpoint, so that :meth:`previous` reuses what it built last run."""
@@ -161,11 +165,14 @@ class Checkpoint:
     :attr:`IdsMemo.since`); an encoder that encoded that mapping last looks at these only."""
 
     def data(self) -> dict[str, Any]:
-        return {
+        out = {
             "instances": {iid: a.to_json() for iid, a in sorted(self.allocations.items())},
             "gids": dict(sorted(self.gids.items())),
             "alerts": dict(self.alerts),
         }
+        if self.network:
+            out["network"] = dict(self.network)
+        return out
 
     def previous(self) -> dict[str, PreviousAllocation]:
         if self.memo is not None:
@@ -186,6 +193,8 @@ class Checkpoint:
         ):
             return False
         if canonical(dict(self.alerts)) != canonical(dict(other.alerts)):
+            return False
+        if canonical(dict(self.network)) != canonical(dict(other.network)):
             return False
         mine, theirs = self.allocations, other.allocations
         if mine.keys() != theirs.keys():
@@ -258,9 +267,10 @@ def decode_checkpoint(raw: bytes, expected_lineage: str | None) -> Checkpoint:
         }
         gids = {str(k): int(v) for k, v in data.get("gids", {}).items()}
         alerts = dict(data.get("alerts", {}))
+        network = dict(data.get("network", {}))  # absent in checkpoints written before it
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError("unparsable", f"malformed checkpoint data: {e!r}") from None
-    return Checkpoint(lineage, generation, allocations, gids, alerts)
+    return Checkpoint(lineage, generation, allocations, gids, alerts, network)
 
 
 class CheckpointMemo:
@@ -417,8 +427,13 @@ class CheckpointMemo:
             + self._gids_bytes(cp.gids)
             + b',"instances":{'
         )
-        chunks.append(b"}}")
+        chunks.append(b"}" + self._network_bytes(cp) + b"}")
         return chunks
+
+    @staticmethod
+    def _network_bytes(cp: Checkpoint) -> bytes:
+        """``,"network":{...}`` after the instances (keys sorted), or nothing while empty."""
+        return b',"network":' + canonical(dict(cp.network)) if cp.network else b""
 
     def _patched_chunks(
         self,
@@ -662,9 +677,10 @@ def as_decoded(cp: Checkpoint, memo: CheckpointMemo | None = None) -> Checkpoint
         data_gids = json.loads(canonical(dict(sorted(cp.gids.items()))))
         gids = {str(k): int(v) for k, v in data_gids.items()}
     alerts = json.loads(canonical(dict(cp.alerts)))
+    network = json.loads(canonical(dict(cp.network)))
     known_form = memo.decoded(cp.allocations) if memo is not None else None
     if known_form is not None:  # encoded last by the memo, every allocation in decoded form
-        return Checkpoint(cp.lineage, cp.generation, known_form, gids, dict(alerts))
+        return Checkpoint(cp.lineage, cp.generation, known_form, gids, dict(alerts), network)
     order = memo.sorted_ids(cp.allocations) if memo is not None else None
     if order is None or memo is None:
         allocations = {
@@ -682,7 +698,7 @@ def as_decoded(cp: Checkpoint, memo: CheckpointMemo | None = None) -> Checkpoint
                 if not _decoded_form(a):
                     a = _round_trip(a)
             allocations[iid] = a
-    return Checkpoint(cp.lineage, cp.generation, allocations, gids, dict(alerts))
+    return Checkpoint(cp.lineage, cp.generation, allocations, gids, dict(alerts), network)
 
 
 def _round_trip(a: Allocation) -> Allocation:

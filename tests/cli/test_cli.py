@@ -66,14 +66,14 @@ class TestValidate:
             check=False,
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert proc.stdout.startswith("valid: 4 services, 3 nodes")
+        assert proc.stdout.startswith("valid: 7 services, 3 nodes")
 
     def test_json_output(self, demo_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
         (demo_copy / "desired" / "x.yaml").write_text("kind: Service\n")
         code, out, _ = run(capsys, "validate", "--state", str(demo_copy), "--json")
         report = json.loads(out)
         assert code == 1 and report["formatVersion"] == 1 and report["valid"] is False
-        assert report["counts"]["services"] == 4
+        assert report["counts"]["services"] == 7
         assert {e["path"] for e in report["errors"]} == {str(demo_copy / "desired" / "x.yaml")}
 
 

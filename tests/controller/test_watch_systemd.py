@@ -559,7 +559,7 @@ exec setpriv --no-new-privs --bounding-set=-all --inh-caps=-all -- "$@"
         if proc.returncode != 0 and "unshare failed" in proc.stderr:
             pytest.skip(f"no mount namespaces here: {proc.stderr.strip()}")
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert "Plan: 7 to start, 0 to stop; 0 unplaceable." in proc.stdout
+        assert "Plan: 10 to start, 0 to stop; 0 unplaceable." in proc.stdout
         assert not (demo_copy.parent / "outside-the-state-dir").exists()
         plan = demo_copy / "out" / "plan.json"
         assert json.loads(plan.read_text())["changesPresent"] is True

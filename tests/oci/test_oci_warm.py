@@ -343,7 +343,12 @@ def test_builder_passes_back_unchanged_jobs_only(
 
     def check(state: Path, expected: set[str]) -> BuildResult:
         nonlocal last
-        cp = Checkpoint(c.checkpoint.lineage, c.checkpoint.generation, allocations)
+        cp = Checkpoint(
+            c.checkpoint.lineage,
+            c.checkpoint.generation,
+            allocations,
+            network=c.checkpoint.network,
+        )
         built = builder(state, view, result, cp)
         jobs = _by_id(spied_jobs[-1])
         assert {i for i in jobs if jobs[i] is not last.get(i)} == expected

@@ -20,7 +20,7 @@ def opts() -> ReconcileOptions:
 def test_every_placed_instance_gets_a_valid_config(demo_copy: Path) -> None:
     report = reconcile(demo_copy, opts())
     placed = {p.instance_id: p for p in report.computed.result.placements}
-    assert len(placed) == 7 and not report.computed.result.failures
+    assert len(placed) == 10 and not report.computed.result.failures
     dirs = {d.name for d in (demo_copy / "out" / "instances").iterdir() if d.is_dir()}
     assert dirs == set(placed)
     for iid, p in placed.items():
@@ -32,7 +32,7 @@ def test_every_placed_instance_gets_a_valid_config(demo_copy: Path) -> None:
         assert config["process"]["user"]["uid"] == alloc.uid
         assert config["root"]["path"] == str((demo_copy / "rootfs" / "busybox").resolve())
         hosts = (demo_copy / "out" / "instances" / iid / "hosts").read_text()
-        assert hosts.startswith("127.0.0.1 localhost")
+        assert hosts.startswith(("127.0.0.1 localhost", "127.0.0.1\tlocalhost"))
 
 
 def _stamps(state: Path) -> dict[str, tuple[int, int]]:
@@ -48,7 +48,9 @@ def test_unchanged_configs_are_not_rewritten_and_stale_ones_removed(demo_copy: P
     first = reconcile(demo_copy, opts())
     ids = {p.item_id: p.instance_id for p in first.computed.result.placements}
     before = _stamps(demo_copy)
-    assert len(before) == 7 * 2  # config.json and hosts of each of the 7 instances
+    # config.json and hosts of each of the 10 instances, network.json and resolv.conf of the 3
+    # with a network
+    assert len(before) == 10 * 2 + 3 * 2
     assert reconcile(demo_copy, opts()).written == ()
     assert _stamps(demo_copy) == before
 
@@ -73,7 +75,7 @@ def test_unchanged_configs_are_not_rewritten_and_stale_ones_removed(demo_copy: P
     report = reconcile(demo_copy, opts())
     dirs = {d.name for d in (demo_copy / "out" / "instances").iterdir() if d.is_dir()}
     assert dirs == {p.instance_id for p in report.computed.result.placements}
-    assert len(dirs) == 4
+    assert len(dirs) == 7
     loggers = {
         p.instance_id for p in first.computed.result.placements if p.item_id == "com.example.logger"
     }
@@ -91,7 +93,7 @@ def test_an_unknown_group_fails_that_instance_only(demo_copy: Path) -> None:
     failures = report.computed.result.failures
     assert [f.reason for f in failures] == [CONFIG_FAILURE]
     assert failures[0].item_id == "com.example.nav" and "no-such-group-x" in failures[0].summary
-    assert len(report.computed.result.placements) == 6
+    assert len(report.computed.result.placements) == 9
     assert failures[0].instance_id not in report.computed.checkpoint.allocations
     assert not (demo_copy / "out" / "instances" / failures[0].instance_id).exists()
     for placement in report.computed.result.placements:  # every other instance has its config

@@ -250,7 +250,7 @@ class TestPlansOfTheDemo:
     ) -> None:
         before = snapshot(demo_copy)
         assert main(["plan", "--state", str(demo_copy)]) == 2
-        assert "Plan: 7 to start, 0 to stop; 0 unplaceable." in capsys.readouterr().out
+        assert "Plan: 10 to start, 0 to stop; 0 unplaceable." in capsys.readouterr().out
         assert snapshot(demo_copy) == before
         assert not (demo_copy / "out").exists() and not (demo_copy / "checkpoint").exists()
         assert not (demo_copy / ".lock").exists()
@@ -258,7 +258,7 @@ class TestPlansOfTheDemo:
     def test_reconcile_twice_rewrites_nothing(self, demo_copy: Path, capsys: Any) -> None:
         """With the OCI configs, as the CLI runs it: the second run writes no file."""
         assert main(["reconcile", "--state", str(demo_copy)]) == 0
-        assert "Plan: 7 to start" in capsys.readouterr().out
+        assert "Plan: 10 to start" in capsys.readouterr().out
         files = snapshot(demo_copy)
         assert any("config.json" in p for p in files)
         assert main(["reconcile", "--state", str(demo_copy), "--json"]) == 0

@@ -97,12 +97,12 @@ def test_plan_json_diff_between_two_commits(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout
     proc = reconciler("plan", "--state", str(tmp_path / "head"))
     assert proc.returncode == 2, proc.stderr
-    assert "Plan: 5 to start, 0 to stop; 0 unplaceable." in proc.stdout
+    assert "Plan: 8 to start, 0 to stop; 0 unplaceable." in proc.stdout
     assert "+ start com.example.telemetry:default:0 1.0.0" in proc.stdout
 
     # the reviewer's diff: exactly the two removed loggers and the new telemetry version
     before, after = json.loads(plans["base"]), json.loads(plans["head"])
-    assert len(before["actions"]) == 7 and len(after["actions"]) == 5
+    assert len(before["actions"]) == 10 and len(after["actions"]) == 8
     assert starts(before) - starts(after) == {
         ("com.example.logger", 1, "1.0.0"),
         ("com.example.logger", 2, "1.0.0"),

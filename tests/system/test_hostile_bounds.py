@@ -399,6 +399,8 @@ def _documents(v: Draw) -> dict[str, dict[str, Any]]:
                     "pidsLimit",
                     "noFileLimit",
                     "tmpLimit",
+                    "downloadSpeed",
+                    "uploadSpeed",
                 )
             },
             "requestedResources": {

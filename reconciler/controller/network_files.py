@@ -1,0 +1,77 @@
+"""The network phase's files in ``out/`` (SPEC §17): ``out/network.json`` (the networks and
+the DNS table, for the node agents' bridges and DNS servers) and, per instance with a network,
+``out/instances/<id>/network.json`` (its parameters) and ``resolv.conf`` (its gateway as
+name server; its config binds it at ``/etc/resolv.conf``). Each is written atomically and
+only when its bytes change; an instance that no longer has a network loses both files (its
+directory goes with its config when it is no longer placed)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from reconciler.io.fsio import FileReadError, atomic_write_many, read_bytes_at
+from reconciler.model.jsonbytes import pretty_json
+from reconciler.planning.network import InstanceNetwork, NetworkResult
+
+__all__ = ["NETWORK_FILE", "instance_network_files", "write_network_files"]
+
+NETWORK_FILE = "network.json"
+_FILES = (NETWORK_FILE, "resolv.conf")
+_MAX = 4 << 20
+
+
+def instance_network_files(net: InstanceNetwork) -> dict[str, bytes]:
+    """The files of one instance with a network: ``network.json`` and ``resolv.conf``."""
+    resolv = "".join(f"nameserver {ip}\n" for ip in net.dns_servers)
+    return {NETWORK_FILE: pretty_json(net.to_json()), "resolv.conf": resolv.encode()}
+
+
+def _differs(path: Path, data: bytes) -> bool:
+    try:
+        current, _ = read_bytes_at(path, _MAX)
+    except FileReadError:
+        return True
+    return current != data
+
+
+def write_network_files(
+    state_dir: Path, network: NetworkResult | None, built: Iterable[str]
+) -> list[str]:
+    """Write the network files of this run; ``built``: the ids whose config was written (an
+    instance's files go into its directory only when it has one). Returns what it wrote or
+    removed, relative to the state directory."""
+    out = state_dir / "out"
+    top = out / NETWORK_FILE
+    had = top.exists() or top.is_symlink()
+    if network is None and not had:
+        return []  # networks were off last run too: nothing to look at
+    instances: Mapping[str, InstanceNetwork] = network.instances if network is not None else {}
+    batch: list[tuple[Path, bytes, int]] = []
+    written: list[str] = []
+    gone: list[Path] = []
+    for iid in built:
+        directory = out / "instances" / iid
+        net = instances.get(iid)
+        if net is None:
+            gone += [directory / name for name in _FILES]
+            continue
+        for name, data in instance_network_files(net).items():
+            if _differs(directory / name, data):
+                batch.append((directory / name, data, 0o644))
+    if network is not None:
+        data = pretty_json(network.network_json())
+        if _differs(top, data):
+            batch.append((top, data, 0o644))
+    atomic_write_many(batch)
+    written += [str(p.relative_to(state_dir)) for p, _d, _m in batch]
+    if network is None:
+        gone.append(top)
+    for path in gone:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            continue
+        written.append(str(path.relative_to(state_dir)))
+    return written

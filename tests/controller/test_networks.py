@@ -1,0 +1,239 @@
+"""reconcile's network phase end to end through files (SPEC §17): the outputs, addresses kept
+across a restart and a corrupt checkpoint, reason ``Network`` in status and explain."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reconciler.cli.commands import main
+from reconciler.controller.configs import default_config_builder
+from reconciler.controller.reconcile import ReconcileOptions, reconcile
+from reconciler.io.checkpoint_files import CURRENT, PREVIOUS
+from reconciler.model.values import instance_id
+from tests.support.oci import assert_valid
+
+NODE = """apiVersion: reconciler/v1
+kind: Node
+id: {id}
+type: edge
+maxDMIPS: 100000
+totalRAM: 64Gi
+runtimes:
+  - {{id: runc, type: runc, platform: {{architecture: x86_64}}}}
+"""
+
+WEB = """apiVersion: reconciler/v1
+kind: Service
+id: web
+version: 1.0.0
+owner: shop
+hostname: www
+exposedPorts: ['80/tcp']
+image: {rootfs: /srv/rootfs, cmd: [httpd]}
+"""
+
+CLIENT = """apiVersion: reconciler/v1
+kind: Service
+id: {id}
+version: 1.0.0
+owner: office
+{extra}image: {{rootfs: /srv/rootfs, cmd: [wget]}}
+"""
+
+
+def iid(item: str, index: int = 0) -> str:
+    return instance_id(item, "default", index)
+
+
+def unit(tmp_path: Path, nodes: tuple[str, ...] = ("n1",)) -> Path:
+    state = tmp_path / "state"
+    (state / "desired").mkdir(parents=True)
+    (state / "nodes").mkdir()
+    for n in nodes:
+        (state / "nodes" / f"{n}.yaml").write_text(NODE.format(id=n))
+    (state / "desired" / "web.yaml").write_text(WEB)
+    allowed = "allowedConnections: [web/80/tcp]\n"
+    (state / "desired" / "client.yaml").write_text(CLIENT.format(id="client", extra=allowed))
+    return state
+
+
+def run(state: Path) -> Any:
+    return reconcile(state, ReconcileOptions(configs=default_config_builder()))
+
+
+def out(state: Path, *parts: str) -> Any:
+    path = state.joinpath("out", *parts)
+    return json.loads(path.read_text()) if path.suffix == ".json" else path.read_text()
+
+
+def addresses(state: Path) -> dict[str, str]:
+    cp = json.loads((state / "checkpoint" / "allocations.json").read_text())
+    return {i: a["ip"] for i, a in cp["data"]["network"]["addresses"].items()}
+
+
+def test_outputs(tmp_path: Path) -> None:
+    state = unit(tmp_path)
+    report = run(state)
+    assert not report.computed.result.failures
+    net = out(state, "network.json")
+    assert net["networks"] == {
+        "office": {"subnet": "172.17.0.0/16", "hosts": {"n1": "172.17.0.1"}},
+        "shop": {"subnet": "172.18.0.0/16", "hosts": {"n1": "172.18.0.1"}},
+    }
+    assert net["dns"]["www"] == "172.18.0.2"
+    assert net["dns"]["default.web.shop"] == "172.18.0.2"
+    assert net["dns"]["0.default.client"] == "172.17.0.2"
+    web = out(state, "instances", iid("web"), "network.json")
+    assert web == {
+        "instanceId": iid("web"),
+        "nodeId": "n1",
+        "networkId": "shop",
+        "ip": "172.18.0.2",
+        "prefix": 16,
+        "gateway": "172.18.0.1",
+        "dnsServers": ["172.18.0.1"],
+        "firewallRules": [
+            {"srcIp": "172.17.0.2", "dstIp": "172.18.0.2", "dstPort": 80, "proto": "tcp"}
+        ],
+        "hostname": "www",
+        "ingressKbit": 0,
+        "egressKbit": 0,
+        "netns": f"n1.{iid('web')}",
+    }
+    assert out(state, "instances", iid("web"), "resolv.conf") == "nameserver 172.18.0.1\n"
+    assert out(state, "instances", iid("web"), "hosts") == (
+        "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n172.18.0.2\tshop www\n"
+    )
+    config = out(state, "instances", iid("web"), "config.json")
+    assert_valid(config)
+    namespaces = {n["type"]: n.get("path") for n in config["linux"]["namespaces"]}
+    assert namespaces["network"] == f"/run/netns/n1.{iid('web')}"
+    mounts = {m["destination"]: m for m in config["mounts"]}
+    assert mounts["/etc/resolv.conf"]["source"] == str(
+        (state / "out" / "instances" / iid("web") / "resolv.conf").resolve()
+    )
+    assert mounts["/etc/resolv.conf"]["options"] == ["rbind", "ro"]
+    # a second run with the same inputs rewrites nothing
+    again = run(state)
+    assert again.written == ()
+
+
+def test_without_networks_no_network_files_and_host_network(tmp_path: Path) -> None:
+    state = unit(tmp_path)
+    (state / "desired" / "web.yaml").write_text(
+        WEB.replace("owner: shop\n", "").replace("exposedPorts: ['80/tcp']\n", "")
+    )
+    (state / "desired" / "client.yaml").unlink()
+    run(state)
+    assert not (state / "out" / "network.json").exists()
+    config = out(state, "instances", iid("web"), "config.json")
+    assert {"type": "network"} in config["linux"]["namespaces"]
+    assert not (state / "out" / "instances" / iid("web") / "network.json").exists()
+    cp = json.loads((state / "checkpoint" / "allocations.json").read_text())
+    assert "network" not in cp["data"]
+    # networks declared in unit.yaml, then taken away again: the files come and go
+    (state / "unit.yaml").write_text(
+        "apiVersion: reconciler/v1\nkind: UnitConfig\nversion: 1.0.0\nnetwork: {}\n"
+    )
+    run(state)
+    assert out(state, "instances", iid("web"), "network.json")["networkId"] == "default"
+    (state / "unit.yaml").unlink()
+    run(state)
+    assert not (state / "out" / "network.json").exists()
+    assert not (state / "out" / "instances" / iid("web") / "network.json").exists()
+    assert not (state / "out" / "instances" / iid("web") / "resolv.conf").exists()
+
+
+def test_addresses_survive_a_restart_and_a_corrupt_checkpoint(tmp_path: Path) -> None:
+    state = unit(tmp_path)
+    (state / "desired" / "client.yaml").write_text(
+        CLIENT.format(id="client", extra="instances: 3\nallowedConnections: [web/80/tcp]\n")
+    )
+    run(state)
+    first = addresses(state)
+    # an unrelated edit that would take a low address if addresses were not sticky: a new
+    # service exposing a port in the client's network (a second checkpoint generation)
+    (state / "desired" / "db.yaml").write_text(
+        CLIENT.format(id="db", extra="exposedPorts: ['5432']\n")
+    )
+    run(state)
+    second = addresses(state)
+    assert {k: second[k] for k in first} == first
+    assert second[iid("db")] == "172.17.0.5"
+    # a restart: a new process (no cache) with the same inputs
+    run(state)
+    assert addresses(state) == second
+    # a corrupt checkpoint: the previous generation is used, then the same addresses again
+    (state / "checkpoint" / "allocations.json").write_text('{"garbage": true}')
+    report = run(state)
+    assert report.computed.loaded.source == "previous"
+    assert addresses(state) == second
+
+
+def test_addresses_rebuilt_from_actual_when_no_checkpoint_is_trusted(tmp_path: Path) -> None:
+    state = unit(tmp_path)
+    run(state)
+    before = addresses(state)
+    # the agent's actual/ records each instance's address and network
+    actual = {
+        "apiVersion": "reconciler/v1",
+        "kind": "ActualState",
+        "nodeId": "n1",
+        "revision": 1,
+        "instances": {
+            iid("client"): {
+                "itemId": "client",
+                "subjectId": "default",
+                "index": 0,
+                "version": "1.0.0",
+                "runtimeId": "runc",
+                "state": "active",
+                "ip": "172.17.0.9",
+                "network": "office",
+            },
+        },
+    }
+    (state / "actual").mkdir()
+    (state / "actual" / "n1.yaml").write_text(json.dumps(actual))
+    for name in (CURRENT, PREVIOUS):  # neither generation can be trusted
+        (state / "checkpoint" / name).write_text("{}")
+    report = run(state)
+    assert report.computed.loaded.source == "actual"
+    after = addresses(state)
+    assert after[iid("client")] == "172.17.0.9"
+    assert after[iid("web")] == before[iid("web")]
+
+
+def test_network_failures_in_status_plan_and_explain(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = unit(tmp_path)
+    # a second service with the same hostname fails (the later instance); a consumer of a
+    # port nobody exposes fails too
+    (state / "desired" / "web2.yaml").write_text(WEB.replace("id: web", "id: web2"))
+    (state / "desired" / "client.yaml").write_text(
+        CLIENT.format(id="client", extra="allowedConnections: [web/81/tcp]\n")
+    )
+    run(state)
+    status = out(state, "status.json")
+    text = json.dumps(status)
+    assert "web2:default:0: DNS name www is already held by another instance" in text
+    assert "client:default:0: no instance of web exposes 81/tcp" in text
+    plan = out(state, "plan.json")
+    reasons = {f["itemId"]: f["reason"] for f in plan["failures"]}
+    assert reasons == {"client": "Network", "web2": "Network"}
+    assert main(["explain", "web2:0", "--state", str(state), "--json"]) == 0
+    exp = json.loads(capsys.readouterr().out)
+    assert exp["failure"]["reason"] == "Network"
+    assert exp["placement"] is None
+    assert main(["explain", "web:0", "--state", str(state), "--json"]) == 0
+    exp = json.loads(capsys.readouterr().out)
+    assert exp["failure"] is None
+    assert exp["network"]["ip"] == "172.18.0.2"
+    assert main(["explain", "client:0", "--state", str(state)]) == 0
+    assert "no instance of web exposes 81/tcp" in capsys.readouterr().out
+    assert main(["plan", "--state", str(state)]) == 3
