@@ -19,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from reconciler.model.nodeinventories import NodeInventories, check_totals
 from reconciler.model.sysctl import SysctlName
 from reconciler.model.values import (
     AccessMode,
@@ -391,6 +392,7 @@ class Node(_Model):
     resources: tuple[HostResource, ...] | None = None
     resourcesFile: Str | None = None
     devicePools: tuple[DevicePool, ...] = ()
+    inventories: NodeInventories = NodeInventories()
     usage: NodeUsage | None = None
 
     @field_validator("partitions")
@@ -414,6 +416,17 @@ class Node(_Model):
         _unique([p.resource for p in self.devicePools], "device pool resource")
         if self.resources is not None:
             _unique([r.name for r in self.resources], "resource name")
+        if self.inventories.declared:
+            sizes = {k: p for p in self.partitions for k in p.types}
+            storage, state = sizes.get("storages"), sizes.get("states")
+            check_totals(
+                self.inventories,
+                max_dmips=self.maxDMIPS,
+                total_ram=self.totalRAM,
+                storage=storage.totalSize if storage is not None else None,
+                state=state.totalSize if state is not None else None,
+                shared=storage is not None and storage is state,
+            )
         return self
 
     @property

@@ -780,7 +780,7 @@ class _Run:
             for node_id in members:
                 slot = slots.get(node_id)
                 if slot is None:  # not built yet: all free
-                    _, cpu, ram = basics[node_id]
+                    _, cpu, ram, _ = basics[node_id]
                     key = base[node_id] - cpu * cpu_step - ram * ram_step
                 else:
                     key = self.entry(slot)

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from reconciler.placement.nodestate import state_fits, state_need, storage_fits
+from reconciler.placement.nodestate import state_fits, state_need, storage_fits, units_reason
 from reconciler.placement.sharing import REGISTRY
 
 if TYPE_CHECKING:
@@ -223,16 +223,20 @@ class PlatformFilter:
 
 @dataclass(frozen=True)
 class CpuFilter:
-    """The requested DMIPS fit the free CPU of the runtime's pool (or the node's)."""
+    """The requested DMIPS respect the node's unit rules (``inventories.cpu``) and fit the free
+    CPU of the runtime's pool (or the node's)."""
 
     name: ClassVar[str] = "Cpu"
     static: ClassVar[bool] = False
-    reads_node: ClassVar[tuple[str, ...]] = ("request_key",)
+    reads_node: ClassVar[tuple[str, ...]] = ("request_key", "node.inventories.cpu.units")
     reads_runtime: ClassVar[tuple[str, ...]] = ()
     reads_ask: ClassVar[tuple[str, ...]] = ("amounts", "usage")
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None:
         need = ask.requested(slot).cpu
+        why = units_reason("cpu", slot.node.inventories.cpu.units, need)
+        if why is not None:
+            return f"needs {need} DMIPS: {why}"
         if runtime.fits(need, 0, 0):
             return None
         return f"needs {need} DMIPS, {runtime.cpu_from.free} free"
@@ -240,16 +244,20 @@ class CpuFilter:
 
 @dataclass(frozen=True)
 class RamFilter:
-    """The requested RAM fits the free RAM of the runtime's pool (or the node's)."""
+    """The requested RAM respects the node's unit rules (``inventories.ram``) and fits the free
+    RAM of the runtime's pool (or the node's)."""
 
     name: ClassVar[str] = "Ram"
     static: ClassVar[bool] = False
-    reads_node: ClassVar[tuple[str, ...]] = ("request_key",)
+    reads_node: ClassVar[tuple[str, ...]] = ("request_key", "node.inventories.ram.units")
     reads_runtime: ClassVar[tuple[str, ...]] = ()
     reads_ask: ClassVar[tuple[str, ...]] = ("amounts", "usage")
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None:
         need = ask.requested(slot).ram
+        why = units_reason("ram", slot.node.inventories.ram.units, need)
+        if why is not None:
+            return f"needs {need} bytes of RAM: {why}"
         if runtime.fits(0, need, 0):
             return None
         return f"needs {need} bytes of RAM, {runtime.ram_from.free} free"
@@ -257,16 +265,20 @@ class RamFilter:
 
 @dataclass(frozen=True)
 class StorageFilter:
-    """The requested storage fits the node's partition typed ``storages``."""
+    """The requested storage respects the node's unit rules (``inventories.storage``) and fits
+    the node's partition typed ``storages``."""
 
     name: ClassVar[str] = "Storage"
     static: ClassVar[bool] = False
-    reads_node: ClassVar[tuple[str, ...]] = ("request_key",)
+    reads_node: ClassVar[tuple[str, ...]] = ("request_key", "node.inventories.storage.units")
     reads_runtime: ClassVar[tuple[str, ...]] = ()
     reads_ask: ClassVar[tuple[str, ...]] = ("amounts", "usage")
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None:
         need = ask.requested(slot).storage
+        why = units_reason("storage", slot.node.inventories.storage.units, need)
+        if why is not None:
+            return f"needs {need} bytes: {why}"
         if storage_fits(slot, need):
             return None
         pool = slot.storage_pool
@@ -277,16 +289,20 @@ class StorageFilter:
 
 @dataclass(frozen=True)
 class StateFilter:
-    """The requested state fits the node's partition typed ``states``."""
+    """The requested state respects the node's unit rules (``inventories.state``) and fits the
+    node's partition typed ``states``."""
 
     name: ClassVar[str] = "State"
     static: ClassVar[bool] = False
-    reads_node: ClassVar[tuple[str, ...]] = ("request_key",)
+    reads_node: ClassVar[tuple[str, ...]] = ("request_key", "node.inventories.state.units")
     reads_runtime: ClassVar[tuple[str, ...]] = ()
     reads_ask: ClassVar[tuple[str, ...]] = ("amounts", "usage")
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None:
         req = ask.requested(slot)
+        why = units_reason("state", slot.node.inventories.state.units, req.state)
+        if why is not None:
+            return f"needs {req.state} bytes of state: {why}"
         if state_fits(slot, req.storage, req.state):
             return None
         pool = slot.state_pool

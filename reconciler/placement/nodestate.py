@@ -34,9 +34,11 @@ from reconciler.model.inventory import (
     OVER_CAPACITY,
     RELEASE_BELOW_ZERO,
     CapacityError,
+    InvalidAmountError,
     Inventory,
     ReleaseError,
 )
+from reconciler.model.nodeinventories import ByteInventory, CpuInventory, Units
 from reconciler.placement.instances import Cause, DeviceIds, Instance, Requested
 from reconciler.placement.sharing import REGISTRY, ShareRequest
 from reconciler.placement.sharing.base import Item, PoolState
@@ -44,9 +46,11 @@ from reconciler.placement.sharing.base import Item, PoolState
 __all__ = [
     "NO_KEEP",
     "Basics",
+    "InventoryPool",
     "NodeConfigs",
     "NodeFacts",
     "NodeSlot",
+    "NodeUnits",
     "Pool",
     "RequestKey",
     "Reservation",
@@ -63,6 +67,7 @@ __all__ = [
     "state_need",
     "storage_fits",
     "take",
+    "units_reason",
 ]
 
 _DEFAULT_RATIOS = ResourceRatios()
@@ -103,6 +108,120 @@ class Pool:
         inv = Inventory.simple(self.name, self.capacity)
         used = self.capacity - self.free
         return inv.consume(used) if used else inv
+
+
+class InventoryPool(Pool):
+    """A pool whose inventory a node declares (``inventories`` of the node file, SPEC §6.1):
+    its capacity is ``spec``'s (``(total - reserved) * allocationRatio``, rounded down), and
+    :attr:`inventory` is ``spec`` with what is reserved, so status and ``explain`` show the
+    declared total, reserved part, ratio and units. Reservations change ``free`` as in any
+    pool; the unit rules are checked once per request (:class:`NodeUnits`)."""
+
+    __slots__ = ("spec",)
+
+    def __init__(self, spec: Inventory) -> None:
+        super().__init__(spec.resource_class, spec.capacity)
+        self.spec = spec
+
+    def copy(self) -> InventoryPool:
+        new = InventoryPool.__new__(InventoryPool)
+        new.name, new.capacity, new.free, new.spec = self.name, self.capacity, self.free, self.spec
+        return new
+
+    @property
+    def inventory(self) -> Inventory:
+        used = self.capacity - self.free
+        return self.spec.with_used(used) if used else self.spec
+
+
+def _spec(name: str, total: int, settings: CpuInventory | ByteInventory) -> Inventory:
+    """The inventory of ``total`` with ``settings`` (``reserved`` at most ``total``)."""
+    low, high, step = settings.units
+    return Inventory(
+        name,
+        total=total,
+        reserved=min(settings.reserved, total),
+        allocation_ratio=settings.allocationRatio,
+        min_unit=low,
+        max_unit=high,
+        step_size=step,
+    )
+
+
+def _pool(name: str, total: int, settings: CpuInventory | ByteInventory) -> Pool:
+    """The pool of ``total`` (a plain one unless the node declares settings for it)."""
+    if _declares(settings):
+        return InventoryPool(_spec(name, total, settings))
+    return Pool(name, total)
+
+
+def _declares(settings: CpuInventory | ByteInventory) -> bool:
+    return settings.shapes_capacity or settings.units != _NO_UNITS
+
+
+_NO_UNITS: Units = (1, None, 1)
+
+_UNIT_FIELDS = {
+    "below-min-unit": "minUnit",
+    "above-max-unit": "maxUnit",
+    "step-size": "stepSize",
+}
+
+
+def _rules(units: Units) -> Inventory:
+    return _RULES.get(units) or _RULES.setdefault(
+        units, Inventory("units", 0, min_unit=units[0], max_unit=units[1], step_size=units[2])
+    )
+
+
+_RULES: dict[Units, Inventory] = {}
+
+
+def units_reason(resource: str, units: Units, amount: int) -> str | None:
+    """``None`` when ``amount`` respects the unit rules ``units`` of ``inventories.<resource>``
+    (SPEC §6.1: ``Inventory.check_units``), else why not, with the reason code and the field
+    (``below-min-unit (inventories.cpu.minUnit 200)``). 0 always does."""
+    if units == _NO_UNITS or not amount:
+        return None
+    code = _rules(units).check_units(amount)
+    if code is None:
+        return None
+    field = _UNIT_FIELDS.get(code)
+    if field is None:  # (a negative amount: requested amounts never are)
+        return code
+    value = {"minUnit": units[0], "maxUnit": units[1], "stepSize": units[2]}[field]
+    return f"{code} (inventories.{resource}.{field} {value})"
+
+
+class NodeUnits:
+    """The unit rules (``minUnit``, ``maxUnit``, ``stepSize``) a node declares for cpu, ram,
+    storage and state, checked on a request's amounts at once (:func:`claim`, :func:`take`);
+    a node declaring none has no such object (``NodeSlot.units`` is None)."""
+
+    __slots__ = ("rules",)
+
+    def __init__(self, cpu: Units, ram: Units, storage: Units, state: Units) -> None:
+        self.rules = tuple(
+            (resource, units)
+            for resource, units in (
+                ("cpu", cpu),
+                ("ram", ram),
+                ("storage", storage),
+                ("state", state),
+            )
+            if units != _NO_UNITS
+        )
+
+    def refusal(self, req: Requested) -> tuple[str, str] | None:
+        """The first rule ``req`` breaks, as (reason code, :func:`units_reason`'s words), or
+        None."""
+        for resource, units in self.rules:
+            amount: int = getattr(req, resource)
+            if units_reason(resource, units, amount) is not None:
+                code = _rules(units).check_units(amount)
+                assert code is not None
+                return code, f"{resource} {amount}: {units_reason(resource, units, amount)}"
+        return None
 
 
 class SharedPool(Pool):
@@ -255,6 +374,7 @@ class NodeSlot:
         "shared_partition",
         "state_pool",
         "storage_pool",
+        "units",
     )
 
     def __init__(
@@ -268,8 +388,10 @@ class NodeSlot:
         partition_of: dict[str, str],  # "storages"/"states" -> partition name
         overloaded: frozenset[str] = frozenset(),
         empty_states: StateCache | None = None,  # shared with the call's other nodes
+        units: NodeUnits | None = None,  # the node's unit rules, if it declares any
     ) -> None:
         self.node = node
+        self.units = units
         self.id = node.id
         self.priority, self.labels, self.ratios, ratios = settings
         self.cpu_pool = cpu_pool
@@ -380,6 +502,7 @@ class NodeSlot:
         new = NodeSlot.__new__(NodeSlot)
         copies = {name: pool.copy() for name, pool in self.partition_pools.items()}
         new.node, new.id, new.priority = self.node, self.id, self.priority
+        new.units = self.units
         new.labels, new.ratios = self.labels, self.ratios
         new.cpu_pool, new.ram_pool = self.cpu_pool.copy(), self.ram_pool.copy()
         new.runtimes = [rt.copy(new.cpu_pool, new.ram_pool) for rt in self.runtimes]
@@ -492,9 +615,10 @@ def node_facts(node: Node, settings: Settings, overloaded: frozenset[str]) -> No
     return NodeFacts(node, node.id, priority, labels, ratios, overloaded, key)
 
 
-Basics = tuple[Settings, int, int]
+Basics = tuple[Settings, int, int, tuple[Inventory, Inventory] | None]
 """What the choice order and the node classes need of a node: its settings and the capacity
-of its CPU and RAM pools (SPEC §7.3)."""
+of its CPU and RAM pools (SPEC §7.3), with the inventories of those pools when the node
+declares settings for them (``inventories.cpu``/``.ram``; else None: capacity = total)."""
 
 
 def node_basics(
@@ -525,7 +649,13 @@ def node_basics(
             cpu_base = node.maxDMIPS * rules.cpu.minThreshold // 100
         if "ram" in overload and rules.ram is not None:
             ram_base = node.totalRAM * rules.ram.minThreshold // 100
-    return (settings, max(0, cpu_base - sys_cpu), max(0, ram_base - sys_ram))
+    cpu, ram = max(0, cpu_base - sys_cpu), max(0, ram_base - sys_ram)
+    inventories = node.inventories
+    if not inventories.declared:
+        return (settings, cpu, ram, None)
+    cpu_spec = _spec("cpu", cpu, inventories.cpu)
+    ram_spec = _spec("ram", ram, inventories.ram)
+    return (settings, cpu_spec.capacity, ram_spec.capacity, (cpu_spec, ram_spec))
 
 
 def make_slot(
@@ -535,8 +665,16 @@ def make_slot(
     basics: Basics | None = None,
     empty_states: StateCache | None = None,
 ) -> NodeSlot:
-    settings, cpu, ram = basics if basics is not None else node_basics(unit, node, overload)
-    node_cpu, node_ram = Pool("cpu", cpu), Pool("ram", ram)
+    settings, cpu, ram, specs = basics if basics is not None else node_basics(unit, node, overload)
+    inventories = node.inventories
+    node_cpu: Pool
+    node_ram: Pool
+    if specs is None:
+        node_cpu, node_ram = Pool("cpu", cpu), Pool("ram", ram)
+    else:
+        cpu_spec, ram_spec = specs
+        node_cpu = InventoryPool(cpu_spec) if _declares(inventories.cpu) else Pool("cpu", cpu)
+        node_ram = InventoryPool(ram_spec) if _declares(inventories.ram) else Pool("ram", ram)
     runtimes = []
     for rt in ordered_runtimes(node):
         most, own_cpu, own_ram = rt.maxInstances, rt.allowedDMIPS, rt.allowedRAM
@@ -552,11 +690,29 @@ def make_slot(
         )
     partitions: dict[str, Pool] = {}
     partition_of: dict[str, str] = {}
+    declared = inventories.declared
     for part in node.partitions:
         for kind in ("storages", "states"):
             if kind in part.types and kind not in partition_of:
                 partition_of[kind] = part.name
-                partitions[part.name] = Pool(part.name, part.totalSize)
+                if not declared:
+                    partitions[part.name] = Pool(part.name, part.totalSize)
+                    continue
+                # one partition typed both is one pool: inventories.storage shapes it
+                settings_of = inventories.storage if kind == "storages" else inventories.state
+                if kind == "states" and part.name in partitions:
+                    continue
+                partitions[part.name] = _pool(part.name, part.totalSize, settings_of)
+    units = None
+    if declared:
+        all_units = (
+            inventories.cpu.units,
+            inventories.ram.units,
+            inventories.storage.units,
+            inventories.state.units,
+        )
+        if any(u != _NO_UNITS for u in all_units):
+            units = NodeUnits(*all_units)
     return NodeSlot(
         node,
         settings,
@@ -567,6 +723,7 @@ def make_slot(
         partition_of,
         overload,
         empty_states,
+        units,
     )
 
 
@@ -621,7 +778,12 @@ def claim(
     resources), so the answers are theirs (the property tests compare with ``exhaustive=True``,
     which runs the units). A device request is served by its policy's ``allocate``, which
     refuses (ValueError) exactly when its ``filter``, which the ``Devices`` unit asks, does.
+    The node's unit rules (``minUnit``, ``maxUnit``, ``stepSize``), which the ``Cpu``,
+    ``Ram``, ``Storage`` and ``State`` units ask with :func:`units_reason`, come first.
     """
+    units = slot.units
+    if units is not None and units.refusal(req) is not None:
+        return _NOTHING
     held = None
     if resources:
         held = slot.free_slots(resources)
@@ -672,6 +834,11 @@ def take(
     rt = slot.runtimes[runtime_index]
     cpu, ram = rt.cpu_from, rt.ram_from
     storage, state = req.storage, req.state
+    units = slot.units
+    if units is not None:
+        refused = units.refusal(req)
+        if refused is not None:
+            raise InvalidAmountError(f"{slot.id}: {refused[1]}", refused[0])
     if not rt.fits(req.cpu, 0, 0):
         raise _over(cpu, req.cpu)
     if not rt.fits(0, req.ram, 0):
