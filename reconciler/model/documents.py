@@ -15,6 +15,7 @@ from pydantic import (
     ConfigDict,
     Field,
     Strict,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -407,6 +408,24 @@ class Node(_Model):
                 raise ValueError(f"{names} are all typed {kind}: a node has one partition per type")
         return parts
 
+    @field_validator("inventories")
+    @classmethod
+    def _within_totals(cls, inventories: NodeInventories, info: ValidationInfo) -> NodeInventories:
+        """A reserved part is at most what the node has (SPEC §6.1)."""
+        data = info.data
+        if inventories.declared and "maxDMIPS" in data and "totalRAM" in data:
+            sizes = {k: p for p in data.get("partitions", ()) for k in p.types}
+            storage, state = sizes.get("storages"), sizes.get("states")
+            check_totals(
+                inventories,
+                max_dmips=data["maxDMIPS"],
+                total_ram=data["totalRAM"],
+                storage=storage.totalSize if storage is not None else None,
+                state=state.totalSize if state is not None else None,
+                shared=storage is not None and storage is state,
+            )
+        return inventories
+
     @model_validator(mode="after")
     def _checks(self) -> Self:
         if self.resources is not None and self.resourcesFile is not None:
@@ -416,17 +435,6 @@ class Node(_Model):
         _unique([p.resource for p in self.devicePools], "device pool resource")
         if self.resources is not None:
             _unique([r.name for r in self.resources], "resource name")
-        if self.inventories.declared:
-            sizes = {k: p for p in self.partitions for k in p.types}
-            storage, state = sizes.get("storages"), sizes.get("states")
-            check_totals(
-                self.inventories,
-                max_dmips=self.maxDMIPS,
-                total_ram=self.totalRAM,
-                storage=storage.totalSize if storage is not None else None,
-                state=state.totalSize if state is not None else None,
-                shared=storage is not None and storage is state,
-            )
         return self
 
     @property

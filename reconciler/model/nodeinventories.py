@@ -143,11 +143,9 @@ def check_totals(
     ]
     for name, settings, total, what in checks:
         if settings.reserved and total is not None and settings.reserved > total:
-            raise ValueError(
-                f"inventories.{name}.reserved {settings.reserved} exceeds {what} ({total})"
-            )
+            raise ValueError(f"{name}.reserved {settings.reserved} exceeds {what} ({total})")
     if shared and inventories.state.shapes_capacity:
         raise ValueError(
-            "inventories.state: one partition is typed both storages and states, so it is one "
+            "state: one partition is typed both storages and states, so it is one "
             "pool: set its reserved and allocationRatio under inventories.storage"
         )
