@@ -81,13 +81,14 @@ def test_the_schema_describes_inventories(capsys: pytest.CaptureFixture[str]) ->
     validator = _node_schema(capsys)
     good: dict[str, Any] = parse_yaml(NODE.format(inventories=OVERCOMMIT).encode()).data
     assert list(validator.iter_errors(good)) == []
-    for bad in (
+    bads: tuple[dict[str, dict[str, Any]], ...] = (
         {"cpu": {"allocationRatio": 0}},
         {"cpu": {"minUnit": 0}},
         {"ram": {"reserved": "lots"}},
         {"gpu": {}},
         {"cpu": {"overcommit": 2}},
-    ):
+    )
+    for bad in bads:
         assert list(validator.iter_errors({**good, "inventories": bad})), bad
 
 
