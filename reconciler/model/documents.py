@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from reconciler.model.nodeinventories import NodeInventories, check_totals
+from reconciler.model.policies import PolicyName, check_devices
 from reconciler.model.sysctl import SysctlName
 from reconciler.model.values import (
     AccessMode,
@@ -353,16 +354,13 @@ class Device(_Model):
 
 class DevicePool(_Model):
     resource: ResourceName
-    policy: Literal["exclusive", "fractional"]
+    policy: PolicyName  # a registered sharing policy (reconciler.placement.sharing)
     devices: tuple[Device, ...] = ()
 
     @model_validator(mode="after")
     def _checks(self) -> Self:
         _unique([d.id for d in self.devices], "device id")
-        if self.policy == "fractional":
-            for d in self.devices:
-                if d.memory is None:
-                    raise ValueError(f"device {d.id!r}: a fractional pool needs memory per device")
+        check_devices(self.policy, self.devices)  # the policy's own rules
         return self
 
 

@@ -38,8 +38,15 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from reconciler.placement.nodestate import state_fits, state_need, storage_fits, units_reason
-from reconciler.placement.sharing import REGISTRY
+from reconciler.placement.nodestate import (
+    device_pool,
+    state_fits,
+    state_need,
+    storage_fits,
+    units_reason,
+)
+from reconciler.placement.sharing import REGISTRY, Status, StatusCode
+from reconciler.placement.sharing.base import SUCCESS
 
 if TYPE_CHECKING:
     from reconciler.placement.balancer import Ask, NodeSlot, RuntimeSlot
@@ -141,13 +148,19 @@ class ResourcesFilter:
     reads_ask: ClassVar[tuple[str, ...]] = ("resources",)
 
     def check(self, slot: NodeSlot, ask: Ask) -> str | None:
+        status = self.verdict(slot, ask)
+        return None if status.ok else status.reason
+
+    def verdict(self, slot: NodeSlot, ask: Ask) -> Status:
+        """The shared-count policy's verdict on the first named resource that refuses
+        (``UnschedulableAndUnresolvable`` for one the node lacks), else Success."""
         for req in ask.resources:
             if slot.free_slots((req,)) is None:
                 state = slot.resources.get(req.resource)
                 if state is None:
-                    return f"no resource {req.resource}"
-                return REGISTRY["shared-count"].filter(state, req).reason
-        return None
+                    return Status(StatusCode.UNRESOLVABLE, f"no resource {req.resource}")
+                return REGISTRY["shared-count"].filter(state, req)
+        return SUCCESS
 
 
 @dataclass(frozen=True)
@@ -160,15 +173,29 @@ class DevicesFilter:
     reads_ask: ClassVar[tuple[str, ...]] = ("devices", "keep_devices")
 
     def check(self, slot: NodeSlot, ask: Ask) -> str | None:
+        status, pooled = self._first_failure(slot, ask)
+        if status.ok:
+            return None
+        return f"{status.code}: {status.reason}" if pooled else status.reason
+
+    def verdict(self, slot: NodeSlot, ask: Ask) -> Status:
+        """The policies' verdict on the first device request that fails (a request no pool of
+        the node serves is ``UnschedulableAndUnresolvable``), else Success: its code says
+        whether a preemption on this node could help (:attr:`Status.preemption_may_help`)."""
+        return self._first_failure(slot, ask)[0]
+
+    @staticmethod
+    def _first_failure(slot: NodeSlot, ask: Ask) -> tuple[Status, bool]:
+        """The verdict, and whether a pool gave it (else no pool serves the request)."""
         keep = dict(ask.keep_devices)
         for req in ask.devices:
-            state = slot.pools.get(req.resource)
+            state = device_pool(slot.pools, req)
             if state is None:
-                return f"no device pool {req.resource}"
+                return Status(StatusCode.UNRESOLVABLE, f"no device pool {req.resource}"), False
             status = REGISTRY[state.policy].filter(state, req, keep.get(req.resource, ()))
             if not status.ok:
-                return f"{status.code}: {status.reason}"
-        return None
+                return status, True
+        return SUCCESS, True
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ __all__ = [
     "Settings",
     "StateCache",
     "claim",
+    "device_pool",
     "make_slot",
     "node_basics",
     "node_facts",
@@ -760,6 +761,16 @@ def state_fits(slot: NodeSlot, storage: int, state: int) -> bool:
 _NOTHING: tuple[int, DeviceIds] = (-1, ())
 
 
+def device_pool(pools: Mapping[str, PoolState], request: ShareRequest) -> PoolState | None:
+    """The device pool that serves ``request`` among a node's ``pools``: the pool of its
+    resource, when that pool's policy says the request is its own (``has_request``, SPEC
+    §6.3), else None."""
+    pool = pools.get(request.resource)
+    if pool is None or not REGISTRY[pool.policy].has_request(pool, request):
+        return None
+    return pool
+
+
 def claim(
     slot: NodeSlot,
     req: Requested,
@@ -794,7 +805,7 @@ def claim(
         given = []
         pools = slot.pools
         for d in devices:
-            pool = pools.get(d.resource)
+            pool = device_pool(pools, d)
             if pool is None:
                 return _NOTHING
             try:
@@ -867,7 +878,9 @@ def take(
     if devices:
         pools = slot.pools
         for d in devices:
-            pool = pools[d.resource]
+            pool = device_pool(pools, d)
+            if pool is None:
+                raise KeyError(f"no device pool serves {d.resource}")
             new, got = REGISTRY[pool.policy].allocate(pool, d, keep.get(d.resource, ()))
             given.append((d.resource, new))
             ids.append((d.resource, tuple(sorted(got))))
