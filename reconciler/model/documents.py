@@ -340,11 +340,16 @@ class HostResource(_Model):
 
 
 class Device(_Model):
+    """One device of a pool; ``devices``, ``envs``, ``mounts`` and ``annotations`` go into the
+    OCI config of each instance it is allocated to (the kubelet's ContainerAllocateResponse)."""
+
     id: Id
     healthy: Bool = True
     memory: Bytes | None = None
     devices: tuple[Str, ...] = ()
     envs: tuple[Str, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    annotations: Mapping[Annotated[Str, Field(min_length=1)], Str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _checks(self) -> Self:
