@@ -178,20 +178,28 @@ def _rules(units: Units) -> Inventory:
 _RULES: dict[Units, Inventory] = {}
 
 
-def units_reason(resource: str, units: Units, amount: int) -> str | None:
-    """``None`` when ``amount`` respects the unit rules ``units`` of ``inventories.<resource>``
-    (SPEC §6.1: ``Inventory.check_units``), else why not, with the reason code and the field
-    (``below-min-unit (inventories.cpu.minUnit 200)``). 0 always does."""
-    if units == _NO_UNITS or not amount:
+def _unit_code(units: Units, amount: int) -> str | None:
+    """The reason code of the first unit rule ``amount`` breaks (``Inventory.check_units``),
+    or None; 0 breaks none."""
+    if not amount or units == _NO_UNITS:
         return None
-    code = _rules(units).check_units(amount)
-    if code is None:
-        return None
+    return _rules(units).check_units(amount)
+
+
+def _unit_words(resource: str, units: Units, code: str) -> str:
     field = _UNIT_FIELDS.get(code)
     if field is None:  # (a negative amount: requested amounts never are)
         return code
     value = {"minUnit": units[0], "maxUnit": units[1], "stepSize": units[2]}[field]
     return f"{code} (inventories.{resource}.{field} {value})"
+
+
+def units_reason(resource: str, units: Units, amount: int) -> str | None:
+    """``None`` when ``amount`` respects the unit rules ``units`` of ``inventories.<resource>``
+    (SPEC §6.1: ``Inventory.check_units``), else why not, with the reason code and the field
+    (``below-min-unit (inventories.cpu.minUnit 200)``). 0 always does."""
+    code = _unit_code(units, amount)
+    return None if code is None else _unit_words(resource, units, code)
 
 
 class NodeUnits:
@@ -214,14 +222,13 @@ class NodeUnits:
         )
 
     def refusal(self, req: Requested) -> tuple[str, str] | None:
-        """The first rule ``req`` breaks, as (reason code, :func:`units_reason`'s words), or
-        None."""
+        """The first rule ``req`` breaks, as (reason code, the words :func:`units_reason`
+        gives, after the resource and amount), or None."""
         for resource, units in self.rules:
             amount: int = getattr(req, resource)
-            if units_reason(resource, units, amount) is not None:
-                code = _rules(units).check_units(amount)
-                assert code is not None
-                return code, f"{resource} {amount}: {units_reason(resource, units, amount)}"
+            code = _unit_code(units, amount)
+            if code is not None:
+                return code, f"{resource} {amount}: {_unit_words(resource, units, code)}"
         return None
 
 
