@@ -20,6 +20,7 @@ field.
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Annotated, Self
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
@@ -113,6 +114,12 @@ class NodeInventories(BaseModel):
     ram: ByteInventory = ByteInventory()
     storage: ByteInventory = ByteInventory()
     state: ByteInventory = ByteInventory()
+
+    @cached_property
+    def units(self) -> tuple[Units, Units, Units, Units]:
+        """The unit rules of cpu, ram, storage and state, in that order (computed once: the
+        balancer's class key reads them for every node)."""
+        return (self.cpu.units, self.ram.units, self.storage.units, self.state.units)
 
     @property
     def declared(self) -> bool:

@@ -255,13 +255,13 @@ class CpuFilter:
 
     name: ClassVar[str] = "Cpu"
     static: ClassVar[bool] = False
-    reads_node: ClassVar[tuple[str, ...]] = ("request_key", "node.inventories.cpu.units")
+    reads_node: ClassVar[tuple[str, ...]] = ("request_key", "node.inventories.units")
     reads_runtime: ClassVar[tuple[str, ...]] = ()
     reads_ask: ClassVar[tuple[str, ...]] = ("amounts", "usage")
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None:
         need = ask.requested(slot).cpu
-        why = units_reason("cpu", slot.node.inventories.cpu.units, need)
+        why = units_reason("cpu", slot.node.inventories.units[0], need)
         if why is not None:
             return f"needs {need} DMIPS: {why}"
         if runtime.fits(need, 0, 0):
@@ -276,13 +276,13 @@ class RamFilter:
 
     name: ClassVar[str] = "Ram"
     static: ClassVar[bool] = False
-    reads_node: ClassVar[tuple[str, ...]] = ("request_key", "node.inventories.ram.units")
+    reads_node: ClassVar[tuple[str, ...]] = ("request_key", "node.inventories.units")
     reads_runtime: ClassVar[tuple[str, ...]] = ()
     reads_ask: ClassVar[tuple[str, ...]] = ("amounts", "usage")
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None:
         need = ask.requested(slot).ram
-        why = units_reason("ram", slot.node.inventories.ram.units, need)
+        why = units_reason("ram", slot.node.inventories.units[1], need)
         if why is not None:
             return f"needs {need} bytes of RAM: {why}"
         if runtime.fits(0, need, 0):
@@ -297,13 +297,13 @@ class StorageFilter:
 
     name: ClassVar[str] = "Storage"
     static: ClassVar[bool] = False
-    reads_node: ClassVar[tuple[str, ...]] = ("request_key", "node.inventories.storage.units")
+    reads_node: ClassVar[tuple[str, ...]] = ("request_key", "node.inventories.units")
     reads_runtime: ClassVar[tuple[str, ...]] = ()
     reads_ask: ClassVar[tuple[str, ...]] = ("amounts", "usage")
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None:
         need = ask.requested(slot).storage
-        why = units_reason("storage", slot.node.inventories.storage.units, need)
+        why = units_reason("storage", slot.node.inventories.units[2], need)
         if why is not None:
             return f"needs {need} bytes: {why}"
         if storage_fits(slot, need):
@@ -321,13 +321,13 @@ class StateFilter:
 
     name: ClassVar[str] = "State"
     static: ClassVar[bool] = False
-    reads_node: ClassVar[tuple[str, ...]] = ("request_key", "node.inventories.state.units")
+    reads_node: ClassVar[tuple[str, ...]] = ("request_key", "node.inventories.units")
     reads_runtime: ClassVar[tuple[str, ...]] = ()
     reads_ask: ClassVar[tuple[str, ...]] = ("amounts", "usage")
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None:
         req = ask.requested(slot)
-        why = units_reason("state", slot.node.inventories.state.units, req.state)
+        why = units_reason("state", slot.node.inventories.units[3], req.state)
         if why is not None:
             return f"needs {req.state} bytes of state: {why}"
         if state_fits(slot, req.storage, req.state):
