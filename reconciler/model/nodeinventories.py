@@ -20,12 +20,13 @@ field.
 
 from __future__ import annotations
 
+from fractions import Fraction
 from functools import cached_property
 from typing import Annotated, Self
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
-from reconciler.model.values import Bytes, NonNegInt, PosInt
+from reconciler.model.values import INT64_MAX, Bytes, NonNegInt, PosBytes, PosInt
 
 __all__ = [
     "MAX_ALLOCATION_RATIO",
@@ -92,9 +93,9 @@ class ByteInventory(_Settings):
 
     reserved: Bytes = 0
     allocationRatio: AllocationRatio = 1.0
-    minUnit: Bytes = 1
-    maxUnit: Bytes | None = None
-    stepSize: Bytes = 1
+    minUnit: PosBytes = 1
+    maxUnit: PosBytes | None = None
+    stepSize: PosBytes = 1
 
     @property
     def units(self) -> Units:
@@ -149,8 +150,16 @@ def check_totals(
         ("state", inventories.state, state, "the partition typed states"),
     ]
     for name, settings, total, what in checks:
-        if settings.reserved and total is not None and settings.reserved > total:
+        if total is None:
+            continue
+        if settings.reserved > total:
             raise ValueError(f"{name}.reserved {settings.reserved} exceeds {what} ({total})")
+        ratio = Fraction(str(settings.allocationRatio))
+        if (total - settings.reserved) * ratio > INT64_MAX:
+            raise ValueError(
+                f"{name}: ({what} - reserved) x allocationRatio {settings.allocationRatio} "
+                "exceeds 2^63-1: no output could hold that capacity"
+            )
     if shared and inventories.state.shapes_capacity:
         raise ValueError(
             "state: one partition is typed both storages and states, so it is one "

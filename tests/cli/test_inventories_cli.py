@@ -66,6 +66,16 @@ def test_validate_reports_a_reserved_part_beyond_the_node(
     write(state, "nodes/n1.yaml", NODE.format(inventories="  cpu: {reserved: 1200}"))
     code, out, _ = run(capsys, "validate", "--state", str(state))
     assert f"{node}:10:3: error: inventories: cpu.reserved 1200 exceeds maxDMIPS (1000)" in out
+    huge = NODE.format(inventories="  cpu: {allocationRatio: 2}")
+    write(state, "nodes/n1.yaml", huge.replace("maxDMIPS: 1000", f"maxDMIPS: {2**63 - 1}"))
+    code, out, _ = run(capsys, "validate", "--state", str(state))
+    assert (
+        f"{node}:10:3: error: inventories: cpu: (maxDMIPS - reserved) x allocationRatio 2.0 "
+        "exceeds 2^63-1: no output could hold that capacity"
+    ) in out
+    write(state, "nodes/n1.yaml", NODE.format(inventories="  storage: {stepSize: 0}"))
+    code, out, _ = run(capsys, "validate", "--state", str(state))
+    assert f"{node}:10:23: error: inventories.storage.stepSize: must be at least 1 byte" in out
     write(state, "nodes/n1.yaml", NODE.format(inventories=OVERCOMMIT))
     code, out, _ = run(capsys, "validate", "--state", str(state))
     assert code == 0, out
@@ -84,6 +94,7 @@ def test_the_schema_describes_inventories(capsys: pytest.CaptureFixture[str]) ->
     bads: tuple[dict[str, dict[str, Any]], ...] = (
         {"cpu": {"allocationRatio": 0}},
         {"cpu": {"minUnit": 0}},
+        {"ram": {"stepSize": 0}},
         {"ram": {"reserved": "lots"}},
         {"gpu": {}},
         {"cpu": {"overcommit": 2}},
