@@ -414,7 +414,7 @@ class Node(_Model):
     @field_validator("inventories")
     @classmethod
     def _within_totals(cls, inventories: NodeInventories, info: ValidationInfo) -> NodeInventories:
-        """A reserved part is at most what the node has (SPEC §6.1)."""
+        """A reserved part is at most what the node has, a capacity fits 64 bits (SPEC §6.1)."""
         data = info.data
         if inventories.declared and "maxDMIPS" in data and "totalRAM" in data:
             sizes = {k: p for p in data.get("partitions", ()) for k in p.types}
