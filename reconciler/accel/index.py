@@ -272,7 +272,7 @@ class ClassIndex:
         """A node's capacity changed: its place in the choice order moves (the index is built
         again at its next use). Refused when the capacity is above the largest of the run:
         the order's integer encoding has no room for it."""
-        _, cpu, ram = basics
+        _, cpu, ram, _ = basics
         if cpu > self.cpu_top or ram > self.ram_top:
             return False
         self.index_valid = False
@@ -305,7 +305,7 @@ class ClassIndex:
             for node_id in members:
                 slot = slots.get(node_id)
                 if slot is None:  # not built yet: all free
-                    _, cpu, ram = basics[node_id]
+                    _, cpu, ram, _ = basics[node_id]
                     key = base[node_id] - cpu * cpu_step - ram * ram_step
                 else:
                     key = self.entry(slot)

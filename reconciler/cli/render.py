@@ -115,7 +115,12 @@ def _amount(entry: dict[str, Any] | None, as_bytes: bool = False) -> str:
     if entry is None:
         return "-"
     fmt = _bytes if as_bytes else str
-    return f"{fmt(entry['reserved'])}/{fmt(entry['capacity'])}"
+    shown = f"{fmt(entry['reserved'])}/{fmt(entry['capacity'])}"
+    beyond = entry.get("overcommitted")
+    if beyond:
+        ratio = entry["inventory"]["allocationRatio"]
+        shown += f" (overcommitted x{ratio:g}: {fmt(beyond)} beyond the node's)"
+    return shown
 
 
 def _restarts(instance: dict[str, Any]) -> str:

@@ -33,10 +33,32 @@ __all__ = [
 STATUS_FORMAT_VERSION = 1
 
 
-def _inv(inv: Inventory | None) -> dict[str, int] | None:
+def _inv(inv: Inventory | None) -> dict[str, Any] | None:
+    """``capacity``, ``reserved`` (what placements hold) and ``free``; for a pool whose node
+    declares inventory settings (``inventories`` of the node file), also those settings under
+    ``inventory`` (``total`` is what the node has, ``reserved`` its part held back), and
+    ``overcommitted``: how much of the capacity lies beyond ``total - reserved`` (a ratio
+    above 1), when any does."""
     if inv is None:
         return None
-    return {"capacity": inv.capacity, "reserved": inv.used, "free": inv.free}
+    out: dict[str, Any] = {"capacity": inv.capacity, "reserved": inv.used, "free": inv.free}
+    if (
+        inv.reserved
+        or inv.allocation_ratio != 1
+        or (inv.min_unit, inv.max_unit, inv.step_size) != (1, None, 1)
+    ):
+        out["inventory"] = {
+            "total": inv.total,
+            "reserved": inv.reserved,
+            "allocationRatio": inv.allocation_ratio,
+            "minUnit": inv.min_unit,
+            "maxUnit": inv.max_unit,
+            "stepSize": inv.step_size,
+        }
+        beyond = inv.capacity - (inv.total - inv.reserved)
+        if beyond > 0:
+            out["overcommitted"] = beyond
+    return out
 
 
 def _node_status(slot: NodeSlot) -> dict[str, Any]:

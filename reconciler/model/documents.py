@@ -17,6 +17,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     Strict,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -32,6 +33,8 @@ from reconciler.model.network import (
     connection_spec,
     port_spec,
 )
+from reconciler.model.nodeinventories import NodeInventories, check_totals
+from reconciler.model.policies import PolicyName, check_devices
 from reconciler.model.sysctl import SysctlName
 from reconciler.model.values import (
     AccessMode,
@@ -447,11 +450,16 @@ class HostResource(_Model):
 
 
 class Device(_Model):
+    """One device of a pool; ``devices``, ``envs``, ``mounts`` and ``annotations`` go into the
+    OCI config of each instance it is allocated to (the kubelet's ContainerAllocateResponse)."""
+
     id: Id
     healthy: Bool = True
     memory: Bytes | None = None
     devices: tuple[Str, ...] = ()
     envs: tuple[Str, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    annotations: Mapping[Annotated[Str, Field(min_length=1)], Str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _checks(self) -> Self:
@@ -461,16 +469,13 @@ class Device(_Model):
 
 class DevicePool(_Model):
     resource: ResourceName
-    policy: Literal["exclusive", "fractional"]
+    policy: PolicyName  # a registered sharing policy (reconciler.placement.sharing)
     devices: tuple[Device, ...] = ()
 
     @model_validator(mode="after")
     def _checks(self) -> Self:
         _unique([d.id for d in self.devices], "device id")
-        if self.policy == "fractional":
-            for d in self.devices:
-                if d.memory is None:
-                    raise ValueError(f"device {d.id!r}: a fractional pool needs memory per device")
+        check_devices(self.policy, self.devices)  # the policy's own rules
         return self
 
 
@@ -501,6 +506,7 @@ class Node(_Model):
     resources: tuple[HostResource, ...] | None = None
     resourcesFile: Str | None = None
     devicePools: tuple[DevicePool, ...] = ()
+    inventories: NodeInventories = NodeInventories()
     usage: NodeUsage | None = None
     reportedAt: AwareDatetime | None = None  # when its agent wrote it (SPEC §19); None: by hand
     _no_report: str | None = PrivateAttr(default=None)
@@ -518,6 +524,24 @@ class Node(_Model):
                 names = ", ".join(repr(n) for n in typed)
                 raise ValueError(f"{names} are all typed {kind}: a node has one partition per type")
         return parts
+
+    @field_validator("inventories")
+    @classmethod
+    def _within_totals(cls, inventories: NodeInventories, info: ValidationInfo) -> NodeInventories:
+        """A reserved part is at most what the node has, a capacity fits 64 bits (SPEC §6.1)."""
+        data = info.data
+        if inventories.declared and "maxDMIPS" in data and "totalRAM" in data:
+            sizes = {k: p for p in data.get("partitions", ()) for k in p.types}
+            storage, state = sizes.get("storages"), sizes.get("states")
+            check_totals(
+                inventories,
+                max_dmips=data["maxDMIPS"],
+                total_ram=data["totalRAM"],
+                storage=storage.totalSize if storage is not None else None,
+                state=state.totalSize if state is not None else None,
+                shared=storage is not None and storage is state,
+            )
+        return inventories
 
     @model_validator(mode="after")
     def _checks(self) -> Self:

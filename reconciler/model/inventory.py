@@ -205,6 +205,15 @@ class Inventory:
             and (self.max_unit is None or amount <= self.max_unit)
         ):
             return None  # the common case, decided in one pass
+        reason = self.check_units(amount)
+        if reason is None and amount > self.free:
+            return OVER_CAPACITY
+        return reason
+
+    def check_units(self, amount: int) -> str | None:
+        """The rules of :meth:`check` that do not depend on what is free: ``None`` or the
+        reason code of the first of sign, ``min_unit``, ``max_unit`` and ``step_size`` that
+        ``amount`` breaks (0 breaks none)."""
         if amount < 0:
             return NEGATIVE_AMOUNT
         if amount == 0:
@@ -215,9 +224,17 @@ class Inventory:
             return ABOVE_MAX_UNIT
         if amount % self.step_size != 0:
             return STEP_SIZE
-        if amount > self.free:
-            return OVER_CAPACITY
         return None
+
+    def describe(self, reason: str) -> str:
+        """The rule behind a reason code of :meth:`check`, in words (``below min_unit 256``)."""
+        return {
+            NEGATIVE_AMOUNT: "negative amount",
+            BELOW_MIN_UNIT: f"below min_unit {self.min_unit}",
+            ABOVE_MAX_UNIT: f"above max_unit {self.max_unit}",
+            STEP_SIZE: f"not a multiple of step_size {self.step_size}",
+            OVER_CAPACITY: f"free {self.free} of capacity {self.capacity}",
+        }[reason]
 
     def can_provide(self, amount: int) -> bool:
         """Whether ``consume(amount)`` would succeed."""
@@ -231,14 +248,7 @@ class Inventory:
         reason = self.check(amount)
         if reason is None:
             return self if amount == 0 else self._derive(self.used + amount)
-        detail = {
-            NEGATIVE_AMOUNT: "negative amount",
-            BELOW_MIN_UNIT: f"below min_unit {self.min_unit}",
-            ABOVE_MAX_UNIT: f"above max_unit {self.max_unit}",
-            STEP_SIZE: f"not a multiple of step_size {self.step_size}",
-            OVER_CAPACITY: f"free {self.free} of capacity {self.capacity}",
-        }[reason]
-        message = f"{self.resource_class}: cannot consume {amount} ({detail})"
+        message = f"{self.resource_class}: cannot consume {amount} ({self.describe(reason)})"
         if reason == OVER_CAPACITY:
             raise CapacityError(message, reason)
         raise InvalidAmountError(message, reason)

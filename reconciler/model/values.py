@@ -31,6 +31,7 @@ __all__ = [
     "Label",
     "NonNegInt",
     "Percent",
+    "PosBytes",
     "PosInt",
     "ResourceName",
     "SemVer",
@@ -183,6 +184,25 @@ _DURATION_SCHEMA: dict[str, Any] = {
 }
 
 Bytes = Annotated[int, BeforeValidator(parse_bytes), WithJsonSchema(_BYTES_SCHEMA)]
+
+
+def _positive(value: int) -> int:
+    if value < 1:
+        raise ValueError("must be at least 1 byte")
+    return value
+
+
+_POS_BYTES_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "integer", "minimum": 1, "maximum": MAX_BYTES},
+        {"type": "string", "pattern": r"^\s*[0-9]+\s*(Ki|Mi|Gi|Ti|Pi)?\s*$"},
+    ],
+    "description": "bytes, at least 1: an integer or a string with a binary suffix (64Mi); "
+    "at most 1024Pi",
+}
+PosBytes = Annotated[
+    int, BeforeValidator(parse_bytes), AfterValidator(_positive), WithJsonSchema(_POS_BYTES_SCHEMA)
+]
 Duration = Annotated[float, BeforeValidator(parse_duration), WithJsonSchema(_DURATION_SCHEMA)]
 
 

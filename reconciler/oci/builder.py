@@ -326,6 +326,7 @@ class _Draft:
     devices: list[dict[str, Any]] = field(default_factory=list)
     rules: list[dict[str, Any]] = field(default_factory=list)  # one per entry of devices
     hosts: list[tuple[str, str]] = field(default_factory=list)
+    annotations: dict[str, str] = field(default_factory=dict)
 
     def set_env(self, entry: str) -> None:
         name = entry.split("=", 1)[0]
@@ -558,7 +559,24 @@ def _apply_pool_devices(
                 _apply_device_string(draft, text, _ACCESS_ORDER, origin, devices, policy)
             for env in dev.envs:
                 draft.set_env(env)
+            for m in dev.mounts:
+                _check_mount(m, origin, policy)
+                draft.set_mount(_mount(m.destination, m.type, m.source, m.options))
+            for key in sorted(dev.annotations):
+                _check_annotation(key, origin)
+                draft.annotations[key] = dev.annotations[key]
         draft.set_env(f"{devices_env_name(resource)}={','.join(ids)}")
+
+
+_RESERVED_ANNOTATIONS = ("org.opencontainers.", "org.reconciler.")
+"""Annotation key prefixes a device may not set: the OCI spec's own and the reconciler's
+(``org.reconciler.restartPolicy`` is the agent's)."""
+
+
+def _check_annotation(key: str, origin: str) -> None:
+    for prefix in _RESERVED_ANNOTATIONS:
+        if key.startswith(prefix):
+            raise _Fail(f"{origin}: annotation {key!r} is reserved (keys under {prefix}*)")
 
 
 def _check_final(config: Mapping[str, Any]) -> None:
@@ -739,8 +757,11 @@ def _build(
         "mounts": list(draft.mounts),
         "linux": linux,
     }
+    annotations = dict(sorted(draft.annotations.items()))  # the allocated devices'
     if service.restartPolicy != "always":  # for the node agent (absent: the default)
-        config["annotations"] = {RESTART_POLICY_ANNOTATION: service.restartPolicy}
+        annotations[RESTART_POLICY_ANNOTATION] = service.restartPolicy
+    if annotations:
+        config["annotations"] = annotations
     _check_final(config)
     return BuiltConfig.of(config, hosts)
 

@@ -74,6 +74,7 @@ from reconciler.placement.pipeline import (
     evaluate,
     failure,
     summarize,
+    unresolvable,
 )
 from reconciler.placement.search import Exhaustive, SearchFactory
 
@@ -259,9 +260,11 @@ class Run:
             nid = node.id
             old = self.nodes[nid]
             basics = node_basics(unit, node, empty, configs)
-            if basics[0] != self.basics[nid][0] or not self.search.renewed(basics):
+            if basics[0] != self.basics[nid][0] or basics[3] is not None:
+                return False  # (a node with inventories of its own: a full run)
+            if not self.search.renewed(basics):
                 return False
-            _, cpu, ram = basics
+            _, cpu, ram, _ = basics
             slot = self.slots.get(nid)
             if slot is not None:
                 cpu_pool, ram_pool = slot.cpu_pool, slot.ram_pool
@@ -565,11 +568,15 @@ def _could_fit(
     capacity) could make ``ask`` fit one of ``runtimes`` of ``slot`` (those passing the static
     filters): a bound checked before any eviction is tried. False when no such runtime would
     have the CPU and RAM asked even with every one of those reservations given back (each
-    gives back at most what it reserved). The nodes where a static filter fails are not asked
-    (no eviction changes what they read: Volcano's *UnschedulableAndUnresolvable*)."""
+    gives back at most what it reserved), or when a sharing policy says a named resource or a
+    device asked can never be served there. The nodes where a static filter fails are not
+    asked (no eviction changes what they read): both are Volcano's
+    *UnschedulableAndUnresolvable*."""
     need = ask.requested(slot)
     rts = slot.runtimes
     if lower is None:
+        if (ask.resources or ask.devices) and unresolvable(slot, ask):
+            return False
         return any(
             rts[i].cpu_from.capacity >= need.cpu and rts[i].ram_from.capacity >= need.ram
             for i in runtimes

@@ -38,8 +38,15 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from reconciler.placement.nodestate import state_fits, state_need, storage_fits
-from reconciler.placement.sharing import REGISTRY
+from reconciler.placement.nodestate import (
+    device_pool,
+    state_fits,
+    state_need,
+    storage_fits,
+    units_reason,
+)
+from reconciler.placement.sharing import REGISTRY, Status, StatusCode
+from reconciler.placement.sharing.base import SUCCESS
 
 if TYPE_CHECKING:
     from reconciler.placement.ask import Ask
@@ -142,13 +149,19 @@ class ResourcesFilter:
     reads_ask: ClassVar[tuple[str, ...]] = ("resources",)
 
     def check(self, slot: NodeSlot, ask: Ask) -> str | None:
+        status = self.verdict(slot, ask)
+        return None if status.ok else status.reason
+
+    def verdict(self, slot: NodeSlot, ask: Ask) -> Status:
+        """The shared-count policy's verdict on the first named resource that refuses
+        (``UnschedulableAndUnresolvable`` for one the node lacks), else Success."""
         for req in ask.resources:
             if slot.free_slots((req,)) is None:
                 state = slot.resources.get(req.resource)
                 if state is None:
-                    return f"no resource {req.resource}"
-                return REGISTRY["shared-count"].filter(state, req).reason
-        return None
+                    return Status(StatusCode.UNRESOLVABLE, f"no resource {req.resource}")
+                return REGISTRY["shared-count"].filter(state, req)
+        return SUCCESS
 
 
 @dataclass(frozen=True)
@@ -161,15 +174,29 @@ class DevicesFilter:
     reads_ask: ClassVar[tuple[str, ...]] = ("devices", "keep_devices")
 
     def check(self, slot: NodeSlot, ask: Ask) -> str | None:
+        status, pooled = self._first_failure(slot, ask)
+        if status.ok:
+            return None
+        return f"{status.code}: {status.reason}" if pooled else status.reason
+
+    def verdict(self, slot: NodeSlot, ask: Ask) -> Status:
+        """The policies' verdict on the first device request that fails (a request no pool of
+        the node serves is ``UnschedulableAndUnresolvable``), else Success: its code says
+        whether a preemption on this node could help (:attr:`Status.preemption_may_help`)."""
+        return self._first_failure(slot, ask)[0]
+
+    @staticmethod
+    def _first_failure(slot: NodeSlot, ask: Ask) -> tuple[Status, bool]:
+        """The verdict, and whether a pool gave it (else no pool serves the request)."""
         keep = dict(ask.keep_devices)
         for req in ask.devices:
-            state = slot.pools.get(req.resource)
+            state = device_pool(slot.pools, req)
             if state is None:
-                return f"no device pool {req.resource}"
+                return Status(StatusCode.UNRESOLVABLE, f"no device pool {req.resource}"), False
             status = REGISTRY[state.policy].filter(state, req, keep.get(req.resource, ()))
             if not status.ok:
-                return f"{status.code}: {status.reason}"
-        return None
+                return status, True
+        return SUCCESS, True
 
 
 @dataclass(frozen=True)
@@ -224,16 +251,20 @@ class PlatformFilter:
 
 @dataclass(frozen=True)
 class CpuFilter:
-    """The requested DMIPS fit the free CPU of the runtime's pool (or the node's)."""
+    """The requested DMIPS respect the node's unit rules (``inventories.cpu``) and fit the free
+    CPU of the runtime's pool (or the node's)."""
 
     name: ClassVar[str] = "Cpu"
     static: ClassVar[bool] = False
-    reads_node: ClassVar[tuple[str, ...]] = ("request_key",)
+    reads_node: ClassVar[tuple[str, ...]] = ("request_key", "node.inventories.units")
     reads_runtime: ClassVar[tuple[str, ...]] = ()
     reads_ask: ClassVar[tuple[str, ...]] = ("amounts", "usage")
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None:
         need = ask.requested(slot).cpu
+        why = units_reason("cpu", slot.node.inventories.units[0], need)
+        if why is not None:
+            return f"needs {need} DMIPS: {why}"
         if runtime.fits(need, 0, 0):
             return None
         return f"needs {need} DMIPS, {runtime.cpu_from.free} free"
@@ -241,16 +272,20 @@ class CpuFilter:
 
 @dataclass(frozen=True)
 class RamFilter:
-    """The requested RAM fits the free RAM of the runtime's pool (or the node's)."""
+    """The requested RAM respects the node's unit rules (``inventories.ram``) and fits the free
+    RAM of the runtime's pool (or the node's)."""
 
     name: ClassVar[str] = "Ram"
     static: ClassVar[bool] = False
-    reads_node: ClassVar[tuple[str, ...]] = ("request_key",)
+    reads_node: ClassVar[tuple[str, ...]] = ("request_key", "node.inventories.units")
     reads_runtime: ClassVar[tuple[str, ...]] = ()
     reads_ask: ClassVar[tuple[str, ...]] = ("amounts", "usage")
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None:
         need = ask.requested(slot).ram
+        why = units_reason("ram", slot.node.inventories.units[1], need)
+        if why is not None:
+            return f"needs {need} bytes of RAM: {why}"
         if runtime.fits(0, need, 0):
             return None
         return f"needs {need} bytes of RAM, {runtime.ram_from.free} free"
@@ -258,16 +293,20 @@ class RamFilter:
 
 @dataclass(frozen=True)
 class StorageFilter:
-    """The requested storage fits the node's partition typed ``storages``."""
+    """The requested storage respects the node's unit rules (``inventories.storage``) and fits
+    the node's partition typed ``storages``."""
 
     name: ClassVar[str] = "Storage"
     static: ClassVar[bool] = False
-    reads_node: ClassVar[tuple[str, ...]] = ("request_key",)
+    reads_node: ClassVar[tuple[str, ...]] = ("request_key", "node.inventories.units")
     reads_runtime: ClassVar[tuple[str, ...]] = ()
     reads_ask: ClassVar[tuple[str, ...]] = ("amounts", "usage")
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None:
         need = ask.requested(slot).storage
+        why = units_reason("storage", slot.node.inventories.units[2], need)
+        if why is not None:
+            return f"needs {need} bytes: {why}"
         if storage_fits(slot, need):
             return None
         pool = slot.storage_pool
@@ -278,16 +317,20 @@ class StorageFilter:
 
 @dataclass(frozen=True)
 class StateFilter:
-    """The requested state fits the node's partition typed ``states``."""
+    """The requested state respects the node's unit rules (``inventories.state``) and fits the
+    node's partition typed ``states``."""
 
     name: ClassVar[str] = "State"
     static: ClassVar[bool] = False
-    reads_node: ClassVar[tuple[str, ...]] = ("request_key",)
+    reads_node: ClassVar[tuple[str, ...]] = ("request_key", "node.inventories.units")
     reads_runtime: ClassVar[tuple[str, ...]] = ()
     reads_ask: ClassVar[tuple[str, ...]] = ("amounts", "usage")
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None:
         req = ask.requested(slot)
+        why = units_reason("state", slot.node.inventories.units[3], req.state)
+        if why is not None:
+            return f"needs {req.state} bytes of state: {why}"
         if state_fits(slot, req.storage, req.state):
             return None
         pool = slot.state_pool

@@ -34,9 +34,11 @@ from reconciler.model.inventory import (
     OVER_CAPACITY,
     RELEASE_BELOW_ZERO,
     CapacityError,
+    InvalidAmountError,
     Inventory,
     ReleaseError,
 )
+from reconciler.model.nodeinventories import ByteInventory, CpuInventory, Units
 from reconciler.placement.instances import Cause, DeviceIds, Instance, Requested
 from reconciler.placement.sharing import REGISTRY, ShareRequest
 from reconciler.placement.sharing.base import Item, PoolState
@@ -44,9 +46,11 @@ from reconciler.placement.sharing.base import Item, PoolState
 __all__ = [
     "NO_KEEP",
     "Basics",
+    "InventoryPool",
     "NodeConfigs",
     "NodeFacts",
     "NodeSlot",
+    "NodeUnits",
     "Pool",
     "RequestKey",
     "Reservation",
@@ -54,6 +58,7 @@ __all__ = [
     "Settings",
     "StateCache",
     "claim",
+    "device_pool",
     "make_slot",
     "node_basics",
     "node_facts",
@@ -64,6 +69,7 @@ __all__ = [
     "storage_fits",
     "system_usage",
     "take",
+    "units_reason",
 ]
 
 _DEFAULT_RATIOS = ResourceRatios()
@@ -104,6 +110,127 @@ class Pool:
         inv = Inventory.simple(self.name, self.capacity)
         used = self.capacity - self.free
         return inv.consume(used) if used else inv
+
+
+class InventoryPool(Pool):
+    """A pool whose inventory a node declares (``inventories`` of the node file, SPEC §6.1):
+    its capacity is ``spec``'s (``(total - reserved) * allocationRatio``, rounded down), and
+    :attr:`inventory` is ``spec`` with what is reserved, so status and ``explain`` show the
+    declared total, reserved part, ratio and units. Reservations change ``free`` as in any
+    pool; the unit rules are checked once per request (:class:`NodeUnits`)."""
+
+    __slots__ = ("spec",)
+
+    def __init__(self, spec: Inventory) -> None:
+        super().__init__(spec.resource_class, spec.capacity)
+        self.spec = spec
+
+    def copy(self) -> InventoryPool:
+        new = InventoryPool.__new__(InventoryPool)
+        new.name, new.capacity, new.free, new.spec = self.name, self.capacity, self.free, self.spec
+        return new
+
+    @property
+    def inventory(self) -> Inventory:
+        used = self.capacity - self.free
+        return self.spec.with_used(used) if used else self.spec
+
+
+def _spec(name: str, total: int, settings: CpuInventory | ByteInventory) -> Inventory:
+    """The inventory of ``total`` with ``settings`` (``reserved`` at most ``total``)."""
+    low, high, step = settings.units
+    return Inventory(
+        name,
+        total=total,
+        reserved=min(settings.reserved, total),
+        allocation_ratio=settings.allocationRatio,
+        min_unit=low,
+        max_unit=high,
+        step_size=step,
+    )
+
+
+def _pool(name: str, total: int, settings: CpuInventory | ByteInventory) -> Pool:
+    """The pool of ``total`` (a plain one unless the node declares settings for it)."""
+    if _declares(settings):
+        return InventoryPool(_spec(name, total, settings))
+    return Pool(name, total)
+
+
+def _declares(settings: CpuInventory | ByteInventory) -> bool:
+    return settings.shapes_capacity or settings.units != _NO_UNITS
+
+
+_NO_UNITS: Units = (1, None, 1)
+
+_UNIT_FIELDS = {
+    "below-min-unit": "minUnit",
+    "above-max-unit": "maxUnit",
+    "step-size": "stepSize",
+}
+
+
+def _rules(units: Units) -> Inventory:
+    return _RULES.get(units) or _RULES.setdefault(
+        units, Inventory("units", 0, min_unit=units[0], max_unit=units[1], step_size=units[2])
+    )
+
+
+_RULES: dict[Units, Inventory] = {}
+
+
+def _unit_code(units: Units, amount: int) -> str | None:
+    """The reason code of the first unit rule ``amount`` breaks (``Inventory.check_units``),
+    or None; 0 breaks none."""
+    if not amount or units == _NO_UNITS:
+        return None
+    return _rules(units).check_units(amount)
+
+
+def _unit_words(resource: str, units: Units, code: str) -> str:
+    field = _UNIT_FIELDS.get(code)
+    if field is None:  # (a negative amount: requested amounts never are)
+        return code
+    value = {"minUnit": units[0], "maxUnit": units[1], "stepSize": units[2]}[field]
+    return f"{code} (inventories.{resource}.{field} {value})"
+
+
+def units_reason(resource: str, units: Units, amount: int) -> str | None:
+    """``None`` when ``amount`` respects the unit rules ``units`` of ``inventories.<resource>``
+    (SPEC §6.1: ``Inventory.check_units``), else why not, with the reason code and the field
+    (``below-min-unit (inventories.cpu.minUnit 200)``). 0 always does."""
+    code = _unit_code(units, amount)
+    return None if code is None else _unit_words(resource, units, code)
+
+
+class NodeUnits:
+    """The unit rules (``minUnit``, ``maxUnit``, ``stepSize``) a node declares for cpu, ram,
+    storage and state, checked on a request's amounts at once (:func:`claim`, :func:`take`);
+    a node declaring none has no such object (``NodeSlot.units`` is None)."""
+
+    __slots__ = ("rules",)
+
+    def __init__(self, cpu: Units, ram: Units, storage: Units, state: Units) -> None:
+        self.rules = tuple(
+            (resource, units)
+            for resource, units in (
+                ("cpu", cpu),
+                ("ram", ram),
+                ("storage", storage),
+                ("state", state),
+            )
+            if units != _NO_UNITS
+        )
+
+    def refusal(self, req: Requested) -> tuple[str, str] | None:
+        """The first rule ``req`` breaks, as (reason code, the words :func:`units_reason`
+        gives, after the resource and amount), or None."""
+        for resource, units in self.rules:
+            amount: int = getattr(req, resource)
+            code = _unit_code(units, amount)
+            if code is not None:
+                return code, f"{resource} {amount}: {_unit_words(resource, units, code)}"
+        return None
 
 
 class SharedPool(Pool):
@@ -256,6 +383,7 @@ class NodeSlot:
         "shared_partition",
         "state_pool",
         "storage_pool",
+        "units",
     )
 
     def __init__(
@@ -269,8 +397,10 @@ class NodeSlot:
         partition_of: dict[str, str],  # "storages"/"states" -> partition name
         overloaded: frozenset[str] = frozenset(),
         empty_states: StateCache | None = None,  # shared with the call's other nodes
+        units: NodeUnits | None = None,  # the node's unit rules, if it declares any
     ) -> None:
         self.node = node
+        self.units = units
         self.id = node.id
         self.priority, self.labels, self.ratios, ratios = settings
         self.cpu_pool = cpu_pool
@@ -381,6 +511,7 @@ class NodeSlot:
         new = NodeSlot.__new__(NodeSlot)
         copies = {name: pool.copy() for name, pool in self.partition_pools.items()}
         new.node, new.id, new.priority = self.node, self.id, self.priority
+        new.units = self.units
         new.labels, new.ratios = self.labels, self.ratios
         new.cpu_pool, new.ram_pool = self.cpu_pool.copy(), self.ram_pool.copy()
         new.runtimes = [rt.copy(new.cpu_pool, new.ram_pool) for rt in self.runtimes]
@@ -500,9 +631,10 @@ def node_facts(node: Node, settings: Settings, overloaded: frozenset[str]) -> No
     return NodeFacts(node, node.id, priority, labels, ratios, overloaded, key)
 
 
-Basics = tuple[Settings, int, int]
+Basics = tuple[Settings, int, int, tuple[Inventory, Inventory] | None]
 """What the choice order and the node classes need of a node: its settings and the capacity
-of its CPU and RAM pools (SPEC §7.3)."""
+of its CPU and RAM pools (SPEC §7.3), with the inventories of those pools when the node
+declares settings for them (``inventories.cpu``/``.ram``; else None: capacity = total)."""
 
 
 def system_usage(node: Node) -> tuple[int, int]:
@@ -538,7 +670,13 @@ def node_basics(
             cpu_base = node.maxDMIPS * rules.cpu.minThreshold // 100
         if "ram" in overload and rules.ram is not None:
             ram_base = node.totalRAM * rules.ram.minThreshold // 100
-    return (settings, max(0, cpu_base - sys_cpu), max(0, ram_base - sys_ram))
+    cpu, ram = max(0, cpu_base - sys_cpu), max(0, ram_base - sys_ram)
+    inventories = node.inventories
+    if not inventories.declared:
+        return (settings, cpu, ram, None)
+    cpu_spec = _spec("cpu", cpu, inventories.cpu)
+    ram_spec = _spec("ram", ram, inventories.ram)
+    return (settings, cpu_spec.capacity, ram_spec.capacity, (cpu_spec, ram_spec))
 
 
 def make_slot(
@@ -548,8 +686,16 @@ def make_slot(
     basics: Basics | None = None,
     empty_states: StateCache | None = None,
 ) -> NodeSlot:
-    settings, cpu, ram = basics if basics is not None else node_basics(unit, node, overload)
-    node_cpu, node_ram = Pool("cpu", cpu), Pool("ram", ram)
+    settings, cpu, ram, specs = basics if basics is not None else node_basics(unit, node, overload)
+    inventories = node.inventories
+    node_cpu: Pool
+    node_ram: Pool
+    if specs is None:
+        node_cpu, node_ram = Pool("cpu", cpu), Pool("ram", ram)
+    else:
+        cpu_spec, ram_spec = specs
+        node_cpu = InventoryPool(cpu_spec) if _declares(inventories.cpu) else Pool("cpu", cpu)
+        node_ram = InventoryPool(ram_spec) if _declares(inventories.ram) else Pool("ram", ram)
     runtimes = []
     for rt in ordered_runtimes(node):
         most, own_cpu, own_ram = rt.maxInstances, rt.allowedDMIPS, rt.allowedRAM
@@ -565,11 +711,29 @@ def make_slot(
         )
     partitions: dict[str, Pool] = {}
     partition_of: dict[str, str] = {}
+    declared = inventories.declared
     for part in node.partitions:
         for kind in ("storages", "states"):
             if kind in part.types and kind not in partition_of:
                 partition_of[kind] = part.name
-                partitions[part.name] = Pool(part.name, part.totalSize)
+                if not declared:
+                    partitions[part.name] = Pool(part.name, part.totalSize)
+                    continue
+                # one partition typed both is one pool: inventories.storage shapes it
+                settings_of = inventories.storage if kind == "storages" else inventories.state
+                if kind == "states" and part.name in partitions:
+                    continue
+                partitions[part.name] = _pool(part.name, part.totalSize, settings_of)
+    units = None
+    if declared:
+        all_units = (
+            inventories.cpu.units,
+            inventories.ram.units,
+            inventories.storage.units,
+            inventories.state.units,
+        )
+        if any(u != _NO_UNITS for u in all_units):
+            units = NodeUnits(*all_units)
     return NodeSlot(
         node,
         settings,
@@ -580,6 +744,7 @@ def make_slot(
         partition_of,
         overload,
         empty_states,
+        units,
     )
 
 
@@ -616,6 +781,16 @@ def state_fits(slot: NodeSlot, storage: int, state: int) -> bool:
 _NOTHING: tuple[int, DeviceIds] = (-1, ())
 
 
+def device_pool(pools: Mapping[str, PoolState], request: ShareRequest) -> PoolState | None:
+    """The device pool that serves ``request`` among a node's ``pools``: the pool of its
+    resource, when that pool's policy says the request is its own (``has_request``, SPEC
+    §6.3), else None."""
+    pool = pools.get(request.resource)
+    if pool is None or not REGISTRY[pool.policy].has_request(pool, request):
+        return None
+    return pool
+
+
 def claim(
     slot: NodeSlot,
     req: Requested,
@@ -634,7 +809,12 @@ def claim(
     resources), so the answers are theirs (the property tests compare with ``exhaustive=True``,
     which runs the units). A device request is served by its policy's ``allocate``, which
     refuses (ValueError) exactly when its ``filter``, which the ``Devices`` unit asks, does.
+    The node's unit rules (``minUnit``, ``maxUnit``, ``stepSize``), which the ``Cpu``,
+    ``Ram``, ``Storage`` and ``State`` units ask with :func:`units_reason`, come first.
     """
+    units = slot.units
+    if units is not None and units.refusal(req) is not None:
+        return _NOTHING
     held = None
     if resources:
         held = slot.free_slots(resources)
@@ -645,7 +825,7 @@ def claim(
         given = []
         pools = slot.pools
         for d in devices:
-            pool = pools.get(d.resource)
+            pool = device_pool(pools, d)
             if pool is None:
                 return _NOTHING
             try:
@@ -685,6 +865,11 @@ def take(
     rt = slot.runtimes[runtime_index]
     cpu, ram = rt.cpu_from, rt.ram_from
     storage, state = req.storage, req.state
+    units = slot.units
+    if units is not None:
+        refused = units.refusal(req)
+        if refused is not None:
+            raise InvalidAmountError(f"{slot.id}: {refused[1]}", refused[0])
     if not rt.fits(req.cpu, 0, 0):
         raise _over(cpu, req.cpu)
     if not rt.fits(0, req.ram, 0):
@@ -713,7 +898,9 @@ def take(
     if devices:
         pools = slot.pools
         for d in devices:
-            pool = pools[d.resource]
+            pool = device_pool(pools, d)
+            if pool is None:
+                raise KeyError(f"no device pool serves {d.resource}")
             new, got = REGISTRY[pool.policy].allocate(pool, d, keep.get(d.resource, ()))
             given.append((d.resource, new))
             ids.append((d.resource, tuple(sorted(got))))

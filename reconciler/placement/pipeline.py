@@ -21,6 +21,7 @@ __all__ = [
     "static_drop",
     "static_runtimes",
     "summarize",
+    "unresolvable",
 ]
 
 
@@ -81,6 +82,17 @@ def static_drop(slot: NodeSlot, ask: Ask) -> str | None:
         if nf.check(slot, ask) is not None:
             return nf.name
     return None
+
+
+def unresolvable(slot: NodeSlot, ask: Ask) -> bool:
+    """Whether a node filter that gives a verdict (named resources and devices, through their
+    sharing policies) says ``ask`` can never be served on ``slot`` as it is declared
+    (Volcano's *UnschedulableAndUnresolvable*, or an error): no eviction there can help."""
+    for nf in filters.NODE_FILTERS:
+        verdict = getattr(nf, "verdict", None)
+        if verdict is not None and verdict(slot, ask).unresolvable:
+            return True
+    return False
 
 
 def choice_key(slot: NodeSlot) -> tuple[int, int, int, str]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.accel import balance
 from reconciler.agent.report import (
     NodeAgentConfig,
     NodeReportError,
@@ -25,7 +26,6 @@ from reconciler.agent.reporter import NodeReporter
 from reconciler.controller.reconcile import ReconcileOptions, reconcile
 from reconciler.controller.reports import StaleMarks
 from reconciler.model.documents import Node
-from reconciler.placement.balancer import balance
 from reconciler.placement.filters import NodeStateFilter
 from reconciler.placement.nodestate import make_slot
 from tests.support.builders import make_service, make_unit

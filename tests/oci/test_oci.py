@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -589,6 +590,86 @@ def test_vanished_pool_device_fails() -> None:
     svc = make_service(devices=[{"resource": "gpu", "count": 1}])
     with pytest.raises(OciError, match="has no 'g7'"):
         build(svc, make_node(pools=pools), pool_devices=[("gpu", ["g7"])])
+
+
+def _mounting_pool(**g1: Any) -> list[dict[str, Any]]:
+    return [
+        {
+            "resource": "example.com/npu",
+            "policy": "exclusive",
+            "devices": [
+                {
+                    "id": "n0",
+                    "mounts": [
+                        {
+                            "destination": "/opt/npu/firmware",
+                            "source": "/lib/firmware/npu0",
+                            "options": ["rbind", "ro"],
+                        },
+                        {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs"},
+                    ],
+                    "annotations": {"example.com/npu.slot": "0", "example.com/npu.model": "x1"},
+                },
+                {"id": "n1", **g1},
+            ],
+        }
+    ]
+
+
+def test_pool_device_mounts_and_annotations_go_into_the_config() -> None:
+    """A device's mounts join the config's (replacing one of the same destination: here the
+    /tmp tmpfs of tmpLimit), its annotations the config's, sorted, with the restart policy's;
+    a device not allocated gives nothing."""
+    svc = make_service(
+        devices=[{"resource": "example.com/npu", "count": 1}],
+        quotas={"tmpLimit": "1Mi"},
+        restartPolicy="never",
+    )
+    node = make_node(pools=_mounting_pool(mounts=[{"destination": "/n1", "source": "/srv"}]))
+    built = build(svc, node, pool_devices=[("example.com/npu", ["n0"])])
+    mounts = mounts_of(built)
+    assert mounts["/opt/npu/firmware"] == {
+        "destination": "/opt/npu/firmware",
+        "type": "bind",
+        "source": "/lib/firmware/npu0",
+        "options": ["rbind", "ro"],
+    }
+    assert mounts["/tmp"] == {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs"}
+    assert "/n1" not in mounts
+    assert list(built.config["annotations"].items()) == [
+        ("example.com/npu.model", "x1"),
+        ("example.com/npu.slot", "0"),
+        ("org.reconciler.restartPolicy", "never"),
+    ]
+    other = build(svc, node, pool_devices=[("example.com/npu", ["n1"])])
+    assert mounts_of(other)["/n1"]["source"] == "/srv"
+    assert other.config["annotations"] == {"org.reconciler.restartPolicy": "never"}
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        (
+            {"mounts": [{"destination": "/proc/x", "source": "/srv"}]},
+            "device example.com/npu/n1: mount destination '/proc/x' is not allowed",
+        ),
+        (
+            {"annotations": {"org.reconciler.restartPolicy": "always"}},
+            "device example.com/npu/n1: annotation 'org.reconciler.restartPolicy' is reserved",
+        ),
+        (
+            {"annotations": {"org.opencontainers.image.ref.name": "x"}},
+            "annotation 'org.opencontainers.image.ref.name' is reserved",
+        ),
+    ],
+)
+def test_pool_device_mounts_and_annotations_follow_the_policy(
+    device: dict[str, Any], message: str
+) -> None:
+    svc = make_service(devices=[{"resource": "example.com/npu", "count": 1}])
+    node = make_node(pools=_mounting_pool(**device))
+    with pytest.raises(OciError, match=re.escape(message)):
+        build(svc, node, pool_devices=[("example.com/npu", ["n1"])])
 
 
 # ---------------------------------------------------------------- policy

@@ -199,3 +199,93 @@ hostname: nav
     assert "data=from-the-host" in lines
     assert "data-write=refused" in lines
     assert not (shared / "x").exists()
+
+
+DEVICE_SCRIPT = r"""
+echo "pool=$DEVICES_EXAMPLE_COM_NPU"
+echo "fw=$(cat /opt/npu/firmware/blob)"
+(echo x > /opt/npu/firmware/new) 2>/dev/null || echo "fw-write=refused"
+"""
+
+
+def test_runc_runs_a_config_with_a_pool_devices_mounts(
+    runc_env: tuple[Path, str], tmp_path: Path
+) -> None:
+    """A pool device's mounts (as the kubelet's ContainerAllocateResponse gives them) are in
+    the config.json of the instance holding the device, with its annotations, and runc runs
+    it: the device's firmware directory is there, read-only."""
+    runc_root, busybox = runc_env
+    firmware = tmp_path / "firmware"
+    firmware.mkdir()
+    (firmware / "blob").write_text("npu-fw-1")
+    firmware.chmod(0o755)
+    (firmware / "blob").chmod(0o644)
+    state = tmp_path / "state"
+    (state / "desired").mkdir(parents=True)
+    (state / "nodes").mkdir()
+    make_runc_rootfs(state / "rootfs" / "busybox", busybox)
+    (state / "desired" / "infer.yaml").write_text(
+        f"""apiVersion: reconciler/v1
+kind: Service
+id: com.example.infer
+version: 1.0.0
+runtimes: [runc]
+image:
+  rootfs: rootfs/busybox
+  entrypoint: [/bin/sh, -c]
+  cmd: [{json.dumps(DEVICE_SCRIPT)}]
+devices:
+  - {{resource: example.com/npu, count: 1}}
+"""
+    )
+    fw_mount = {
+        "destination": "/opt/npu/firmware",
+        "type": "bind",
+        "source": str(firmware),
+        "options": ["rbind", "ro"],
+    }
+    node = {
+        "apiVersion": "reconciler/v1",
+        "kind": "Node",
+        "id": "edge-1",
+        "type": "main",
+        "maxDMIPS": 4000,
+        "totalRAM": "8Gi",
+        "runtimes": [{"id": "runc-1", "type": "runc", "platform": {"architecture": ARCH}}],
+        "devicePools": [
+            {
+                "resource": "example.com/npu",
+                "policy": "exclusive",
+                "devices": [
+                    {
+                        "id": "npu0",
+                        "mounts": [fw_mount],
+                        "annotations": {"example.com/npu.firmware": "1"},
+                    }
+                ],
+            }
+        ],
+    }
+    (state / "nodes" / "edge-1.yaml").write_text(json.dumps(node))
+
+    report = reconcile(state, ReconcileOptions(configs=default_config_builder(groups=Groups())))
+    assert report.computed.diagnostics == []
+    assert not report.plan.failures, [f.summary for f in report.plan.failures]
+    iid = instance_id("com.example.infer", "default", 0)
+    bundle = instance_dir(state, iid)
+    config = json.loads((bundle / "config.json").read_text())
+    assert_valid(config)
+    assert fw_mount in config["mounts"]
+    assert config["annotations"] == {"example.com/npu.firmware": "1"}
+
+    cid = f"reconciler-test-{uuid.uuid4().hex[:12]}"
+    try:
+        ran = run_runc(runc_root, "run", "--bundle", str(bundle), cid)
+    finally:
+        run_runc(runc_root, "delete", "--force", cid)
+    assert ran.returncode == 0, f"runc rejected or failed the config:\n{ran.stderr}\n{ran.stdout}"
+    lines = ran.stdout.splitlines()
+    assert "pool=npu0" in lines
+    assert "fw=npu-fw-1" in lines
+    assert "fw-write=refused" in lines
+    assert not (firmware / "new").exists()

@@ -2,14 +2,17 @@
 
 The invariants are computed independently of the balancer, from the placements it returns and the
 documents it was given: capacities (a node's CPU and RAM pools lose the measured system usage, a
-runtime with allowedDMIPS/allowedRAM has its own pools), shared-resource slots, device ids and
-memory, §7.2 requested amounts, filters every placement must have passed, and the shape of results
-and failures.
+runtime with allowedDMIPS/allowedRAM has its own pools, a node's inventories reserve a part and
+overcommit by their ratio, and their unit rules hold for every amount), shared-resource slots,
+device ids and memory, §7.2 requested amounts, filters every placement must have passed, and the
+shape of results and failures.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
+from fractions import Fraction
 from typing import Any
 
 from hypothesis import given
@@ -17,6 +20,7 @@ from hypothesis import strategies as st
 
 from reconciler.accel import balance, node_states
 from reconciler.model.documents import AlertRules, Node, Service, UnitConfig
+from reconciler.model.nodeinventories import ByteInventory, CpuInventory
 from reconciler.model.values import instance_id
 from reconciler.placement.filters import FILTER_CODES
 from reconciler.placement.instances import BalanceResult, Mode, PreviousAllocation
@@ -58,6 +62,12 @@ def expected_amount(service: Service, what: str, ratio: int) -> int:
 
 def order_key(priority: int, item: str, subject: str, index: int) -> tuple[int, str, str, int]:
     return (-priority, item, subject, index)
+
+
+def capacity(total: int, settings: CpuInventory | ByteInventory) -> int:
+    """SPEC §6.1 by hand: floor((total - reserved) * allocationRatio), reserved at most total."""
+    ratio = Fraction(str(settings.allocationRatio))
+    return math.floor((total - min(settings.reserved, total)) * ratio)
 
 
 def check_result(
@@ -115,6 +125,13 @@ def check_result(
         for what in ("cpu", "ram", "storage", "state"):
             ratio = getattr(ratios, what) if ratios else 50
             assert getattr(p.requested, what) == expected_amount(svc, what, ratio), what
+        # every non-zero amount respects the node's unit rules (SPEC §6.1)
+        for what in ("cpu", "ram", "storage", "state"):
+            low, high, step = getattr(node.inventories, what).units
+            amount = getattr(p.requested, what)
+            if amount:
+                assert low <= amount and (high is None or amount <= high), what
+                assert amount % step == 0, what
         # CPU and RAM come from the runtime's own pool when it has one, else the node's
         cpu[(node.id, rt.id) if rt.allowedDMIPS is not None else node.id] += p.requested.cpu
         ram[(node.id, rt.id) if rt.allowedRAM is not None else node.id] += p.requested.ram
@@ -153,8 +170,9 @@ def check_result(
         own_ram = sum(u.ram for u in usage.instances.values()) if usage else 0
         system_cpu = max(0, usage.cpu - own_cpu) if usage else 0
         system_ram = max(0, usage.ram - own_ram) if usage else 0
-        assert cpu[node.id] <= max(0, node.maxDMIPS - system_cpu)
-        assert ram[node.id] <= max(0, node.totalRAM - system_ram)
+        inv = node.inventories
+        assert cpu[node.id] <= capacity(max(0, node.maxDMIPS - system_cpu), inv.cpu)
+        assert ram[node.id] <= capacity(max(0, node.totalRAM - system_ram), inv.ram)
         for rt in node.runtimes:
             if rt.allowedDMIPS is not None:
                 assert cpu[(node.id, rt.id)] <= rt.allowedDMIPS
@@ -166,10 +184,11 @@ def check_result(
         }
         st_part, sa_part = typed["storages"], typed["states"]
         if st_part is not None and st_part is sa_part:
-            assert storage[node.id] + state[node.id] <= st_part.totalSize
+            both = capacity(st_part.totalSize, inv.storage)
+            assert storage[node.id] + state[node.id] <= both
         else:
-            assert storage[node.id] <= (st_part.totalSize if st_part else 0)
-            assert state[node.id] <= (sa_part.totalSize if sa_part else 0)
+            assert storage[node.id] <= (capacity(st_part.totalSize, inv.storage) if st_part else 0)
+            assert state[node.id] <= (capacity(sa_part.totalSize, inv.state) if sa_part else 0)
         for rt in node.runtimes:
             if rt.maxInstances:
                 assert per_runtime[(node.id, rt.id)] <= rt.maxInstances

@@ -22,12 +22,13 @@ from pydantic import BaseModel
 
 from reconciler.accel import ClassIndex, balance
 from reconciler.model.documents import Node, Service
-from reconciler.model.inventory import CapacityError
+from reconciler.model.inventory import InventoryError
 from reconciler.placement import filters
 from reconciler.placement.ask import Ask, ask_for
 from reconciler.placement.balancer import Run
 from reconciler.placement.instances import expand_instances
 from reconciler.placement.nodestate import NO_KEEP, NodeSlot, RuntimeSlot, claim, make_slot, take
+from tests.support.balancer_scenarios import inventories
 from tests.support.builders import make_node, make_service, runtime
 
 _NONE: frozenset[str] = frozenset()
@@ -261,10 +262,13 @@ def node_docs(draw: DrawFn) -> Node:
                 ],
             }
         )
+    dmips, ram = draw(st.integers(0, 1000)), draw(st.integers(0, 8)) * 128 * Mi
+    doc = {"maxDMIPS": dmips, "totalRAM": ram, "partitions": partitions}
     return make_node(
         "n",
-        dmips=draw(st.integers(0, 1000)),
-        ram=draw(st.integers(0, 8)) * 128 * Mi,
+        dmips=dmips,
+        ram=ram,
+        inventories=inventories(draw, doc) if draw(st.booleans()) else None,
         runtimes=runtimes,
         partitions=partitions,
         resources=resources,
@@ -316,7 +320,7 @@ def states(draw: DrawFn) -> tuple[NodeSlot, Ask]:
     for k in range(draw(st.integers(0, 4))):  # earlier reservations, where they fit
         earlier = _ask(draw(services(f"e{k}")))
         index = draw(st.integers(0, len(slot.runtimes) - 1))
-        with contextlib.suppress(CapacityError, ValueError, KeyError):
+        with contextlib.suppress(InventoryError, ValueError, KeyError):
             take(slot, index, earlier.requested(slot), earlier.resources, earlier.devices, NO_KEEP)
     ask = _ask(draw(services("s")))
     if draw(st.booleans()):
@@ -385,7 +389,7 @@ def test_claim_and_take_agree_with_the_filter_units(case: tuple[NodeSlot, Ask]) 
         other = slot.clone()
         try:
             given = take(other, i, req, ask.resources, ask.devices, NO_KEEP)
-        except (CapacityError, ValueError, KeyError):
+        except (InventoryError, ValueError, KeyError):
             assert not ok
             assert _free(other) == _free(slot)
         else:

@@ -7,9 +7,9 @@ import ipaddress
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from reconciler.accel import balance
 from reconciler.model.documents import Node, Service, UnitConfig
 from reconciler.model.values import instance_id
-from reconciler.placement.balancer import balance
 from reconciler.placement.instances import BalanceResult
 from reconciler.planning.network import NetworkResult, assign_networks, dns_names
 from tests.support.builders import make_node, make_service

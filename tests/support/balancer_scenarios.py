@@ -133,7 +133,39 @@ def node_docs(draw: DrawFn, node_id: str) -> dict[str, Any]:
             for name in RESOURCES
             if draw(st.integers(0, 2))
         ]
+    if not draw(st.integers(0, 3)):  # inventory settings (SPEC §6.1)
+        doc["inventories"] = inventories(draw, doc)
     return doc
+
+
+def inventories(draw: DrawFn, doc: dict[str, Any]) -> dict[str, Any]:
+    """Some of ``inventories`` for a node document: reserved parts within what it has,
+    ratios below and above 1, unit rules the services' amounts meet or break."""
+    ratios = st.sampled_from((0.5, 1, 1.5, 2, 3))
+    sizes = {t: p["totalSize"] for p in doc["partitions"] for t in p["types"]}
+    shared = len(doc["partitions"]) == 1 and len(doc["partitions"][0]["types"]) == 2
+    out: dict[str, Any] = {}
+    for name, total, unit in (
+        ("cpu", doc["maxDMIPS"], 100),
+        ("ram", doc["totalRAM"], 128 * Mi),
+        ("storage", sizes.get("storages"), 128 * Mi),
+        ("state", sizes.get("states"), 128 * Mi),
+    ):
+        if not draw(st.booleans()):
+            continue
+        entry: dict[str, Any] = {}
+        if total is not None and not (name == "state" and shared) and draw(st.booleans()):
+            entry["reserved"] = draw(st.integers(0, total // unit)) * unit
+            entry["allocationRatio"] = draw(ratios)
+        if draw(st.booleans()):
+            low = draw(st.sampled_from((1, 1, 2, 3))) * unit
+            entry["minUnit"] = low
+            if draw(st.booleans()):
+                entry["maxUnit"] = low + draw(st.integers(0, 4)) * unit
+            if draw(st.booleans()):
+                entry["stepSize"] = draw(st.sampled_from((1, unit // 2, unit)))
+        out[name] = entry
+    return out
 
 
 @st.composite

@@ -61,6 +61,7 @@ def make_node(
     state: str = "provisioned",
     connected: bool = True,
     node_type: str = NODE_TYPE,
+    inventories: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Node:
     doc: dict[str, Any] = {
         "apiVersion": "reconciler/v1",
@@ -77,6 +78,8 @@ def make_node(
     }
     if resources is not None:
         doc["resources"] = [dict(r) for r in resources]
+    if inventories is not None:
+        doc["inventories"] = {k: dict(v) for k, v in inventories.items()}
     return Node.model_validate(doc)
 
 

@@ -337,6 +337,13 @@ def _int_fields(schema: dict[str, Any], root: dict[str, Any], path: Path_ = ()) 
 Draw = Callable[[str, Path_], Any]
 """A value for the integer field at a path of a kind (bounds from the schema)."""
 
+_INVENTORY_INTS = ("reserved", "minUnit", "maxUnit", "stepSize")
+
+
+def _amount(value: int | str) -> int:
+    """A byte quantity as ``_unit`` writes it (an integer, or whole ``Ki``)."""
+    return int(value[:-2]) * 1024 if isinstance(value, str) else value
+
 
 def _documents(v: Draw) -> dict[str, dict[str, Any]]:
     """A unit that uses every integer field of every kind; ``v`` gives each value."""
@@ -419,26 +426,35 @@ def _documents(v: Draw) -> dict[str, dict[str, Any]]:
 
     index = v("ActualState", ("instances", "*", "index"))
     running = instance_id("web", "default", index)
+    totals = {
+        "cpu": v("Node", ("maxDMIPS",)),
+        "ram": v("Node", ("totalRAM",)),
+        "storage": v("Node", ("partitions", "*", "totalSize")),
+        "state": v("Node", ("partitions", "*", "totalSize")),
+    }
+
+    def inventory(name: str) -> dict[str, Any]:
+        """A reserved part within the total, and maxUnit at least minUnit (rules of the model,
+        not the schema)."""
+        field = {k: v("Node", ("inventories", name, k)) for k in _INVENTORY_INTS}
+        if _amount(field["reserved"]) > _amount(totals[name]):
+            field["reserved"] = totals[name]
+        low, high = sorted([field["minUnit"], field["maxUnit"]], key=_amount)
+        return {**field, "minUnit": low, "maxUnit": high}
+
     node = {
         "apiVersion": "reconciler/v1",
         "kind": "Node",
         "id": "n1",
         "type": "t",
-        "maxDMIPS": v("Node", ("maxDMIPS",)),
-        "totalRAM": v("Node", ("totalRAM",)),
+        "maxDMIPS": totals["cpu"],
+        "totalRAM": totals["ram"],
         "numCores": v("Node", ("numCores",)),
         "partitions": [
-            {
-                "name": "disk",
-                "types": ["storages"],
-                "totalSize": v("Node", ("partitions", "*", "totalSize")),
-            },
-            {
-                "name": "st",
-                "types": ["states"],
-                "totalSize": v("Node", ("partitions", "*", "totalSize")),
-            },
+            {"name": "disk", "types": ["storages"], "totalSize": totals["storage"]},
+            {"name": "st", "types": ["states"], "totalSize": totals["state"]},
         ],
+        "inventories": {name: inventory(name) for name in totals},
         "runtimes": [
             {
                 "id": "runc",

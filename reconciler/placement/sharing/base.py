@@ -13,7 +13,11 @@ __all__ = ["PoolState", "PoolStatus", "ShareRequest", "SharingPolicy", "Status",
 
 
 class StatusCode(StrEnum):
-    """The closed set of outcomes of :meth:`SharingPolicy.filter` (as in Volcano/Kubernetes)."""
+    """The closed set of outcomes of :meth:`SharingPolicy.filter` (as in Volcano/Kubernetes).
+
+    ``UNSCHEDULABLE`` says the request could be served on this node if what others hold were
+    given back (preemption may help); ``UNRESOLVABLE`` and ``ERROR`` say it cannot, whatever is
+    released (see :attr:`Status.preemption_may_help`)."""
 
     SUCCESS = "Success"
     ERROR = "Error"  # the request itself is wrong for this pool (e.g. memory on an exclusive pool)
@@ -23,12 +27,28 @@ class StatusCode(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Status:
+    """A policy's verdict on a request: its code and, unless it succeeds, why not."""
+
     code: StatusCode
     reason: str = ""
 
     @property
     def ok(self) -> bool:
         return self.code is StatusCode.SUCCESS
+
+    @property
+    def preemption_may_help(self) -> bool:
+        """Whether evicting holders of the pool could make the request fit here: True for
+        ``Unschedulable`` (the pool is taken, not too small), False for
+        ``UnschedulableAndUnresolvable`` and ``Error`` (never on this node as it is), and for
+        a success (nothing to help)."""
+        return self.code is StatusCode.UNSCHEDULABLE
+
+    @property
+    def unresolvable(self) -> bool:
+        """Whether the request can never be served on this node as it is declared (its code is
+        ``UnschedulableAndUnresolvable`` or ``Error``): a preemption there is useless."""
+        return self.code is StatusCode.UNRESOLVABLE or self.code is StatusCode.ERROR
 
 
 SUCCESS = Status(StatusCode.SUCCESS)
@@ -108,9 +128,25 @@ class PoolStatus:
 
 
 class SharingPolicy(ABC):
-    """One way of sharing a pool; stateless, all state lives in :class:`PoolState`."""
+    """One way of sharing a pool; stateless, all state lives in :class:`PoolState`.
+
+    ``name`` is what a device pool names in ``policy:``; ``device_pool`` False keeps a policy
+    out of device pools (``shared-count`` serves named host resources only)."""
 
     name: ClassVar[str]
+    device_pool: ClassVar[bool] = True
+
+    def check_devices(self, devices: tuple[Any, ...]) -> None:
+        """Raise ValueError when a device pool of this policy declares ``devices`` (the node
+        file's ``Device`` entries) it cannot serve; called when a node file is validated.
+        By default every device will do."""
+        return
+
+    def has_request(self, state: PoolState, request: ShareRequest) -> bool:
+        """Whether ``request`` asks something of the pool ``state`` (Volcano's
+        ``HasDeviceRequest``): the balancer hands a request only to a pool whose policy says
+        so. By default, a request of the pool's resource."""
+        return request.resource == state.resource
 
     def new_state(self, resource: str, items: tuple[Item, ...], limit: int = 0) -> PoolState:
         """The empty pool, items sorted by id; ``limit`` is the shared count where the policy

@@ -20,6 +20,11 @@ from reconciler.placement.sharing.base import (
 class FractionalPolicy(SharingPolicy):
     name: ClassVar[str] = "fractional"
 
+    def check_devices(self, devices: tuple[Any, ...]) -> None:
+        for d in devices:
+            if d.memory is None:
+                raise ValueError(f"device {d.id!r}: a fractional pool needs memory per device")
+
     @staticmethod
     def _free(state: PoolState, item: Item) -> int:
         used = dict(state.memory_used).get(item.id, 0)

@@ -20,6 +20,7 @@ UNLIMITED = 2**62
 
 class SharedCountPolicy(SharingPolicy):
     name: ClassVar[str] = "shared-count"
+    device_pool: ClassVar[bool] = False  # named host resources only (SPEC §6.2)
 
     def new_state(self, resource: str, items: tuple[Item, ...], limit: int = 0) -> PoolState:
         total = limit if limit > 0 else UNLIMITED
