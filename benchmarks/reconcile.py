@@ -219,8 +219,11 @@ class Stages:
 class Table:
     floor: float
     rows: list[tuple[str, str, str, str]] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)  # per row measured (--json)
 
     def add(self, what: str, seconds: float | None, note: str = "", extra: str = "") -> None:
+        if seconds is not None:
+            self.seconds[what] = seconds
         if seconds is None:
             self.rows.append((what, "", "", note))
             return
@@ -382,6 +385,12 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the state dirs")
     parser.add_argument("--profile", action="store_true", help="cProfile a second cold run")
     parser.add_argument("--top", type=int, default=15, help="rows of the profile (default 15)")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object: every row's seconds, the cold run's stages, the edited "
+        "run's time until plan.json and the peak RSS (no profile)",
+    )
     args = parser.parse_args()
 
     base = Path(tempfile.mkdtemp(prefix="reconcile-bench-", dir=args.dir))
@@ -588,6 +597,17 @@ def _bench(args: argparse.Namespace, base: Path, root: Path) -> None:
         "nothing to rewrite",
     )
 
+    if args.json:
+        figures = {
+            "rows_s": table.seconds,
+            "cold_stages_s": cold_d,
+            "edit_out_after_s": edited_stages.until_plan,
+            "peak_rss_mib": {"cold": rss_cold, "end": rss_end},
+            "machine": machine_description(),
+            "inputs": size,
+        }
+        print(json.dumps(figures, sort_keys=True))
+        return
     print(f"machine: {machine_description()}")
     print(
         f"inputs: {size}, {len(view.services)} services, {len(view.actual)} actual-state files, "

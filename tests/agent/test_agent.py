@@ -767,7 +767,7 @@ def watching(state: Path) -> Iterator[tuple[FakeRunc, list[AgentReport | None], 
         assert not thread.is_alive(), "agent_watch did not return on stop"
 
 
-def _wait_for(cond: Any, timeout: float = 10.0) -> None:
+def _wait_for(cond: Any, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < deadline, "timed out"

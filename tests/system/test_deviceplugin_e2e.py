@@ -47,7 +47,7 @@ class Clock:
         return self.t
 
 
-def wait_for(cond: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+def wait_for(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:

@@ -1,0 +1,163 @@
+"""Every performance target on every named fleet shape: one table, one run each.
+
+.venv/bin/python -m benchmarks.shapes [--nodes 5000] [--instances 20000] [--shape S ...]
+                                      [--edits 4] [--json]
+
+For each shape (``benchmarks.synth.SHAPES``, all by default) it runs, each in a fresh process so
+that no memory or cache carries over:
+
+- ``benchmarks.balancer --json``: fresh and stable balance, instances per second (placed and
+  failed);
+- ``benchmarks.warm --json`` with ``--edit placeable`` and, when the shape has unplaceable
+  instances, ``--edit unplaceable``: a warm ``watch`` run after one desired-file edit, the
+  median time until ``plan.json`` is written (the debounce excluded);
+- ``benchmarks.reconcile --json``: the cold ``reconcile`` before its first write (everything but
+  writing out/, the checkpoint and the status) against the C loader's parse of the same inputs,
+  its writes against the filesystem floor, and the peak RSS;
+- on a state directory of the shape: ``reconciler plan DIR --json`` in a fresh process
+  (interpreter start-up included) against the parse floor, and ``reconciler explain`` of one
+  unplaceable instance (else the first instance).
+
+The targets (the last column) are the ones docs/performance.md states. Figures are this
+machine's, now: compare runs taken together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .reconcile import floor_parse, machine_description
+from .statedir import iter_input_files, write_state_dir
+from .synth import SHAPES
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _run_json(module: str, *args: str) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", f"benchmarks.{module}", *args, "--json"]
+    out = subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True).stdout
+    got: dict[str, Any] = json.loads(out[out.index("{") :])
+    return got
+
+
+def _cli(*args: str) -> float:
+    """Seconds of one ``reconciler`` command in a fresh process (its exit code not checked:
+    ``plan`` exits 3 when there are unplaceable instances)."""
+    cmd = [sys.executable, "-m", "reconciler", *args]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, cwd=REPO, capture_output=True, check=False)
+    return time.perf_counter() - t0
+
+
+def _cold_cli(root: Path) -> dict[str, Any]:
+    files = list(iter_input_files(root))
+    floor = min(floor_parse(files) for _ in range(3))
+    plan = min(_cli("plan", "--state", str(root), "--json") for _ in range(2))
+    out = subprocess.run(
+        [sys.executable, "-m", "reconciler", "plan", "--state", str(root), "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    doc = json.loads(out) if out.strip().startswith("{") else {}
+    failures = doc.get("failures") or []
+    target = failures[0]["instanceId"] if failures else None
+    if target is None:
+        actions = doc.get("actions") or []
+        target = actions[0]["instanceId"] if actions else None
+    explain = _cli("explain", target, "--state", str(root)) if target else None
+    return {"parse_floor_s": floor, "plan_json_s": plan, "explain_s": explain}
+
+
+def measure(shape: str, n_nodes: int, n_instances: int, edits: int) -> dict[str, Any]:
+    size = ["--nodes", str(n_nodes), "--instances", str(n_instances), "--shape", shape]
+    row: dict[str, Any] = {"shape": shape}
+    bal = _run_json("balancer", *size)
+    row["fresh_per_s"] = bal["fresh"]["instances_per_s"]
+    row["stable_per_s"] = bal["stable"]["instances_per_s"]
+    row["failed"] = bal["stable"]["failed"]
+    row["preempted"] = bal["stable"].get("preempted", 0)
+    kinds = ["placeable", "unplaceable"] if row["failed"] else ["placeable"]
+    for kind in kinds:
+        warm = _run_json("warm", *size, "--edits", str(edits), "--edit", kind)
+        row[f"warm_{kind}_ms"] = statistics.median(warm["out_after_ms"])
+    rec = _run_json("reconcile", *size)
+    stages = rec["cold_stages_s"]
+    floors = rec["rows_s"]
+    parse = floors["floor: PyYAML CSafeLoader parse of the inputs"]
+    writes = stages.get("write", 0.0) + stages.get("status", 0.0)
+    before = rec["rows_s"]["cold reconcile"] - writes
+    row["cold_before_write_x"] = before / parse
+    row["cold_writes_x"] = writes / floors["floor: filesystem, out/ created once"]
+    row["peak_rss_mib"] = max(rec["peak_rss_mib"].values())
+    with tempfile.TemporaryDirectory(prefix=f"shape-{shape}-") as tmp:
+        root = Path(tmp) / "state"
+        write_state_dir(root, n_nodes, n_instances, 1, shape=shape)
+        cli = _cold_cli(root)
+    row["plan_json_x"] = cli["plan_json_s"] / cli["parse_floor_s"]
+    row["explain_s"] = cli["explain_s"]
+    return row
+
+
+_COLUMNS = [
+    ("shape", "shape", "{}"),
+    ("fresh_per_s", "fresh/s", "{:,}"),
+    ("stable_per_s", "stable/s", "{:,}"),
+    ("warm_placeable_ms", "warm edit ms", "{:.0f}"),
+    ("warm_unplaceable_ms", "warm edit (unpl.) ms", "{:.0f}"),
+    ("plan_json_x", "cold plan x parse", "{:.2f}"),
+    ("cold_before_write_x", "cold before writes x parse", "{:.2f}"),
+    ("cold_writes_x", "writes x fs floor", "{:.2f}"),
+    ("explain_s", "explain s", "{:.2f}"),
+    ("peak_rss_mib", "peak RSS MiB", "{:.0f}"),
+]
+
+
+def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
+    value = row.get(key)
+    return "-" if value is None else fmt.format(value)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--instances", type=int, default=20000)
+    parser.add_argument("--shape", action="append", choices=SHAPES, help="(repeatable; all)")
+    parser.add_argument("--edits", type=int, default=4, help="warm edits per kind (default 4)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args()
+    rows = []
+    for shape in args.shape or SHAPES:
+        print(f"[{time.strftime('%H:%M:%S')}] {shape}", file=sys.stderr, flush=True)
+        rows.append(measure(shape, args.nodes, args.instances, args.edits))
+    described = {
+        "machine": machine_description(),
+        "load_average": round(os.getloadavg()[0], 2),
+        "nodes": args.nodes,
+        "instances": args.instances,
+    }
+    if args.json:
+        print(json.dumps({"rows": rows, **described}, sort_keys=True))
+        return
+    print(f"{described['machine']}; load {described['load_average']}")
+    print(f"{args.nodes} nodes x {args.instances} instances")
+    print("| " + " | ".join(title for _, title, _ in _COLUMNS) + " |")
+    print("|" + "---|" * len(_COLUMNS))
+    for row in rows:
+        print("| " + " | ".join(_cell(row, k, f) for k, _, f in _COLUMNS) + " |")
+
+
+if __name__ == "__main__":
+    main()
