@@ -3,10 +3,9 @@ next, so that an edit of a few services re-places only their instances."""
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from itertools import chain, compress, groupby
+from itertools import chain, compress, count, groupby
 from operator import attrgetter, is_, is_not
 
 from reconciler.accel.index import ClassIndex
@@ -15,6 +14,7 @@ from reconciler.model.gcpause import collector_paused
 from reconciler.placement.balancer import Made, Overload, Run, always, passes, run_balance, twice
 from reconciler.placement.instances import (
     BalanceResult,
+    Changes,
     Instance,
     Mode,
     Placement,
@@ -132,6 +132,7 @@ class BalanceMemo:
             # current spec in every full run)
             self._run = None
             return result
+        result = _numbered(result)
         self._unit, self._nodes, self._services = unit, {n.id: n for n in nodes}, by_key
         self._node_list, self._service_list = list(nodes), list(services)
         self._run, self._result, self._made = run, result, made
@@ -286,7 +287,9 @@ class BalanceMemo:
             self.incremental, self.replaced = True, 0
             if not result.preempted:
                 return result
-            again = replace(result, preempted=frozenset(), since=(weakref.ref(result), frozenset()))
+            again = _numbered(
+                replace(result, preempted=frozenset(), changes=_changes(result, frozenset()))
+            )
             self._result = again
             return again
         # (With nothing changed but instances unplaced, those go through pass 2 and 3 again,
@@ -376,12 +379,27 @@ class BalanceMemo:
             run.failures(redone),
             frozenset(preempted),
             by_id,
-            since=(weakref.ref(result), frozenset(dirty)),
+            revision=next(_REVISIONS),
+            changes=_changes(result, frozenset(dirty)),
         )
         self._services, self._run, self._result = dict(by_key), run, result
         self._segments = new_segments
         self.incremental, self.replaced = True, replaced
         return result
+
+
+_REVISIONS = count(1)
+"""The revisions the memos give their results: unique in this process."""
+
+
+def _numbered(result: BalanceResult) -> BalanceResult:
+    """``result`` with a revision of its own (a result a later one can name in its changes)."""
+    return replace(result, revision=next(_REVISIONS))
+
+
+def _changes(last: BalanceResult, ids: frozenset[str]) -> Changes | None:
+    """What changed since ``last``: ``ids``, counted from its revision (None: it has none)."""
+    return Changes(last.revision, ids) if last.revision is not None else None
 
 
 _MEASURED = {"usage": None, "reportedAt": None}
@@ -399,7 +417,7 @@ def _same_where_equal(
     """``seg`` with each placement equal to the last result's for the same instance replaced
     by that very object: an affected service's instances are released and placed again, most
     of them where they were, and every later stage takes an object it has seen as unchanged
-    (``BalanceResult.since`` need not name it). (``made`` keeps the new, equal object: it is
+    (``BalanceResult.changes`` need not name it). (``made`` keeps the new, equal object: it is
     only consulted for a reservation that was not released since.)"""
     if not old_seg:
         return seg

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from operator import itemgetter
@@ -183,20 +182,31 @@ class Failure:
 
 
 @dataclass(frozen=True)
+class Changes:
+    """What changed from one balance result to a later one of the same memo: the earlier one's
+    :attr:`BalanceResult.revision`, and a superset of the instance ids whose placement is not
+    that result's very object (placed anew, moved, removed, unplaced)."""
+
+    since: int
+    ids: frozenset[str]
+
+
+@dataclass(frozen=True)
 class BalanceResult:
     placements: tuple[Placement, ...]  # in instance order (SPEC §7.1)
     failures: tuple[Failure, ...]  # in instance order
     preempted: frozenset[str] = frozenset()  # ids evicted by a higher-priority instance
     by_id: Mapping[str, Placement] = field(default_factory=dict, compare=False)
-    since: tuple[weakref.ref[BalanceResult], frozenset[str]] | None = field(
-        default=None, compare=False, repr=False
-    )
-    """Not part of the value: set by :class:`~reconciler.placement.balancer.BalanceMemo` on a call
-    it answered from its last result, that result (weakly: a caller that kept it can recognise it by
-    identity) and a superset of the ids whose placement is not that result's very object (placed
-    anew, moved, removed, unplaced). Every other id has the same ``Placement`` object in both
-    results, or is in neither, so a later stage that kept what it made of the last result needs to
-    look at these ids only."""
+    revision: int | None = field(default=None, compare=False, repr=False)
+    """Not part of the value: the number a :class:`~reconciler.accel.memo.BalanceMemo` gave
+    this result (unique in this process), so that a later result can say what changed since
+    (:attr:`changes`). None for a result no memo made."""
+
+    changes: Changes | None = field(default=None, compare=False, repr=False)
+    """Not part of the value: what changed since an earlier result of the same memo, set on a
+    call the memo answered from its last result. Every id it does not name has the same
+    ``Placement`` object in both results, or is in neither, so a later stage that kept what it
+    made of the earlier result needs to look at these ids only."""
 
     held: frozenset[str] = frozenset()
     """Ids whose current spec places nowhere and that keep their last placement (node,
@@ -204,18 +214,20 @@ class BalanceResult:
 
     def changed_since(self, last: BalanceResult | None) -> frozenset[str] | None:
         """The ids whose placement may not be ``last``'s very object: none when this is
-        ``last``, :attr:`since`'s when it names ``last``; None when not known (a stage that
-        kept what it made of ``last`` then takes its full pass)."""
+        ``last``, :attr:`changes`' when they are counted from ``last``'s revision; None when not
+        known (a stage that kept what it made of ``last`` then takes its full pass)."""
         if last is None:
             return None
         if self is last:
             return frozenset()
-        since = self.since
-        return since[1] if since is not None and since[0]() is last else None
+        changes = self.changes
+        if changes is None or last.revision is None or changes.since != last.revision:
+            return None
+        return changes.ids
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickled without ``since`` (a weak reference, and only meaningful in this process)."""
-        return dict(self.__dict__, since=None)
+        """Pickled without ``revision`` and ``changes`` (numbers of this process only)."""
+        return dict(self.__dict__, revision=None, changes=None)
 
     def __post_init__(self) -> None:
         if not self.by_id and self.placements:

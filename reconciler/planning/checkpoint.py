@@ -849,7 +849,7 @@ def _patched_ids(
     memo: IdsMemo,
 ) -> dict[str, Allocation] | None:
     """:func:`assign_ids`' allocations, made from the memo's last call for the nodes of the
-    instances ``result.since`` names only (every other node has the very placements, old
+    instances ``result.changes`` names only (every other node has the very placements, old
     allocations and gids of the last call, so the same allocations); None when that does not
     apply or a node ran out of uids (the caller then makes them all)."""
     last, out, last_gids = memo._result, memo._out, memo._gids

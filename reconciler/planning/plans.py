@@ -293,7 +293,7 @@ def _delta_matches(
     m: PlanMemo, result: BalanceResult, actual: Mapping[str, ActualState], get: Any
 ) -> tuple[set[str], list[tuple[str, str, ActualInstance]], set[str]] | None:
     """:func:`_full_matches` from the last call's, when ``result`` names what changed since the
-    last call's result (:attr:`BalanceResult.since`), the same nodes have actual documents and
+    last call's result (:attr:`BalanceResult.changes`), the same nodes have actual documents and
     no instance was listed by two of them: only the nodes whose document is not the last
     call's object, or that list a named id, are matched again. Also returns the ids that can
     be waiting to start (the last call's, the named ones and those no longer kept). None: take

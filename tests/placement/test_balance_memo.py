@@ -197,11 +197,11 @@ def _assert_since_holds(got: BalanceResult, last: BalanceResult | None, incremen
     if got is last:
         return
     if not incremental:
-        assert got.since is None
+        assert got.changes is None
         return
-    assert got.since is not None and last is not None
-    base, ids = got.since[0](), got.since[1]
-    assert base is last
+    assert got.changes is not None and last is not None
+    assert got.changes.since == last.revision is not None  # counted from the last result
+    ids = got.changes.ids
     for iid in (got.by_id.keys() | last.by_id.keys()) - ids:
         assert got.by_id.get(iid) is last.by_id.get(iid), iid
 
@@ -287,8 +287,9 @@ class TestTheMemoIsUsed:
         got = self.memo.balance(None, self.nodes, more, previous_of(first), "stable")
         assert self.memo.incremental and self.memo.replaced == 4
         assert got == balance(None, self.nodes, more, previous_of(first), "stable")
-        assert got.since is not None and got.since[1] == {instance_id("s2", "default", 3)}
-        for iid in got.by_id.keys() - got.since[1]:
+        assert got.changes is not None
+        assert got.changes.ids == {instance_id("s2", "default", 3)}
+        for iid in got.by_id.keys() - got.changes.ids:
             assert got.by_id[iid] is first.by_id[iid]
 
     def test_other_nodes_run_in_full(self) -> None:
@@ -379,7 +380,7 @@ def test_uids_of_an_edit_are_assigned_on_the_nodes_it_touched_only() -> None:
     assert not ids.memo.patched  # the first call: every node
     grown = [make_service("s", instances=8, cpu=10, node_id="n0"), *others]
     got = memo.balance(None, nodes, grown, previous_of(got), "stable")
-    assert memo.incremental and got.since is not None
+    assert memo.incremental and got.changes is not None
     ids.assign(got, tampered=False)  # compares with a call without memo
     assert ids.memo.patched
     uids = {
@@ -417,9 +418,9 @@ def test_a_result_naming_its_changes_pickles_without_them() -> None:
     memo = BalanceMemo()
     first = memo.balance(None, nodes, [make_service("a")], {}, "stable")
     got = memo.balance(None, nodes, [make_service("a"), make_service("b")], previous_of(first))
-    assert got.since is not None
+    assert got.changes is not None and got.revision is not None
     again = pickle.loads(pickle.dumps(got))
-    assert again == got and again.since is None
+    assert again == got and again.changes is None and again.revision is None
     assert copy.deepcopy(got) == got
 
 

@@ -5,8 +5,8 @@ dropped; nodes lost), and a change on one node must rebuild that node's patch on
 
 from __future__ import annotations
 
+import itertools
 import operator
-import weakref
 from typing import Any
 
 import pytest
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from reconciler.model.documents import ActualState
 from reconciler.model.values import instance_id
-from reconciler.placement.instances import BalanceResult, Placement
+from reconciler.placement.instances import BalanceResult, Changes, Placement
 from reconciler.planning.plans import PlanMemo, make_plan, plan_bytes
 from tests.support.plans import actual_doc, placement, record
 
@@ -117,6 +117,9 @@ def test_a_memo_gives_the_plan_made_without_it(naming: bool, data: st.DataObject
         event("delta path taken" if delta_taken else "full pass only")
 
 
+_REVISIONS = itertools.count(1000)
+
+
 def _result(
     data: st.DataObject,
     placed: dict[tuple[str, int], Placement],
@@ -128,20 +131,22 @@ def _result(
     another result (the planner must not take them as changes since its last)."""
     placements = tuple(placed[k] for k in sorted(placed))
     if last is None:
-        return BalanceResult(placements, ())
+        return BalanceResult(placements, (), revision=next(_REVISIONS))
     how = data.draw(st.sampled_from(("since", "since", "since", "same", "stale", "none")))
     old = last.placements
     if how == "same" and len(placements) == len(old) and all(map(operator.is_, placements, old)):
         return last
     # stale: it names its changes since another result (here an equal copy of itself)
-    base = BalanceResult(placements, ()) if how == "stale" else last
+    base = BalanceResult(placements, (), revision=next(_REVISIONS)) if how == "stale" else last
     if how == "none":
-        return BalanceResult(placements, ())
+        return BalanceResult(placements, (), revision=next(_REVISIONS))
     now = {p.instance_id: p for p in placements}
     changed = {i for i in now.keys() | base.by_id.keys() if now.get(i) is not base.by_id.get(i)}
     every = [instance_id(i, "default", x) for i, x in IDENTITIES]
     extra = data.draw(st.lists(st.sampled_from(every), max_size=3), label="named too")
-    return BalanceResult(placements, (), since=(weakref.ref(base), frozenset(changed | set(extra))))
+    assert base.revision is not None
+    changes = Changes(base.revision, frozenset(changed | set(extra)))
+    return BalanceResult(placements, (), revision=next(_REVISIONS), changes=changes)
 
 
 def test_one_changed_node_rebuilds_its_patch_only() -> None:
@@ -167,14 +172,14 @@ def test_an_instance_no_longer_running_as_placed_starts_on_the_delta_path() -> N
     """Its placement is the same object and the result does not name it: only its node's
     edited document tells it is no longer kept."""
     placements = (placement("a", 0, "n1"), placement("a", 1, "n2"))
-    first = BalanceResult(placements, ())
+    first = BalanceResult(placements, (), revision=1)
     running = {
         "n1": ActualState.model_validate(actual_doc("n1", 1, [record("a", 0)])),
         "n2": ActualState.model_validate(actual_doc("n2", 1, [record("a", 1)])),
     }
     memo = PlanMemo()
     assert not make_plan(first, running, set(NODES), memo=memo).actions
-    again = BalanceResult(placements, (), since=(weakref.ref(first), frozenset()))
+    again = BalanceResult(placements, (), revision=2, changes=Changes(1, frozenset()))
     stopped = dict(running, n1=ActualState.model_validate(actual_doc("n1", 2, [])))
     got = make_plan(again, stopped, set(NODES), memo=memo)
     assert memo.rematched == 1  # n1 only
