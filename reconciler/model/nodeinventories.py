@@ -48,7 +48,15 @@ Units = tuple[int, int | None, int]
 
 
 class _Settings(BaseModel):
+    """The settings of one resource's inventory; each kind gives its fields their units."""
+
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+    reserved: int = 0
+    allocationRatio: float = 1.0
+    minUnit: int = 1
+    maxUnit: int | None = None
+    stepSize: int = 1
 
     @model_validator(mode="after")
     def _units_in_order(self) -> Self:
@@ -62,12 +70,12 @@ class _Settings(BaseModel):
     @property
     def units(self) -> Units:
         """``(minUnit, maxUnit, stepSize)``: what a request of the resource must respect."""
-        raise NotImplementedError
+        return (self.minUnit, self.maxUnit, self.stepSize)
 
     @property
     def shapes_capacity(self) -> bool:
         """Whether ``reserved`` or ``allocationRatio`` differ from their defaults."""
-        raise NotImplementedError
+        return self.reserved != 0 or self.allocationRatio != 1
 
 
 class CpuInventory(_Settings):
@@ -79,14 +87,6 @@ class CpuInventory(_Settings):
     maxUnit: PosInt | None = None
     stepSize: PosInt = 1
 
-    @property
-    def units(self) -> Units:
-        return (self.minUnit, self.maxUnit, self.stepSize)
-
-    @property
-    def shapes_capacity(self) -> bool:
-        return self.reserved != 0 or self.allocationRatio != 1
-
 
 class ByteInventory(_Settings):
     """``inventories.ram``, ``.storage``, ``.state``: byte quantities (``64Mi``, ``1G``, 4096)."""
@@ -96,14 +96,6 @@ class ByteInventory(_Settings):
     minUnit: PosBytes = 1
     maxUnit: PosBytes | None = None
     stepSize: PosBytes = 1
-
-    @property
-    def units(self) -> Units:
-        return (self.minUnit, self.maxUnit, self.stepSize)
-
-    @property
-    def shapes_capacity(self) -> bool:
-        return self.reserved != 0 or self.allocationRatio != 1
 
 
 class NodeInventories(BaseModel):
