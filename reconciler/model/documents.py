@@ -6,6 +6,7 @@ read the same. Every model forbids unknown fields; scalars are strict (``"3"`` i
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from typing import Annotated, Literal, Self
 
@@ -191,15 +192,38 @@ class UnitConfig(_Model):
         return self
 
     def config_for(self, node_id: str, node_type: str) -> NodeConfig | None:
-        """The entry with the exact nodeId wins over one matching only the nodeType."""
-        by_type: NodeConfig | None = None
-        for entry in self.nodes:
-            if entry.nodeId is not None:
-                if entry.nodeId == node_id:
-                    return entry
-            elif entry.nodeType == node_type and by_type is None:
-                by_type = entry
-        return by_type
+        """The entry with the exact nodeId wins over one matching only the nodeType (the first
+        of each kind, in file order)."""
+        named, typed = _entry_index(self)
+        got = named.get(node_id)
+        return got if got is not None else typed.get(node_type)
+
+
+EntryIndex = tuple[dict[str, "NodeConfig"], dict[str, "NodeConfig"]]
+
+_ENTRY_INDEXES: dict[int, tuple[weakref.ref[UnitConfig], EntryIndex]] = {}
+
+
+def _entry_index(unit: UnitConfig) -> EntryIndex:
+    """A unit's entries by the node id they name and, for those naming none, by node type (the
+    first of each): ``config_for`` in two lookups on a unit with an entry per node. Kept per
+    unit object while it lives (a copy with other entries is another object)."""
+    got = _ENTRY_INDEXES.get(id(unit))
+    if got is not None and got[0]() is unit:
+        return got[1]
+    named: dict[str, NodeConfig] = {}
+    typed: dict[str, NodeConfig] = {}
+    for entry in unit.nodes:
+        if entry.nodeId is not None:
+            named.setdefault(entry.nodeId, entry)
+        else:
+            typed.setdefault(entry.nodeType, entry)
+    key = id(unit)
+    _ENTRY_INDEXES[key] = (
+        weakref.ref(unit, lambda _ref: _ENTRY_INDEXES.pop(key, None)),
+        (named, typed),
+    )
+    return named, typed
 
 
 # ---------------------------------------------------------------- Service (§3.2)

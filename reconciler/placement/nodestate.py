@@ -577,29 +577,19 @@ def _settings(cfg: NodeConfig | None) -> Settings:
 
 class NodeConfigs:
     """The unit.yaml entry of each node of one balance call (``UnitConfig.config_for``) and its
-    settings. An entry naming a node id serves that node only, so every other node's entry
-    depends on its type alone: it is looked up once per type, not once per node."""
+    settings, made once per entry."""
 
-    __slots__ = ("_by_type", "_named", "_settings", "unit")
+    __slots__ = ("_settings", "unit")
 
     def __init__(self, unit: UnitConfig | None) -> None:
         self.unit = unit
-        named = [e.nodeId for e in unit.nodes if e.nodeId is not None] if unit is not None else []
-        self._named = frozenset(named)
-        self._by_type: dict[str, NodeConfig | None] = {}
         self._settings: dict[int, Settings] = {}  # by the entry's identity
 
     def entry(self, node: Node) -> tuple[NodeConfig | None, Settings]:
         unit = self.unit
         if unit is None:
             return None, _DEFAULT_SETTINGS
-        by_type = self._by_type
-        if node.id in self._named:
-            cfg = unit.config_for(node.id, node.type)
-        elif node.type in by_type:
-            cfg = by_type[node.type]
-        else:
-            cfg = by_type[node.type] = unit.config_for(node.id, node.type)
+        cfg = unit.config_for(node.id, node.type)  # (two lookups, see UnitConfig.entry_index)
         settings = self._settings.get(id(cfg))
         if settings is None:
             settings = self._settings[id(cfg)] = _settings(cfg)
