@@ -72,7 +72,7 @@ from reconciler.planning.checkpoint import (
     assign_ids,
 )
 from reconciler.planning.network import NETWORK_FAILURE, NetworkResult, assign_networks
-from reconciler.planning.plans import Plan, PlanMemo, make_plan, plan_bytes
+from reconciler.planning.plans import Plan, PlanMemo, make_plan
 
 __all__ = [
     "CONFIG_FAILURE",
@@ -320,12 +320,8 @@ def compute_once(
             since=since,
         )
     stage("planning")
-    plan = make_plan(
-        result,
-        view.actual,
-        set(view.nodes),
-        fingerprint=fingerprint(view, new_cp.generation),
-        memo=opts.cache.plan if opts.cache is not None else None,
+    plan = (opts.cache.plan.make_plan if opts.cache is not None else make_plan)(
+        result, view.actual, set(view.nodes), fingerprint=fingerprint(view, new_cp.generation)
     )
     return Computed(
         view,
@@ -518,7 +514,7 @@ def _write_outputs(
         encoded_now[node_id] = (path, ops, data)
         put(path, data, 0o644)
     memo = opts.cache.plan if opts.cache is not None else PlanMemo()
-    put(out / "plan.json", plan_bytes(c.plan, c.plan_inputs(), memo))
+    put(out / "plan.json", memo.plan_bytes(c.plan, c.plan_inputs()))
     flush()
     if trusted:  # the patch files on disk are the ones the last run left
         names = sorted(f"{n}.json" for n in trusted.keys() - c.plan.patches.keys())

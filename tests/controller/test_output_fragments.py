@@ -24,7 +24,7 @@ from reconciler.model.jsonbytes import (
     member,
     pretty_json,
 )
-from reconciler.planning.plans import PlanMemo, plan_bytes, started_record
+from reconciler.planning.plans import PlanMemo, started_record
 
 JSON = st.recursive(
     st.none()
@@ -127,10 +127,10 @@ def test_plan_bytes_reuse_only_the_same_objects(demo_copy: Path) -> None:
     plan = report.computed.plan
     memo = PlanMemo()
     inputs = {"fingerprint": plan.fingerprint, "mode": "stable"}
-    first = plan_bytes(plan, inputs, memo)
+    first = memo.plan_bytes(plan, inputs)
     assert first == pretty_json(report.computed.plan_document())
     emptier = type(plan)(plan.fingerprint, (), plan.failures, {n: () for n in plan.patches})
-    assert plan_bytes(emptier, inputs, memo) == pretty_json(dict(emptier.to_json(), inputs=inputs))
+    assert memo.plan_bytes(emptier, inputs) == pretty_json(dict(emptier.to_json(), inputs=inputs))
 
 
 def test_encoded_bytes_hold_no_spare_buffer() -> None:

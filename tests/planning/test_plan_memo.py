@@ -104,13 +104,13 @@ def test_a_memo_gives_the_plan_made_without_it(naming: bool, data: st.DataObject
         if data.draw(st.integers(0, 4), label="node lost") == 0:
             nodes = set(NODES) - {data.draw(st.sampled_from(NODES))}
         result = _result(data, placed, last if naming else None)
-        got = make_plan(result, dict(actual), nodes, fingerprint=f"f{step}", memo=memo)
+        got = memo.make_plan(result, dict(actual), nodes, fingerprint=f"f{step}")
         want = make_plan(result, dict(actual), nodes, fingerprint=f"f{step}")
         assert got == want, f"step {step}"
         assert got.actions == want.actions  # the order too
         inputs = {"fingerprint": f"f{step}"}
         if data.draw(st.integers(0, 3), label="plan bytes made") > 0:  # (sometimes skipped)
-            assert plan_bytes(got, inputs, memo) == plan_bytes(want, inputs, PlanMemo())
+            assert memo.plan_bytes(got, inputs) == plan_bytes(want, inputs)
         delta_taken = delta_taken or memo.rematched >= 0
         last = result
     if naming:
@@ -159,10 +159,10 @@ def test_one_changed_node_rebuilds_its_patch_only() -> None:
         placement("b", 0, "n1"),
     )
     memo = PlanMemo()
-    first = make_plan(BalanceResult(placements, ()), actual, set(NODES), memo=memo)
+    first = memo.make_plan(BalanceResult(placements, ()), actual, set(NODES))
     assert memo.patches_built == 3
     moved = (*placements[:3], placement("b", 0, "n2"))
-    second = make_plan(BalanceResult(moved, ()), actual, set(NODES), memo=memo)
+    second = memo.make_plan(BalanceResult(moved, ()), actual, set(NODES))
     assert memo.patches_built == 2  # n1 loses b:0, n2 gains it; n3 is reused
     assert second.patches["n3"] is first.patches["n3"]
     assert second == make_plan(BalanceResult(moved, ()), actual, set(NODES))
@@ -178,10 +178,10 @@ def test_an_instance_no_longer_running_as_placed_starts_on_the_delta_path() -> N
         "n2": ActualState.model_validate(actual_doc("n2", 1, [record("a", 1)])),
     }
     memo = PlanMemo()
-    assert not make_plan(first, running, set(NODES), memo=memo).actions
+    assert not memo.make_plan(first, running, set(NODES)).actions
     again = BalanceResult(placements, (), revision=2, changes=Changes(1, frozenset()))
     stopped = dict(running, n1=ActualState.model_validate(actual_doc("n1", 2, [])))
-    got = make_plan(again, stopped, set(NODES), memo=memo)
+    got = memo.make_plan(again, stopped, set(NODES))
     assert memo.rematched == 1  # n1 only
     assert [(a.action, a.instance_id, a.reason) for a in got.actions] == [
         ("start", placements[0].instance_id, "new")
