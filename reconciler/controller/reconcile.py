@@ -290,9 +290,12 @@ def compute_once(
             NETWORK_FAILURE,
         )
     ids = opts.cache.ids if opts.cache is not None else None
-    allocations, gids, id_errors = assign_ids(
-        result, cp.allocations, cp.gids, ids, old_is_last=ids is not None and ids.given_last(cp)
-    )
+    if ids is not None:
+        allocations, gids, id_errors = ids.assign(
+            result, cp.allocations, cp.gids, old_is_last=ids.given_last(cp)
+        )
+    else:
+        allocations, gids, id_errors = assign_ids(result, cp.allocations, cp.gids)
     net_state = network.state
     new_cp = Checkpoint(cp.lineage, cp.generation, allocations, gids, alerts.timelines, net_state)
     built: dict[str, BuiltConfig] | None = None

@@ -181,7 +181,7 @@ def save_checkpoint(
         with contextlib.suppress(CheckpointError):  # never keep a bad file as the previous one
             decode_cached(raw, cp.lineage, cache)
             _keep_as_previous(path, directory / PREVIOUS, raw, hook)
-    encoded = encode_checkpoint(cp, cache.memo if cache is not None else None)
+    encoded = cache.memo.encode(cp) if cache is not None else encode_checkpoint(cp)
     atomic_write(path, encoded, hook=hook)
     if cache is not None:
         cache.wrote(encoded, cp)

@@ -206,9 +206,14 @@ class Checkpoint:
         return True
 
 
-def encode_checkpoint(cp: Checkpoint, memo: CheckpointMemo | None = None) -> bytes:
-    """The file's bytes. ``memo`` (a :class:`CheckpointMemo`) gives the same bytes, serialising
-    only the allocations it has not seen."""
+def encode_checkpoint(cp: Checkpoint) -> bytes:
+    """The file's bytes (:meth:`CheckpointMemo.encode` gives the same bytes, serialising only
+    the allocations it has not seen)."""
+    return _encode(cp, None)
+
+
+def _encode(cp: Checkpoint, memo: CheckpointMemo | None) -> bytes:
+    """:func:`encode_checkpoint`, with ``memo``'s chunks when it has them."""
     chunks = memo.data_chunks(cp) if memo is not None else None
     body = canonical(cp.data()) if chunks is None else b"".join(chunks)
     checksum = "sha256:" + hashlib.sha256(body).hexdigest()
@@ -334,6 +339,16 @@ class CheckpointMemo:
         from the other), for :func:`~reconciler.placement.balancer.balance`'s ``previous_since``;
         None
         when that does not hold."""
+
+    def encode(self, cp: Checkpoint) -> bytes:
+        """:func:`encode_checkpoint`'s bytes, serialising only the allocations this memo has
+        not seen (and keeping this call's fragments)."""
+        return _encode(cp, self)
+
+    def as_decoded(self, cp: Checkpoint) -> Checkpoint:
+        """:func:`as_decoded` of a checkpoint this memo encoded last, without checking the
+        allocations it knows to be in decoded form."""
+        return _as_decoded(cp, self)
 
     def sorted_ids(self, allocations: Mapping[str, object]) -> tuple[str, ...] | None:
         """``tuple(sorted(allocations))``; None when an id is not exactly a ``str`` (the
@@ -596,7 +611,7 @@ class CheckpointCache:
             and _plain(written[1])
         ):
             try:  # what decoding our own encoding gives, without parsing it
-                cp = as_decoded(written[1], self.memo)
+                cp = self.memo.as_decoded(written[1])
             except (KeyError, TypeError, ValueError, AttributeError):
                 cp = decode_checkpoint(raw, expected_lineage)  # raises what decoding raises
         else:
@@ -666,11 +681,17 @@ def _decoded_form(a: Allocation) -> bool:
     return True
 
 
-def as_decoded(cp: Checkpoint, memo: CheckpointMemo | None = None) -> Checkpoint:
+def as_decoded(cp: Checkpoint) -> Checkpoint:
     """``decode_checkpoint(encode_checkpoint(cp), cp.lineage)``, without serialising and
-    parsing the allocations that are already in decoded form. ``memo``: the one ``cp`` was
-    encoded with; an allocation it kept a fragment of is known to be in decoded form, and the
-    ids are in the order it sorted them (the same result, without checking each allocation)."""
+    parsing the allocations that are already in decoded form (:meth:`CheckpointMemo.as_decoded`
+    also skips checking each one)."""
+    return _as_decoded(cp, None)
+
+
+def _as_decoded(cp: Checkpoint, memo: CheckpointMemo | None) -> Checkpoint:
+    """:func:`as_decoded`. ``memo``: the one ``cp`` was encoded with; an allocation it kept a
+    fragment of is known to be in decoded form, and the ids are in the order it sorted them
+    (the same result, without checking each allocation)."""
     if _plain_gids(cp.gids):  # what the round trip gives: the same str and int objects
         gids = dict(sorted(cp.gids.items()))
     else:
@@ -749,6 +770,19 @@ class IdsMemo:
         """:attr:`since`, when ``allocations`` is what the last call returned."""
         return self.since if self.since is not None and allocations is self._out else None
 
+    def assign(
+        self,
+        result: BalanceResult,
+        old: Mapping[str, Allocation],
+        old_gids: Mapping[str, int],
+        *,
+        old_is_last: bool = False,
+    ) -> tuple[dict[str, Allocation], dict[str, int], list[str]]:
+        """:func:`assign_ids`, recomputing only the nodes whose placements changed since this
+        memo's last call. ``old_is_last``: ``old`` holds exactly the allocations the last call
+        returned (the very objects; see :meth:`given_last`)."""
+        return _assign_ids(result, old, old_gids, self, old_is_last=old_is_last)
+
     def given_last(self, cp: Checkpoint) -> bool:
         """Whether ``cp``'s allocations are exactly the ones the last call returned: the
         checkpoint file written from them, read back through the :class:`CheckpointCache`
@@ -758,10 +792,18 @@ class IdsMemo:
 
 
 def assign_ids(
+    result: BalanceResult, old: Mapping[str, Allocation], old_gids: Mapping[str, int]
+) -> tuple[dict[str, Allocation], dict[str, int], list[str]]:
+    """Uids and gids for every placement (SPEC §9), deterministically; see :func:`_assign_ids`
+    (:meth:`IdsMemo.assign` gives the same, recomputing only the nodes that changed)."""
+    return _assign_ids(result, old, old_gids, None)
+
+
+def _assign_ids(
     result: BalanceResult,
     old: Mapping[str, Allocation],
     old_gids: Mapping[str, int],
-    memo: IdsMemo | None = None,
+    memo: IdsMemo | None,
     *,
     old_is_last: bool = False,
 ) -> tuple[dict[str, Allocation], dict[str, int], list[str]]:

@@ -159,7 +159,7 @@ class _Ids:
             cp = Checkpoint("lin", cp.generation, changed, cp.gids)
         is_last = self.memo.given_last(cp)
         assert not (tampered and cp is not self.cp and is_last)
-        got = assign_ids(result, cp.allocations, cp.gids, self.memo, old_is_last=is_last)
+        got = self.memo.assign(result, cp.allocations, cp.gids, old_is_last=is_last)
         want = assign_ids(result, cp.allocations, cp.gids)
         assert got[1:] == want[1:]
         assert got[0] == want[0]
@@ -174,7 +174,7 @@ class _Ids:
         assert (since is not None) is self.memo.patched
         written = Checkpoint("lin", cp.generation + 1, got[0], got[1], since=since)
         # as save_checkpoint (the encoder given what changed since), then read back
-        raw = encode_checkpoint(written, self.encoder)
+        raw = self.encoder.encode(written)
         assert raw == encode_checkpoint(written)
         self.encoded_patched += self.encoder.patched
         back = self.encoder.decoded(got[0])

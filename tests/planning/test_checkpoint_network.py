@@ -22,7 +22,7 @@ NETWORK = {
 def test_network_state_round_trips_and_the_memo_encodes_the_same_bytes() -> None:
     cp = Checkpoint("lin", 3, {}, {"a": 5000}, {}, NETWORK)
     raw = encode_checkpoint(cp)
-    assert raw == encode_checkpoint(cp, CheckpointMemo())
+    assert raw == CheckpointMemo().encode(cp)
     back = decode_checkpoint(raw, "lin")
     assert back.network == NETWORK
     assert back.same_data(cp) and as_decoded(cp).network == NETWORK
@@ -34,5 +34,5 @@ def test_without_networks_the_data_has_no_network_key_and_old_files_read() -> No
     raw = encode_checkpoint(cp)
     data = json.loads(raw)["data"]
     assert sorted(data) == ["alerts", "gids", "instances"]  # as before networks existed
-    assert raw == encode_checkpoint(cp, CheckpointMemo())
+    assert raw == CheckpointMemo().encode(cp)
     assert decode_checkpoint(raw, "lin").network == {}

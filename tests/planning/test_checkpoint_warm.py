@@ -2,8 +2,8 @@
 previous allocation objects must give exactly what the plain functions give, through any
 sequence of checkpoints, and a run after one change must do work for that change only.
 
-- ``encode_checkpoint(cp, memo)`` is ``encode_checkpoint(cp)`` byte for byte, ``as_decoded(cp,
-  memo)`` is ``decode_checkpoint`` of those bytes (values, types, order), ``Checkpoint.previous``
+- ``memo.encode(cp)`` is ``encode_checkpoint(cp)`` byte for byte, ``memo.as_decoded(cp)``
+  is ``decode_checkpoint`` of those bytes (values, types, order), ``Checkpoint.previous``
   through a memo is the plain one, along hypothesis-generated sequences of changes (allocations
   added, removed, copied, changed in one field, made mutable and mutated; gids and alerts
   changed; an id that is not an exact ``str``);
@@ -43,7 +43,6 @@ from reconciler.planning.checkpoint import (
     CheckpointCache,
     CheckpointMemo,
     IdsMemo,
-    as_decoded,
     assign_ids,
     canonical,
     decode_checkpoint,
@@ -216,24 +215,24 @@ def test_memo_gives_the_plain_results_along_any_sequence(data: st.DataObject) ->
             alerts = alerts if got is None else got
         cp = Checkpoint("lin", generation, dict(allocs), dict(gids), alerts)
         plain = encode_checkpoint(cp)
-        assert encode_checkpoint(cp, memo) == plain
+        assert memo.encode(cp) == plain
         if last is not None:
             same = canonical(cp.data()) == canonical(last.data())
             assert cp.same_data(last) is same and last.same_data(cp) is same
             # a checkpoint other than the one the memo saw last: its objects are checked
             want_last = decode_checkpoint(encode_checkpoint(last), "lin")
             exact = not any(type(k) is _Key for k in last.allocations)
-            _same(as_decoded(last, memo), want_last, exact_ids=exact)
+            _same(memo.as_decoded(last), want_last, exact_ids=exact)
         last = replace(cp, allocations=dict(cp.allocations), gids=dict(cp.gids))
         want = decode_checkpoint(plain, "lin")
-        decoded = as_decoded(cp, memo)
+        decoded = memo.as_decoded(cp)
         _same(decoded, want, exact_ids=not any(type(k) is _Key for k in allocs))
         assert list(decoded.allocations) == list(want.allocations)
         prev = memo.previous(cp.allocations)
         assert prev == {iid: a.previous() for iid, a in cp.allocations.items()}
         assert list(prev) == list(cp.allocations)
         # the same through the cache, as save_checkpoint and load_checkpoint use it
-        assert encode_checkpoint(cp, cache.memo) == plain
+        assert cache.memo.encode(cp) == plain
         cache.wrote(plain, cp)
         loaded = cache.decode(plain, "lin")
         _same(loaded, want)
@@ -267,7 +266,7 @@ def test_a_run_after_one_change_serialises_checks_and_converts_that_one() -> Non
     cache = CheckpointCache()
     memo = cache.memo
     cp = _big()
-    raw = encode_checkpoint(cp, memo)
+    raw = memo.encode(cp)
     assert memo.serialised == 300
     cache.wrote(raw, cp)
     loaded = cache.decode(raw, "lin")
@@ -280,7 +279,7 @@ def test_a_run_after_one_change_serialises_checks_and_converts_that_one() -> Non
     allocs["id-0150x"] = _alloc(150, node_id="n9")
     del allocs["id-0200"]
     nxt = Checkpoint("lin", 2, allocs, dict(loaded.gids))
-    raw2 = encode_checkpoint(nxt, memo)
+    raw2 = memo.encode(nxt)
     assert raw2 == encode_checkpoint(nxt)
     assert memo.serialised == 302
     assert memo.placed == 300 + 1  # the new id inserted, the others kept in order
@@ -301,12 +300,12 @@ def test_a_mutable_allocation_is_serialised_again_after_a_change() -> None:
     memo = CheckpointMemo()
     odd = _alloc(1, resources=["r"])
     cp = Checkpoint("lin", 1, {"x": odd, "y": _alloc(2)})
-    assert encode_checkpoint(cp, memo) == encode_checkpoint(cp)
+    assert memo.encode(cp) == encode_checkpoint(cp)
     odd.resources.append("s")  # type: ignore[attr-defined]
-    raw = encode_checkpoint(cp, memo)
+    raw = memo.encode(cp)
     assert raw == encode_checkpoint(cp)
     assert json.loads(raw)["data"]["instances"]["x"]["resources"] == ["r", "s"]
-    _same(as_decoded(cp, memo), decode_checkpoint(raw, "lin"))
+    _same(memo.as_decoded(cp), decode_checkpoint(raw, "lin"))
 
 
 def test_as_decoded_checks_an_object_the_memo_did_not_see() -> None:
@@ -314,12 +313,12 @@ def test_as_decoded_checks_an_object_the_memo_did_not_see() -> None:
     object of another shape there: known by id, not by object, so it is checked."""
     cache = CheckpointCache()
     seen = Checkpoint("lin", 1, {"x": _alloc(1), "y": _alloc(2)})
-    encode_checkpoint(seen, cache.memo)
+    cache.memo.encode(seen)
     for odd in (_odd(_alloc(1), k) for k in range(7)):
         other = Checkpoint("lin", 2, {"x": odd, "y": seen.allocations["y"]})
         raw = encode_checkpoint(other)
         want = decode_checkpoint(raw, "lin")
-        _same(as_decoded(other, cache.memo), want)
+        _same(cache.memo.as_decoded(other), want)
         cache.wrote(raw, other)  # written without the memo
         _same(cache.decode(raw, "lin"), want)
 
@@ -327,13 +326,13 @@ def test_as_decoded_checks_an_object_the_memo_did_not_see() -> None:
 def test_ids_that_are_not_strings_take_the_plain_path() -> None:
     memo = CheckpointMemo()
     cp = Checkpoint("lin", 1, {"x": _alloc(1)})
-    assert encode_checkpoint(cp, memo) == encode_checkpoint(cp)
+    assert memo.encode(cp) == encode_checkpoint(cp)
     numbered: Any = {7: _alloc(7), 10: _alloc(10)}  # json writes the keys as strings
     other = Checkpoint("lin", 2, numbered)
-    raw = encode_checkpoint(other, memo)
+    raw = memo.encode(other)
     assert raw == encode_checkpoint(other)
     assert set(json.loads(raw)["data"]["instances"]) == {"7", "10"}
-    assert encode_checkpoint(cp, memo) == encode_checkpoint(cp)
+    assert memo.encode(cp) == encode_checkpoint(cp)
 
 
 # ---------------------------------------------------------------- assign_ids
@@ -546,7 +545,7 @@ def test_assign_ids_with_a_memo_gives_what_it_gives_without(
         gids: dict[str, int] = {}
         for step in range(data.draw(st.integers(1, 6), label="steps")):
             result = BalanceResult(tuple(ps), ())
-            got = assign_ids(result, old, gids, memo)
+            got = memo.assign(result, old, gids)
             want = assign_ids(result, old, gids)
             assert got[1:] == want[1:]
             assert list(got[0]) == list(want[0]) and _shape(got[0]) == _shape(want[0])
@@ -672,7 +671,7 @@ def test_an_encoder_told_what_changed_gives_the_plain_results(data: st.DataObjec
     allocs: dict[str, Allocation] = {
         iid: data.draw(allocations()) for iid in data.draw(st.lists(st.sampled_from(ids)))
     }
-    encode_checkpoint(Checkpoint("lin", 1, allocs), memo)
+    memo.encode(Checkpoint("lin", 1, allocs))
     patched = 0
     handed: dict[str, PreviousAllocation] | None = None  # by previous() right before
     for generation in range(2, data.draw(st.integers(3, 6), label="checkpoints")):
@@ -685,7 +684,7 @@ def test_an_encoder_told_what_changed_gives_the_plain_results(data: st.DataObjec
         named = {i for i in ids if now.get(i) is not allocs.get(i)}
         named |= set(data.draw(st.lists(st.sampled_from(ids), max_size=2), label="named too"))
         cp = Checkpoint("lin", generation, now, since=(allocs, frozenset(named)))
-        raw = encode_checkpoint(cp, memo)
+        raw = memo.encode(cp)
         assert raw == encode_checkpoint(cp)
         patched += memo.patched
         want = decode_checkpoint(raw, "lin").allocations
