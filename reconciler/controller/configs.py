@@ -148,12 +148,11 @@ def default_config_builder(
                 continue
             net = nets.get(iid)
             jobs[k] = _job(iid, p, alloc, service, nodes[p.node_id], old, rootfs_of, base, net)
-        built = build_all(
+        built = memo.build_all(
             list(filter(None, jobs)),
             groups=group_lookup,
             devices=device_lookup,
             policy=device_policy,
-            memo=memo,
         )
         if held:
             built = _with_held(built, held, iids, base)
@@ -204,13 +203,8 @@ def default_config_builder(
             old = memo.job(iid)
             net = nets.get(iid)
             jobs.append(_job(iid, p, alloc, service, node, old, rootfs_of, base, net))
-        some = build_all(
-            jobs,
-            groups=group_lookup,
-            devices=device_lookup,
-            policy=device_policy,
-            memo=memo,
-            removed=removed,
+        some = memo.build_all(
+            jobs, groups=group_lookup, devices=device_lookup, policy=device_policy, removed=removed
         )
         built, errors = dict(done.built), dict(done.errors)
         for iid in redo:

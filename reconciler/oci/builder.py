@@ -931,6 +931,21 @@ class BuildMemo:
         self.reused = 0  # in the last call: builds taken from the memo
         self.built = 0  # in the last call: builds run
 
+    def build_all(
+        self,
+        jobs: Iterable[ConfigJob],
+        *,
+        groups: GroupLookup,
+        devices: DeviceLookup,
+        policy: DevicePolicy = _DEFAULT_POLICY,
+        removed: Iterable[str] | None = None,
+    ) -> BuildResult:
+        """:func:`build_all`, reusing the builds of the last call whose inputs and host answers
+        are unchanged. ``removed``: the jobs are only some of the caller's, and these ids are
+        no longer built; this memo's entries of the other ids stay as they are (see
+        :func:`_build_all`)."""
+        return _build_all(jobs, groups, devices, policy, self, removed)
+
     def __len__(self) -> int:
         return len(self._entries)
 
@@ -976,8 +991,20 @@ def build_all(
     groups: GroupLookup,
     devices: DeviceLookup,
     policy: DevicePolicy = _DEFAULT_POLICY,
-    memo: BuildMemo | None = None,
-    removed: Iterable[str] | None = None,
+) -> BuildResult:
+    """Build every job; one instance's failure never stops the others (SPEC §11). Each
+    distinct group name and host device path is looked up once per call (all instances see the
+    same answers); :meth:`BuildMemo.build_all` also reuses the last call's builds."""
+    return _build_all(jobs, groups, devices, policy, None, None)
+
+
+def _build_all(
+    jobs: Iterable[ConfigJob],
+    groups: GroupLookup,
+    devices: DeviceLookup,
+    policy: DevicePolicy,
+    memo: BuildMemo | None,
+    removed: Iterable[str] | None,
 ) -> BuildResult:
     """Build every job; one instance's failure never stops the others (SPEC §11).
 

@@ -71,7 +71,7 @@ def _env(result: Any, iid: str) -> dict[str, str]:
 
 def _run(memo: BuildMemo, jobs: list[ConfigJob], groups: Any, devices: Any) -> Any:
     plain = build_all(jobs, groups=groups, devices=devices)
-    memoized = build_all(jobs, groups=groups, devices=devices, memo=memo)
+    memoized = memo.build_all(jobs, groups=groups, devices=devices)
     # whatever the memo holds, the result is the one of a build from scratch
     assert memoized.errors == plain.errors
     assert {i: (config_json(b), b.hosts) for i, b in memoized.built.items()} == {
@@ -163,7 +163,7 @@ def test_memo_picks_up_a_changed_pool_device_and_policy() -> None:
     job2 = ConfigJob(svc, p, node2, ROOTFS, 5000, 5000, HOSTS)
     assert _env(_run(memo, [job2], groups, devices), p.instance_id)["G"] == "1"
     strict = DevicePolicy(host_roots=("/srv",))
-    out = build_all([job2], groups=groups, devices=devices, policy=strict, memo=memo)
+    out = memo.build_all([job2], groups=groups, devices=devices, policy=strict)
     assert p.instance_id in out.errors  # not the memoized success under the other policy
 
 
@@ -171,8 +171,8 @@ def test_memo_is_tied_to_its_lookups() -> None:
     svc = make_service()
     node = make_node()
     memo = BuildMemo()
-    build_all([_job(svc, node)], groups=FakeGroups(), devices=_devices(), memo=memo)
-    build_all([_job(svc, node)], groups=FakeGroups(), devices=_devices(), memo=memo)
+    memo.build_all([_job(svc, node)], groups=FakeGroups(), devices=_devices())
+    memo.build_all([_job(svc, node)], groups=FakeGroups(), devices=_devices())
     assert memo.built == 1  # other lookup objects: nothing reused
 
 

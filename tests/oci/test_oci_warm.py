@@ -24,7 +24,6 @@ from typing import Any, cast
 
 import pytest
 
-import reconciler.controller.configs as oci_glue
 import reconciler.io.fsio
 import reconciler.oci.builder as oci
 import reconciler.oci.writer as oci_writer
@@ -126,9 +125,7 @@ def _outcome(result: BuildResult) -> dict[str, tuple[bytes, str] | str]:
 
 def _step(memo: BuildMemo, inp: Inputs, groups: FakeGroups, devices: FakeDevices) -> BuildResult:
     """A memoized run; its outcome must be the one of a build from scratch."""
-    memoized = build_all(
-        _jobs(inp, memo), groups=groups, devices=devices, policy=inp.policy, memo=memo
-    )
+    memoized = memo.build_all(_jobs(inp, memo), groups=groups, devices=devices, policy=inp.policy)
     plain = build_all(_jobs(inp, None), groups=groups, devices=devices, policy=inp.policy)
     assert _outcome(memoized) == _outcome(plain)
     assert list(memoized.built) == list(plain.built)  # the same order too
@@ -203,7 +200,7 @@ def test_a_job_passed_back_and_shared_host_answers_are_checked_once(
                 out.append(ConfigJob(svc, p, node, "/srv/rootfs", 5000, 5000, "/h/hosts"))
         return out
 
-    first = build_all(jobs(), groups=groups, devices=devices, memo=memo)
+    first = memo.build_all(jobs(), groups=groups, devices=devices)
     # one asked tuple (two groups, two devices) for the 40 builds that asked the same questions
     assert len({id(e.asked) for e in memo._entries.values()}) == 1
     answered: list[object] = []
@@ -214,13 +211,13 @@ def test_a_job_passed_back_and_shared_host_answers_are_checked_once(
         return real_answer(self, asked)
 
     monkeypatch.setattr(oci._RunLookups, "answer", answer)
-    second = build_all(jobs(), groups=groups, devices=devices, memo=memo)
+    second = memo.build_all(jobs(), groups=groups, devices=devices)
     assert (memo.built, memo.reused) == (0, 40)
     assert len(answered) == 4  # not 4 per instance
     assert all(second.built[i] is first.built[i] for i in first.built)
     # a changed answer is seen by every build that asked it
     groups.gids = {"video": 46, "render": 107}
-    third = build_all(jobs(), groups=groups, devices=devices, memo=memo)
+    third = memo.build_all(jobs(), groups=groups, devices=devices)
     assert memo.built == 40
     assert {tuple(b.config["process"]["user"]["additionalGids"]) for b in third.built.values()} == {
         (46, 107)
@@ -234,7 +231,7 @@ def test_interned_answers_do_not_pile_up() -> None:
     job = ConfigJob(svc, make_placement(svc, node), node, "/srv/rootfs", 5000, 5000, "/h/hosts")
     for gid in range(300):
         groups.gids = {"video": 1000 + gid, "render": 107}
-        build_all([job], groups=groups, devices=devices, memo=memo)
+        memo.build_all([job], groups=groups, devices=devices)
         assert memo.built == 1
     assert len(memo._interned) <= 2 + 64
 
@@ -287,15 +284,16 @@ def test_the_build_reads_only_the_placement_fields_that_are_compared() -> None:
 
 @pytest.fixture
 def spied_jobs(monkeypatch: pytest.MonkeyPatch) -> list[list[ConfigJob]]:
-    """The jobs the builder of ``default_config_builder`` gives ``build_all``, per call."""
+    """The jobs the builder of ``default_config_builder`` gives its memo's ``build_all``, per
+    call."""
     calls: list[list[ConfigJob]] = []
-    real = oci.build_all
+    real = oci.BuildMemo.build_all
 
-    def spy(jobs: list[ConfigJob], **kw: Any) -> BuildResult:
+    def spy(memo: oci.BuildMemo, jobs: list[ConfigJob], **kw: Any) -> BuildResult:
         calls.append(list(jobs))
-        return real(jobs, **kw)
+        return real(memo, jobs, **kw)
 
-    monkeypatch.setattr(oci_glue, "build_all", spy)
+    monkeypatch.setattr(oci.BuildMemo, "build_all", spy)
     return calls
 
 
