@@ -68,10 +68,10 @@ def _checkpoint(data: bytes) -> dict[str, Any]:
 def test_kill_9_of_the_leader_mid_reconcile(
     etcd_url: str, tmp_path: Path, replicas: list[subprocess.Popen[bytes]]
 ) -> None:
-    # a unit whose first reconcile takes a few seconds (2,000 OCI configs to build, write and
+    # a unit whose first reconcile takes a few seconds (4,000 OCI configs to build, write and
     # commit), so that the leader can be killed while it computes
     source = tmp_path / "source"
-    write_state_dir(source, 100, 1000)
+    write_state_dir(source, 200, 2000)
     store = EtcdStore(etcd_url)
     copy_unit(FileStore(source), store)
 
@@ -80,7 +80,7 @@ def test_kill_9_of_the_leader_mid_reconcile(
     shutil.copytree(source, clean)
     reconcile(clean, ReconcileOptions(configs=default_config_builder()))
     expected = _checkpoint((clean / CHECKPOINT).read_bytes())
-    assert expected["generation"] == 1 and len(expected["data"]["instances"]) == 1000
+    assert expected["generation"] == 1 and len(expected["data"]["instances"]) == 2000
 
     a = _replica(etcd_url, tmp_path / "a", tmp_path / "a.log")
     replicas.append(a)
@@ -88,6 +88,9 @@ def test_kill_9_of_the_leader_mid_reconcile(
     _wait(lambda: _pid_of(store.leader()) == a.pid, 30, "replica a to lead")
     b = _replica(etcd_url, tmp_path / "b", tmp_path / "b.log")
     replicas.append(b)
+    # b stands by before a dies (else, on a slow machine, it first campaigns after a's lease
+    # ran out and never sees a lead)
+    _wait(lambda: "standing by" in (tmp_path / "b.log").read_text(), 30, "replica b to stand by")
     assert CHECKPOINT not in store.snapshot().entries, "a committed before it could be killed"
     os.kill(a.pid, signal.SIGKILL)
     killed_at = time.monotonic()
