@@ -267,6 +267,7 @@ def _network_config(unit: UnitConfig | None, services: Iterable[Service]) -> Net
 
 
 def _ip(value: object) -> int | None:
+    """An address of the previous state as an int (None when it is not one)."""
     try:
         return int(ipaddress.IPv4Address(str(value)))
     except ValueError:
@@ -274,10 +275,13 @@ def _ip(value: object) -> int | None:
 
 
 def _dotted(ip: int) -> str:
+    """An address as the state and the outputs write it."""
     return str(ipaddress.IPv4Address(ip))
 
 
 def _pools(cfg: NetworkConfig) -> list[ipaddress.IPv4Network]:
+    """Rule 2 (allowed subnets): ``subnets`` in order, without those overlapping any of
+    ``excludeSubnets``."""
     excluded = [ipaddress.IPv4Network(s) for s in cfg.excludeSubnets]
     pools = [ipaddress.IPv4Network(s) for s in cfg.subnets]
     return [p for p in pools if not any(p.overlaps(x) for x in excluded)]
@@ -298,6 +302,7 @@ def _previous_address(prev_addr: Mapping[str, Any], net_id: str, instance: str) 
 
 
 def _fail_all(members: Iterable[_Member], reason: str) -> dict[str, str]:
+    """The same failure for each of ``members``."""
     return {p.instance_id: reason for p, _service in members}
 
 
