@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from reconciler.accel import balance
 from reconciler.model.documents import Node, Service, UnitConfig
@@ -280,3 +284,74 @@ def test_components_get_no_network() -> None:
     assert iid("fw") in result.by_id
     net = assign_networks(unit(), services, result, {})
     assert list(net.instances) == [iid("a")]
+
+
+@st.composite
+def networked_units(draw: st.DrawFn) -> tuple[UnitConfig, list[Node], list[Service]]:
+    """Small units with networks: a few services in up to three networks (some exposing a
+    port, some connecting to one, some sharing a hostname), on one or two nodes, with subnets
+    small enough to run out."""
+    subnets = draw(
+        st.lists(
+            st.sampled_from(["10.0.0.0/29", "10.0.1.0/30", "10.0.2.0/28", "172.17.0.0/16"]),
+            min_size=1,
+            max_size=3,
+            unique=True,
+        )
+    )
+    the_unit = unit(subnets=subnets, vlan=draw(st.booleans()))
+    nodes = [make_node(f"n{i}", dmips=100000, ram="64Gi") for i in range(draw(st.integers(1, 2)))]
+    items = draw(st.lists(st.sampled_from("abcde"), min_size=1, max_size=4, unique=True))
+    services = []
+    for item in items:
+        fields: dict[str, Any] = {}
+        owner = draw(st.sampled_from([None, "p1", "p2"]))
+        if owner is not None:
+            fields["owner"] = owner
+        if draw(st.booleans()):
+            fields["exposedPorts"] = ["80"]
+        if draw(st.integers(0, 3)) == 0:
+            fields["allowedConnections"] = [f"{draw(st.sampled_from(items))}/80/tcp"]
+        if draw(st.integers(0, 3)) == 0:
+            fields["hostname"] = "shared"
+        services.append(service(item, draw(st.integers(1, 4)), **fields))
+    return the_unit, nodes, services
+
+
+def assert_addresses_unique_in_their_subnets(net: NetworkResult) -> None:
+    nets = net.state.get("networks", {})
+    held: dict[str, set[str]] = {n: set(e["hosts"].values()) for n, e in nets.items()}
+    for n in net.instances.values():
+        subnet = ipaddress.IPv4Network(nets[n.network_id]["subnet"])
+        address = ipaddress.IPv4Address(n.ip)
+        assert address in subnet
+        assert address not in (subnet.network_address, subnet.broadcast_address)
+        assert n.gateway == nets[n.network_id]["hosts"][n.node_id]
+        assert n.ip not in held[n.network_id], f"{n.ip} held twice in {n.network_id}"
+        held[n.network_id].add(n.ip)
+    # each placed instance with a network either has one or fails, never both
+    assert not set(net.instances) & set(net.failures)
+    assert net.state.get("addresses", {}) == {
+        i: {"network": n.network_id, "ip": n.ip} for i, n in net.instances.items()
+    }
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=networked_units())
+def test_addresses_are_unique_inside_their_subnet_and_deterministic(
+    case: tuple[UnitConfig, list[Node], list[Service]],
+) -> None:
+    the_unit, nodes, services = case
+    result = balance(the_unit, nodes, services, {}, "stable")
+    net = assign_networks(the_unit, services, result, {})
+    assert_addresses_unique_in_their_subnets(net)
+    # new addresses around sticky ones: a state where every other instance held one
+    half = replace(result, placements=result.placements[::2])
+    sticky = assign_networks(the_unit, services, half, {}).state
+    again = assign_networks(the_unit, services, result, sticky)
+    assert_addresses_unique_in_their_subnets(again)
+    # the same inputs give the same result, also over the state it made
+    assert assign_networks(the_unit, services, result, {}) == net
+    assert assign_networks(the_unit, list(reversed(services)), result, {}) == net
+    assert assign_networks(the_unit, services, result, net.state) == net
+    assert assign_networks(the_unit, services, result, sticky) == again
