@@ -25,7 +25,6 @@ from reconciler.oci.builder import (
     DevicePolicy,
     GroupLookup,
     InstanceAddress,
-    build_all,
     same_placement_inputs,
 )
 from reconciler.oci.hostdevices import HostDevices, SystemGroups

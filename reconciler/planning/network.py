@@ -458,6 +458,8 @@ def _address_network(
     ips = _kept_addresses(net_id, members, prev_addr, base + 2, hi, set(hosts.values()))
     used = set(hosts.values()) | set(ips.values())
     hosts, failures = _new_hosts(net_id, members, nodes, subnet, hosts, used)
+    # an instance failed for want of its node's bridge address gives its kept address up
+    ips = {i: a for i, a in ips.items() if i not in failures}
     free = _free_addresses(subnet, used | set(hosts.values()), base + 2)
     exposed = [m for m in members if m[1].exposedPorts]
     others = [m for m in members if not m[1].exposedPorts]

@@ -355,3 +355,24 @@ def test_addresses_are_unique_inside_their_subnet_and_deterministic(
     assert assign_networks(the_unit, list(reversed(services)), result, {}) == net
     assert assign_networks(the_unit, services, result, net.state) == net
     assert assign_networks(the_unit, services, result, sticky) == again
+
+
+def test_an_instance_moved_to_a_node_with_no_bridge_address_left_fails_and_frees_its_own() -> None:
+    """Its node gets no host address (the subnet is full), so it fails ``Network`` and gives
+    its kept address up: it is not addressed with no gateway (this raised a KeyError)."""
+    nodes = [make_node("n1", dmips=100000, ram="64Gi"), make_node("n2", dmips=100000, ram="64Gi")]
+    the_unit = unit(subnets=["10.0.0.0/29"])  # .1 for n1's bridge, .2-.6 for instances
+    first_services = [service("a", 5, nodeId="n1")]
+    _, first = run(first_services, the_unit=the_unit, nodes=nodes)
+    assert not first.failures and len(first.instances) == 5
+    moved = [service("a", 4, nodeId="n1"), service("a", 1, subject="x", nodeId="n2")]
+    # (the moved instance: a's index 4 as a new subject keeps no address; move one instead)
+    previous = dict(first.state)
+    addresses = dict(previous["addresses"])
+    addresses[instance_id("a", "x", 0)] = addresses.pop(iid("a", 4))
+    previous["addresses"] = addresses
+    _, second = run(moved, previous, the_unit=the_unit, nodes=nodes)
+    failed = instance_id("a", "x", 0)
+    assert "for node n2's bridge" in second.failures[failed]
+    assert failed not in second.instances and failed not in second.state["addresses"]
+    assert sorted(second.state["networks"]["default"]["hosts"]) == ["n1"]
