@@ -943,8 +943,8 @@ class BuildMemo:
         """:func:`build_all`, reusing the builds of the last call whose inputs and host answers
         are unchanged. ``removed``: the jobs are only some of the caller's, and these ids are
         no longer built; this memo's entries of the other ids stay as they are (see
-        :func:`_build_all`)."""
-        return _build_all(jobs, groups, devices, policy, self, removed)
+        :meth:`_build`)."""
+        return self._build(jobs, groups, devices, policy, removed, True)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -965,6 +965,112 @@ class BuildMemo:
         it back instead of a new, equal job: :func:`build_all` recognizes it by identity."""
         entry = self._entries.get(instance_id)
         return None if entry is None else entry.job
+
+    def _build(
+        self,
+        jobs: Iterable[ConfigJob],
+        groups: GroupLookup,
+        devices: DeviceLookup,
+        policy: DevicePolicy,
+        removed: Iterable[str] | None,
+        remember: bool,
+    ) -> BuildResult:
+        """Build every job; one instance's failure never stops the others (SPEC §11).
+
+        Each distinct group name and host device path is looked up once per call (all
+        instances see the same answers). With ``remember`` (a memo kept between calls), builds
+        of the previous call whose inputs and host answers are unchanged are reused, and this
+        call's are kept; without, the memo is a throwaway one.
+
+        ``removed`` (with ``remember``): the jobs are only some of the caller's, and these ids
+        are no longer built; the memo's entries of the other ids stay as they are (the caller
+        knows each one's job is the very one of its entry, and that it asked the host nothing:
+        see :meth:`asking`). The result holds the given jobs only."""
+        lookups = _RunLookups(groups, devices)
+        previous: dict[str, _Memoized] = {}
+        interned: dict[tuple[_Asked, ...], tuple[_Asked, ...]] = {}
+        same_lookups = False
+        if remember:
+            same_lookups = self._lookups is not None and (
+                self._lookups[0] is groups and self._lookups[1] is devices
+            )
+            if same_lookups:
+                previous, interned = self._entries, self._interned
+        if removed is not None and not same_lookups:
+            raise ValueError("a call with some jobs only needs the memo of the same lookups")
+        # per id() of an asked tuple of `previous` (alive until the end of the call): it holds now
+        checked: dict[int, bool] = {}
+        todo = list(jobs)
+        iids = list(map(_instance_id_of, todo))
+        olds: list[Any] = list(map(previous.get, iids, repeat(_ABSENT)))
+        # a build whose job is the very object of the last call's, under the same policy, that
+        # asked the host nothing, is taken as is: found by C-level passes, not a loop body each
+        same = list(
+            map(
+                all,
+                zip(
+                    map(is_, map(_JOB, olds), todo),
+                    map(is_, map(_POLICY, olds), repeat(policy)),
+                    map(not_, map(_ASKED, olds)),
+                    strict=True,
+                ),
+            )
+        )
+        entries: dict[str, _Memoized] = dict(zip(iids, olds, strict=True))
+        reused = same.count(True)
+        for k in compress(range(len(todo)), map(not_, same)):
+            job, iid, entry = todo[k], iids[k], olds[k]
+            if entry is not _ABSENT and entry.holds_for(job, policy, lookups, checked):
+                reused += 1
+            else:
+                lookups.asked = []
+                outcome: BuiltConfig | str
+                try:
+                    outcome = build_config(
+                        job.service,
+                        job.placement,
+                        job.node,
+                        rootfs=job.rootfs,
+                        uid=job.uid,
+                        gid=job.gid,
+                        hosts_path=job.hosts_path,
+                        groups=lookups.group,
+                        devices=lookups,
+                        policy=policy,
+                        network=job.network,
+                    )
+                except OciError as e:
+                    outcome = str(e)
+                asked = tuple(lookups.asked)
+                if asked:
+                    asked = interned.setdefault(asked, asked)
+                entry = _Memoized(job, policy, asked, outcome)
+            entries[iid] = entry
+        outcomes = list(map(_OUTCOME, entries.values()))
+        built: dict[str, BuiltConfig] = dict(zip(entries, outcomes, strict=True))
+        errors: dict[str, str] = {}
+        if any(map(isinstance, outcomes, repeat(str))):
+            errors = {iid: out for iid, out in built.items() if isinstance(out, str)}
+            built = {iid: out for iid, out in built.items() if not isinstance(out, str)}
+        if remember:
+            asking = set(compress(entries, map(_ASKED, entries.values())))
+            if removed is not None:  # the other ids' entries, as they were (same lookups: above)
+                kept = dict(previous)
+                gone = set(removed)
+                for iid in gone:
+                    kept.pop(iid, None)
+                asking |= self._asking - gone - entries.keys()
+                kept.update(entries)
+                entries = kept
+            if len(interned) > 2 * len(entries) + 64:  # drop the tuples no build uses any more
+                interned = {e.asked: e.asked for e in entries.values() if e.asked}
+            self._entries = entries
+            self._asking = asking
+            self._lookups = (groups, devices)
+            self._interned = interned
+            self.reused = reused
+            self.built = len(entries) - reused
+        return BuildResult(built, errors)
 
 
 _instance_id_of = attrgetter("placement.instance_id")
@@ -995,109 +1101,4 @@ def build_all(
     """Build every job; one instance's failure never stops the others (SPEC §11). Each
     distinct group name and host device path is looked up once per call (all instances see the
     same answers); :meth:`BuildMemo.build_all` also reuses the last call's builds."""
-    return _build_all(jobs, groups, devices, policy, None, None)
-
-
-def _build_all(
-    jobs: Iterable[ConfigJob],
-    groups: GroupLookup,
-    devices: DeviceLookup,
-    policy: DevicePolicy,
-    memo: BuildMemo | None,
-    removed: Iterable[str] | None,
-) -> BuildResult:
-    """Build every job; one instance's failure never stops the others (SPEC §11).
-
-    Each distinct group name and host device path is looked up once per call (all instances
-    see the same answers). With ``memo``, builds of the previous call whose inputs and host
-    answers are unchanged are reused (see :class:`BuildMemo`).
-
-    ``removed`` (with ``memo``): the jobs are only some of the caller's, and these ids are no
-    longer built; the memo's entries of the other ids stay as they are (the caller knows each
-    one's job is the very one of its entry, and that it asked the host nothing: see
-    :meth:`BuildMemo.asking`). The result holds the given jobs only."""
-    lookups = _RunLookups(groups, devices)
-    previous: dict[str, _Memoized] = {}
-    interned: dict[tuple[_Asked, ...], tuple[_Asked, ...]] = {}
-    same_lookups = False
-    if memo is not None:
-        same_lookups = memo._lookups is not None and (
-            memo._lookups[0] is groups and memo._lookups[1] is devices
-        )
-        if same_lookups:
-            previous, interned = memo._entries, memo._interned
-    if removed is not None and not same_lookups:
-        raise ValueError("a call with some jobs only needs the memo of the same lookups")
-    # per id() of an asked tuple of `previous` (alive until the end of the call): it holds now
-    checked: dict[int, bool] = {}
-    todo = list(jobs)
-    iids = list(map(_instance_id_of, todo))
-    olds: list[Any] = list(map(previous.get, iids, repeat(_ABSENT)))
-    # a build whose job is the very object of the last call's, under the same policy, that
-    # asked the host nothing, is taken as is: found by C-level passes, not a loop body each
-    same = list(
-        map(
-            all,
-            zip(
-                map(is_, map(_JOB, olds), todo),
-                map(is_, map(_POLICY, olds), repeat(policy)),
-                map(not_, map(_ASKED, olds)),
-                strict=True,
-            ),
-        )
-    )
-    entries: dict[str, _Memoized] = dict(zip(iids, olds, strict=True))
-    reused = same.count(True)
-    for k in compress(range(len(todo)), map(not_, same)):
-        job, iid, entry = todo[k], iids[k], olds[k]
-        if entry is not _ABSENT and entry.holds_for(job, policy, lookups, checked):
-            reused += 1
-        else:
-            lookups.asked = []
-            outcome: BuiltConfig | str
-            try:
-                outcome = build_config(
-                    job.service,
-                    job.placement,
-                    job.node,
-                    rootfs=job.rootfs,
-                    uid=job.uid,
-                    gid=job.gid,
-                    hosts_path=job.hosts_path,
-                    groups=lookups.group,
-                    devices=lookups,
-                    policy=policy,
-                    network=job.network,
-                )
-            except OciError as e:
-                outcome = str(e)
-            asked = tuple(lookups.asked)
-            if asked:
-                asked = interned.setdefault(asked, asked)
-            entry = _Memoized(job, policy, asked, outcome)
-        entries[iid] = entry
-    outcomes = list(map(_OUTCOME, entries.values()))
-    built: dict[str, BuiltConfig] = dict(zip(entries, outcomes, strict=True))
-    errors: dict[str, str] = {}
-    if any(map(isinstance, outcomes, repeat(str))):
-        errors = {iid: out for iid, out in built.items() if isinstance(out, str)}
-        built = {iid: out for iid, out in built.items() if not isinstance(out, str)}
-    if memo is not None:
-        asking = set(compress(entries, map(_ASKED, entries.values())))
-        if removed is not None:  # the other ids' entries, as they were (same lookups: above)
-            kept = dict(previous)
-            gone = set(removed)
-            for iid in gone:
-                kept.pop(iid, None)
-            asking |= memo._asking - gone - entries.keys()
-            kept.update(entries)
-            entries = kept
-        if len(interned) > 2 * len(entries) + 64:  # drop the tuples no build uses any more
-            interned = {e.asked: e.asked for e in entries.values() if e.asked}
-        memo._entries = entries
-        memo._asking = asking
-        memo._lookups = (groups, devices)
-        memo._interned = interned
-        memo.reused = reused
-        memo.built = len(entries) - reused
-    return BuildResult(built, errors)
+    return BuildMemo()._build(jobs, groups, devices, policy, None, False)
