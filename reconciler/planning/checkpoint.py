@@ -781,7 +781,7 @@ class IdsMemo:
         """:func:`assign_ids`, recomputing only the nodes whose placements changed since this
         memo's last call. ``old_is_last``: ``old`` holds exactly the allocations the last call
         returned (the very objects; see :meth:`given_last`)."""
-        return _assign_ids(result, old, old_gids, self, old_is_last=old_is_last)
+        return self._assign(result, old, old_gids, True, old_is_last=old_is_last)
 
     def given_last(self, cp: Checkpoint) -> bool:
         """Whether ``cp``'s allocations are exactly the ones the last call returned: the
@@ -790,163 +790,162 @@ class IdsMemo:
         out = self._out
         return out is not None and cp.memo is not None and cp.memo.decoded(out) is cp.allocations
 
+    def _assign(
+        self,
+        result: BalanceResult,
+        old: Mapping[str, Allocation],
+        old_gids: Mapping[str, int],
+        remember: bool,
+        *,
+        old_is_last: bool = False,
+    ) -> tuple[dict[str, Allocation], dict[str, int], list[str]]:
+        """Uids and gids for every placement (SPEC §9), deterministically.
+
+        A gid belongs to an item and is unique in the unit. A uid belongs to an instance identity
+        and is kept across versions; it is unique among the instances *of a node* (SPEC §9 asks for
+        5000-9999 per identity, which cannot be unit-wide at 20,000 instances): an instance keeps
+        its uid while no other instance on its node holds it, else it takes the smallest free one.
+        Returns the allocations (in placement order, but after a call the memo answered by
+        patching its last mapping, where the touched nodes' allocations come last: every caller
+        looks them up by id, and the checkpoint sorts them), the gids, and errors for instances
+        that found no free id (gids first, then uids in placement order). ``remember``: keep
+        this call's for the next (else the memo is a throwaway one);
+        ``old_is_last``: ``old`` holds exactly the allocations the memo's last call returned (the
+        very objects; see :meth:`IdsMemo.given_last`).
+        """
+        errors: list[str] = []
+        gids: dict[str, int] = {}
+        placements = result.placements
+        items = sorted(set(map(_ITEM_ID, placements)))
+        for item in items:
+            if item in old_gids and old_gids[item] in GID_RANGE:
+                gids[item] = old_gids[item]
+        used_gids = set(gids.values())
+        for item in items:
+            if item not in gids:
+                gid = _smallest_free(used_gids, GID_RANGE)
+                if gid is None:
+                    errors.append(f"{item}: no free gid in {GID_RANGE.start}-{GID_RANGE.stop - 1}")
+                    continue
+                gids[item] = gid
+                used_gids.add(gid)
+        if remember:
+            self.since = None
+            patched = self._patched_ids(result, old, gids) if old_is_last and not errors else None
+            self.patched = patched is not None
+            if patched is not None:
+                return patched, gids, []
+        by_node: dict[str, list[Placement]] = {}
+        on_node = by_node.get
+        for p in placements:
+            ps = on_node(p.node_id)
+            if ps is None:
+                by_node[p.node_id] = [p]
+            else:
+                ps.append(p)
+        last = self._nodes if remember and self._gids == gids else {}
+        nodes_now: dict[str, tuple[list[Placement], list[Allocation]]] = {}
+        given: dict[str, Allocation | str | None] = {}
+        for node_id, ps in by_node.items():
+            ids = [p.instance_id for p in ps]
+            was = last.get(node_id)
+            if (
+                was is not None
+                and len(was[0]) == len(ps)
+                and all(map(is_, was[0], ps))
+                and all(map(is_, map(old.get, ids), was[1]))
+            ):
+                nodes_now[node_id] = was
+                given.update(zip(ids, was[1], strict=True))
+                continue
+            made = _node_ids(ps, old, gids)
+            if all(type(a) is Allocation for a in made):
+                nodes_now[node_id] = (ps, cast(list[Allocation], made))
+            given.update(zip(ids, made, strict=True))
+        allocations: dict[str, Allocation] = {}
+        for p in placements:
+            got = given[p.instance_id]
+            if type(got) is Allocation:
+                allocations[p.instance_id] = got
+            elif isinstance(got, str):
+                errors.append(got)
+        if remember:
+            self._gids, self._nodes = gids, nodes_now
+            clean = not errors and len(allocations) == len(placements)
+            self._result, self._out = (result, allocations) if clean else (None, None)
+        return allocations, gids, errors
+
+    def _patched_ids(
+        self,
+        result: BalanceResult,
+        old: Mapping[str, Allocation],
+        gids: dict[str, int],
+    ) -> dict[str, Allocation] | None:
+        """:func:`assign_ids`' allocations, made from this memo's last call for the nodes of the
+        instances ``result.changes`` names only (every other node has the very placements, old
+        allocations and gids of the last call, so the same allocations); None when that does not
+        apply or a node ran out of uids (the caller then makes them all)."""
+        last, out, last_gids = self._result, self._out, self._gids
+        if last is None or out is None or last_gids is None:
+            return None
+        # an item added or removed since has all its instances named; any other keeps its gid
+        if gids != last_gids and any(gids.get(item, gid) != gid for item, gid in last_gids.items()):
+            return None
+        named = result.changed_since(last)
+        if named is None:
+            return None
+        now_by_id, then_by_id = result.by_id, last.by_id
+        touched: dict[str, list[Placement]] = {}  # node -> its placements named by ``since``
+        for iid in named:
+            then = then_by_id.get(iid)
+            if then is not None:
+                touched.setdefault(then.node_id, [])
+            now = now_by_id.get(iid)
+            if now is not None:
+                touched.setdefault(now.node_id, []).append(now)
+        if not touched and len(out) == len(result.placements):
+            # every placement the last call's object, in its order: the very mapping it returned
+            # (so the checkpoint that holds it still reads as "given last")
+            self._gids, self._result, self.since = gids, result, (out, frozenset())
+            return out
+        nodes = dict(self._nodes)
+        given = dict(out)
+        staying: dict[str, list[Placement]] = {}
+        changed = set(named)  # the ids whose allocation may differ from the last call's
+        for node_id in touched:  # first every touched node's last allocations out (a moved
+            was = nodes.pop(node_id, None)  # instance's new node may come before its old one)
+            if was is not None:
+                for p in was[0]:
+                    del given[p.instance_id]
+                    changed.add(p.instance_id)
+                staying[node_id] = [p for p in was[0] if p.instance_id not in named]
+        for node_id, arrived in touched.items():
+            ps = staying.get(node_id, []) + arrived
+            if not ps:
+                continue
+            ps.sort(key=placement_order)  # as in the result
+            made = _node_ids(ps, old, gids)
+            if not all(type(a) is Allocation for a in made):
+                return None
+            allocs = cast(list[Allocation], made)
+            nodes[node_id] = (ps, allocs)
+            given.update(zip([p.instance_id for p in ps], allocs, strict=True))
+        if len(given) != len(result.placements) or given.keys() != result.by_id.keys():
+            return None  # (not expected: the nodes above hold every placement)
+        # the last mapping with the touched nodes' allocations taken out and put in again (at the
+        # end: not in placement order, see assign_ids; building it in that order costs 2-3 ms)
+        allocations = given
+        self._gids, self._nodes, self._result, self._out = gids, nodes, result, allocations
+        self.since = (out, frozenset(changed))
+        return allocations
+
 
 def assign_ids(
     result: BalanceResult, old: Mapping[str, Allocation], old_gids: Mapping[str, int]
 ) -> tuple[dict[str, Allocation], dict[str, int], list[str]]:
-    """Uids and gids for every placement (SPEC §9), deterministically; see :func:`_assign_ids`
+    """Uids and gids for every placement (SPEC §9), deterministically; see :meth:`IdsMemo._assign`
     (:meth:`IdsMemo.assign` gives the same, recomputing only the nodes that changed)."""
-    return _assign_ids(result, old, old_gids, None)
-
-
-def _assign_ids(
-    result: BalanceResult,
-    old: Mapping[str, Allocation],
-    old_gids: Mapping[str, int],
-    memo: IdsMemo | None,
-    *,
-    old_is_last: bool = False,
-) -> tuple[dict[str, Allocation], dict[str, int], list[str]]:
-    """Uids and gids for every placement (SPEC §9), deterministically.
-
-    A gid belongs to an item and is unique in the unit. A uid belongs to an instance identity
-    and is kept across versions; it is unique among the instances *of a node* (SPEC §9 asks for
-    5000-9999 per identity, which cannot be unit-wide at 20,000 instances): an instance keeps
-    its uid while no other instance on its node holds it, else it takes the smallest free one.
-    Returns the allocations (in placement order, but after a call the memo answered by
-    patching its last mapping, where the touched nodes' allocations come last: every caller
-    looks them up by id, and the checkpoint sorts them), the gids, and errors for instances
-    that found no free id (gids first, then uids in placement order). ``memo``: see
-    :class:`IdsMemo`;
-    ``old_is_last``: ``old`` holds exactly the allocations the memo's last call returned (the
-    very objects; see :meth:`IdsMemo.given_last`).
-    """
-    errors: list[str] = []
-    gids: dict[str, int] = {}
-    placements = result.placements
-    items = sorted(set(map(_ITEM_ID, placements)))
-    for item in items:
-        if item in old_gids and old_gids[item] in GID_RANGE:
-            gids[item] = old_gids[item]
-    used_gids = set(gids.values())
-    for item in items:
-        if item not in gids:
-            gid = _smallest_free(used_gids, GID_RANGE)
-            if gid is None:
-                errors.append(f"{item}: no free gid in {GID_RANGE.start}-{GID_RANGE.stop - 1}")
-                continue
-            gids[item] = gid
-            used_gids.add(gid)
-    if memo is not None:
-        memo.since = None
-        patched = _patched_ids(result, old, gids, memo) if old_is_last and not errors else None
-        memo.patched = patched is not None
-        if patched is not None:
-            return patched, gids, []
-    by_node: dict[str, list[Placement]] = {}
-    on_node = by_node.get
-    for p in placements:
-        ps = on_node(p.node_id)
-        if ps is None:
-            by_node[p.node_id] = [p]
-        else:
-            ps.append(p)
-    last = memo._nodes if memo is not None and memo._gids == gids else {}
-    nodes_now: dict[str, tuple[list[Placement], list[Allocation]]] = {}
-    given: dict[str, Allocation | str | None] = {}
-    for node_id, ps in by_node.items():
-        ids = [p.instance_id for p in ps]
-        was = last.get(node_id)
-        if (
-            was is not None
-            and len(was[0]) == len(ps)
-            and all(map(is_, was[0], ps))
-            and all(map(is_, map(old.get, ids), was[1]))
-        ):
-            nodes_now[node_id] = was
-            given.update(zip(ids, was[1], strict=True))
-            continue
-        made = _node_ids(ps, old, gids)
-        if all(type(a) is Allocation for a in made):
-            nodes_now[node_id] = (ps, cast(list[Allocation], made))
-        given.update(zip(ids, made, strict=True))
-    allocations: dict[str, Allocation] = {}
-    for p in placements:
-        got = given[p.instance_id]
-        if type(got) is Allocation:
-            allocations[p.instance_id] = got
-        elif isinstance(got, str):
-            errors.append(got)
-    if memo is not None:
-        memo._gids, memo._nodes = gids, nodes_now
-        clean = not errors and len(allocations) == len(placements)
-        memo._result, memo._out = (result, allocations) if clean else (None, None)
-    return allocations, gids, errors
-
-
-def _patched_ids(
-    result: BalanceResult,
-    old: Mapping[str, Allocation],
-    gids: dict[str, int],
-    memo: IdsMemo,
-) -> dict[str, Allocation] | None:
-    """:func:`assign_ids`' allocations, made from the memo's last call for the nodes of the
-    instances ``result.changes`` names only (every other node has the very placements, old
-    allocations and gids of the last call, so the same allocations); None when that does not
-    apply or a node ran out of uids (the caller then makes them all)."""
-    last, out, last_gids = memo._result, memo._out, memo._gids
-    if last is None or out is None or last_gids is None:
-        return None
-    # an item added or removed since has all its instances named; any other keeps its gid
-    if gids != last_gids and any(gids.get(item, gid) != gid for item, gid in last_gids.items()):
-        return None
-    named = result.changed_since(last)
-    if named is None:
-        return None
-    now_by_id, then_by_id = result.by_id, last.by_id
-    touched: dict[str, list[Placement]] = {}  # node -> its placements named by ``since``
-    for iid in named:
-        then = then_by_id.get(iid)
-        if then is not None:
-            touched.setdefault(then.node_id, [])
-        now = now_by_id.get(iid)
-        if now is not None:
-            touched.setdefault(now.node_id, []).append(now)
-    if not touched and len(out) == len(result.placements):
-        # every placement the last call's object, in its order: the very mapping it returned
-        # (so the checkpoint that holds it still reads as "given last")
-        memo._gids, memo._result, memo.since = gids, result, (out, frozenset())
-        return out
-    nodes = dict(memo._nodes)
-    given = dict(out)
-    staying: dict[str, list[Placement]] = {}
-    changed = set(named)  # the ids whose allocation may differ from the last call's
-    for node_id in touched:  # first every touched node's last allocations out (a moved
-        was = nodes.pop(node_id, None)  # instance's new node may come before its old one)
-        if was is not None:
-            for p in was[0]:
-                del given[p.instance_id]
-                changed.add(p.instance_id)
-            staying[node_id] = [p for p in was[0] if p.instance_id not in named]
-    for node_id, arrived in touched.items():
-        ps = staying.get(node_id, []) + arrived
-        if not ps:
-            continue
-        ps.sort(key=placement_order)  # as in the result
-        made = _node_ids(ps, old, gids)
-        if not all(type(a) is Allocation for a in made):
-            return None
-        allocs = cast(list[Allocation], made)
-        nodes[node_id] = (ps, allocs)
-        given.update(zip([p.instance_id for p in ps], allocs, strict=True))
-    if len(given) != len(result.placements) or given.keys() != result.by_id.keys():
-        return None  # (not expected: the nodes above hold every placement)
-    # the last mapping with the touched nodes' allocations taken out and put in again (at the
-    # end: not in placement order, see assign_ids; building it in that order costs 2-3 ms)
-    allocations = given
-    memo._gids, memo._nodes, memo._result, memo._out = gids, nodes, result, allocations
-    memo.since = (out, frozenset(changed))
-    return allocations
+    return IdsMemo()._assign(result, old, old_gids, False)
 
 
 _ITEM_ID = attrgetter("item_id")
