@@ -1069,7 +1069,10 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
     )
     # the network phase after placement (SPEC §17): its failure, or the instance's network
     net_why, net = None, None
-    if exp.placement is not None and exp.failure is None:
+    networked = (view.unit is not None and view.unit.network is not None) or any(
+        s.networked for s in services
+    )
+    if networked and exp.placement is not None and exp.failure is None:
         placed = balance(
             view.unit,
             nodes,
