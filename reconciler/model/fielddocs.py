@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import itertools
 import textwrap
 from functools import cache
 from typing import Any
@@ -34,7 +35,7 @@ def field_docs(cls: type[BaseModel]) -> dict[str, str]:
         body = ast.parse(source).body[0]
         assert isinstance(body, ast.ClassDef)
         stmts = body.body
-        for stmt, after in zip(stmts, stmts[1:], strict=False):
+        for stmt, after in itertools.pairwise(stmts):
             if (
                 isinstance(stmt, ast.AnnAssign)
                 and isinstance(stmt.target, ast.Name)
