@@ -112,7 +112,7 @@ def _type(schema: dict[str, Any], raw: dict[str, Any]) -> str:
     if "const" in node:
         return f"`{node['const']}`"
     if "enum" in node:
-        return " \\| ".join(f"`{v}`" for v in node["enum"])
+        return " | ".join(f"`{v}`" for v in node["enum"])
     kind = node.get("type")
     if kind == "array":
         return f"list of {_type(schema, node.get('items', {}))}"
@@ -120,6 +120,11 @@ def _type(schema: dict[str, Any], raw: dict[str, Any]) -> str:
         values = node.get("additionalProperties")
         if isinstance(values, dict):
             return f"map of string to {_type(schema, values)}"
+        keyed = node.get("patternProperties")
+        if isinstance(keyed, dict) and len(keyed) == 1:
+            ((pattern, inner),) = keyed.items()
+            key = _NAMED_PATTERNS.get(pattern, "string")
+            return f"map of {key} to {_type(schema, inner)}"
         return "object"
     if kind == "string":
         pattern = node.get("pattern")
@@ -204,7 +209,7 @@ def _default(prop: dict[str, Any]) -> str:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    return text.replace("``", "`").replace("|", "\\|").replace("\n", " ")
 
 
 def render_reference(schemas: dict[str, dict[str, Any]]) -> str:
