@@ -130,15 +130,29 @@ def _check_env(entries: tuple[str, ...]) -> None:
 
 class ResourceRatios(_Model):
     cpu: Percent = 50
+    """Percent of a service's cpuDMIPSLimit quota requested on this node when the service sets no
+    requestedResources.cpu."""
     ram: Percent = 50
+    """Percent of a service's ramLimit quota requested on this node when the service sets no
+    requestedResources.ram."""
     storage: Percent = 50
+    """Percent of a service's storageLimit quota requested on this node when the service sets no
+    requestedResources.storage."""
     state: Percent = 50
+    """Percent of a service's stateLimit quota requested on this node when the service sets no
+    requestedResources.state."""
 
 
 class AlertRule(_Model):
     minThreshold: Percent
+    """Percent of the node's capacity: a raised alert falls once usage stays below it for
+    minTimeout."""
     maxThreshold: Percent
+    """Percent of the node's capacity: usage at or above it for minTimeout raises the alert (and
+    triggers a rebalance)."""
     minTimeout: Duration
+    """How long usage must stay above maxThreshold (or below minThreshold) before the alert rises
+    (or falls)."""
 
     @model_validator(mode="after")
     def _order(self) -> Self:
@@ -149,16 +163,24 @@ class AlertRule(_Model):
 
 class AlertRules(_Model):
     cpu: AlertRule | None = None
+    """The alert rule on the node's CPU usage (usage.cpu against maxDMIPS)."""
     ram: AlertRule | None = None
+    """The alert rule on the node's RAM usage (usage.ram against totalRAM)."""
 
 
 class NodeConfig(_Model):
     nodeType: Id
+    """The node type this entry applies to (the Node document's type)."""
     nodeId: Id | None = None
+    """Only this node; an entry with the exact nodeId wins over one matching only nodeType."""
     priority: Int = 0
+    """Node priority: among the nodes that fit, only those of the highest priority are chosen."""
     labels: tuple[Label, ...] = ()
+    """Labels the node carries; a service's labels must all be among them."""
     resourceRatios: ResourceRatios = ResourceRatios()
+    """Percent of a quota requested when a service sets no requested amount (default 50 each)."""
     alertRules: AlertRules | None = None
+    """Sustained-load alerts on CPU and RAM that trigger a rebalance; none when absent."""
 
 
 class NetworkConfig(_Model):
@@ -166,8 +188,11 @@ class NetworkConfig(_Model):
     nodes that no network may overlap, and whether each network gets a VLAN id."""
 
     subnets: tuple[Subnet, ...] = Field(default=DEFAULT_SUBNETS, min_length=1)
+    """The IPv4 subnets (CIDR) networks take, in this order, one per network."""
     excludeSubnets: tuple[Subnet, ...] = ()
+    """Address ranges in use on the nodes that no network may overlap."""
     vlan: Bool = False
+    """Whether each network gets a VLAN id."""
 
     @model_validator(mode="after")
     def _checks(self) -> Self:
@@ -177,13 +202,24 @@ class NetworkConfig(_Model):
 
 class UnitConfig(_Model):
     apiVersion: ApiVersion
+    """Always reconciler/v1."""
     kind: Literal["UnitConfig"]
+    """Always UnitConfig."""
     version: SemVer
+    """The unit configuration's version (semver)."""
     placement: Literal["stable", "fresh"] = "stable"
+    """stable: instances keep their node while it still fits; fresh: every run places every
+    instance anew."""
     maxInstances: UnitInstanceLimit = DEFAULT_UNIT_MAX_INSTANCES
+    """The most instances all services together may ask for; a desired state asking for more is
+    invalid."""
     nodeTimeout: Duration = 60.0  # a node whose reportedAt is older fails NodeState (SPEC §19)
+    """A node whose agent report (reportedAt) is older than this is treated as disconnected."""
     nodes: tuple[NodeConfig, ...] = ()
+    """Per-node settings: priority, labels, resource ratios, alert rules, matched by nodeType or
+    nodeId."""
     network: NetworkConfig | None = None
+    """Subnets and VLANs of the unit's networks; defaults apply when absent."""
 
     @model_validator(mode="after")
     def _no_duplicate_entries(self) -> Self:
@@ -231,19 +267,30 @@ def _entry_index(unit: UnitConfig) -> EntryIndex:
 
 class ImagePlatform(_Model):
     architecture: Str
+    """CPU architecture the image needs (amd64, arm64, ...); must equal the runtime's."""
     os: Str | None = None
+    """Operating system the image needs; compared only when set."""
     variant: Str | None = None
+    """Architecture variant (e.g. v8); compared only when set."""
     osVersion: Str | None = None
+    """Operating system version; compared only when set."""
     osFeatures: tuple[Str, ...] = ()
+    """Features the runtime's platform must all have."""
 
 
 class Image(_Model):
     rootfs: Str = Field(min_length=1)
+    """The root filesystem directory: relative to the state directory, or absolute."""
     platform: ImagePlatform | None = None
+    """The platform the image needs; a runtime of another platform is filtered out (Platform)."""
     entrypoint: tuple[Str, ...] = ()
+    """The command run in the container (argv); cmd is appended to it."""
     cmd: tuple[Str, ...] = ()
+    """Arguments after the entrypoint (or the command itself without one)."""
     env: tuple[Str, ...] = ()
+    """Environment variables, each NAME=value."""
     workingDir: Str = "/"
+    """The container's working directory (absolute)."""
 
     @model_validator(mode="after")
     def _checks(self) -> Self:
@@ -255,32 +302,53 @@ class Image(_Model):
 
 class Quotas(_Model):
     cpuDMIPSLimit: NonNegInt | None = None
+    """CPU limit in DMIPS (Dhrystone million instructions per second); becomes the container's CFS
+    quota: limit x 100000 x numCores / maxDMIPS per 100000 us period."""
     ramLimit: Bytes | None = None
+    """Memory limit of the container (bytes)."""
     storageLimit: Bytes | None = None
+    """Storage limit (bytes) taken from the node's partition typed storages."""
     stateLimit: Bytes | None = None
+    """State limit (bytes) taken from the node's partition typed states."""
     pidsLimit: PosInt | None = None
+    """The most processes the container may run."""
     noFileLimit: PosInt | None = None
+    """The most open files per process (RLIMIT_NOFILE)."""
     tmpLimit: Bytes | None = None
+    """Size of the container's /tmp (bytes)."""
     downloadSpeed: NonNegInt | None = None  # kbit/s into the instance; 0 = unlimited
+    """Ingress bandwidth limit in kbit/s; 0 is unlimited."""
     uploadSpeed: NonNegInt | None = None  # kbit/s out of the instance; 0 = unlimited
+    """Egress bandwidth limit in kbit/s; 0 is unlimited."""
 
 
 class RequestedResources(_Model):
     cpu: NonNegInt | None = None
+    """CPU reserved per instance on its node, in DMIPS (Dhrystone million instructions per second);
+    capped at cpuDMIPSLimit."""
     ram: Bytes | None = None
+    """RAM reserved per instance (bytes); capped at ramLimit."""
     storage: Bytes | None = None
+    """Storage reserved per instance (bytes); capped at storageLimit."""
     state: Bytes | None = None
+    """State storage reserved per instance (bytes); capped at stateLimit."""
 
 
 class ResourceRequest(_Model):
     name: ResourceName
+    """The named host resource (from the node's resources) each instance takes one slot of."""
     mode: AccessMode = "rwm"
+    """Device access for the resource's devices: letters from rwm (read, write, mknod)."""
 
 
 class DeviceRequest(_Model):
     resource: ResourceName
+    """The device pool's resource name (e.g. example.com/gpu)."""
     count: PosInt | None = None
+    """Whole devices per instance (a pool with policy exclusive); give count or memory."""
     memory: Bytes | None = None
+    """Device memory per instance on one shared device (a pool with policy fractional); give count
+    or memory."""
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Self:
@@ -317,32 +385,57 @@ _ConnectionString = Annotated[
 
 class Service(_Model):
     apiVersion: ApiVersion
+    """Always reconciler/v1."""
     kind: Literal["Service"]
+    """Always Service."""
     type: ItemType = "service"
+    """service: a container; component: firmware or an image installed by its runtime's handler."""
     id: Id
+    """The item id (e.g. com.example.nav)."""
     version: SemVer
+    """Semver; a new version stops the old instances and starts new ones."""
     subject: Id = "default"
+    """The subject id; (id, subject) identifies the service."""
     priority: Int = 0
+    """Higher is placed first and may preempt lower-priority instances."""
     instances: InstanceCount = 1
+    """How many instances to run (0 allowed)."""
     labels: tuple[Label, ...] = ()
+    """Node labels (from unit.yaml) every chosen node must have."""
     nodeId: Id | None = None
+    """Only this node may host the instances."""
     balancingPolicy: Literal["enabled", "disabled"] = "enabled"
+    """enabled: a rebalance may move the instances; disabled: they stay on their node."""
     restartPolicy: RestartPolicy = "always"  # what the node agent does when its container dies
+    """What the node agent does when a container dies: always, on-failure or never restart it."""
     runtimes: tuple[Id, ...] = Field(default=("crun", "runc"), min_length=1)
+    """Accepted runtime types (a node runtime's type), in no order."""
     image: Image
+    """The container image: root filesystem, platform, command, environment."""
     quotas: Quotas = Quotas()
+    """Limits of each instance, written into its OCI config; also the base of requests by ratio."""
     requestedResources: RequestedResources = RequestedResources()
+    """Amounts reserved per instance on its node; without them, quota x the node's
+    resourceRatios."""
     skipResourceLimits: Bool = False
+    """Request no CPU, RAM, storage or state at all."""
     resources: tuple[ResourceRequest, ...] = ()
+    """Named host resources each instance needs one slot of."""
     devices: tuple[DeviceRequest, ...] = ()
+    """Device-pool requests: whole devices (count) or a share of one (memory)."""
     # the pattern on the plain type: on Str (whose NUL check is a validator) it left the schema
     hostname: Annotated[str, Strict(), Field(pattern=_HOSTNAME)] | None = None
+    """The container's hostname."""
     sysctl: Mapping[SysctlName, Str] = Field(default_factory=dict)
+    """Namespaced kernel parameters set in the container (net.*, kernel.msg*, ...)."""
     # networks (SPEC §17): the provider whose network the instances join, the ports they serve
     # and the ports of other items they may reach
     owner: Id | None = None
+    """The provider whose network the instances join (default: the network default)."""
     exposedPorts: tuple[_PortString, ...] = ()
+    """Ports the instances serve, port[/tcp|udp] (tcp when omitted)."""
     allowedConnections: tuple[_ConnectionString, ...] = ()
+    """Ports of other items the instances may reach: itemId/port[/proto]."""
 
     @model_validator(mode="before")
     @classmethod
@@ -406,34 +499,52 @@ class Service(_Model):
 
 class OsInfo(_Model):
     os: Str
+    """The node's operating system."""
     version: Str | None = None
+    """The operating system's version."""
     features: tuple[Str, ...] = ()
+    """Operating system features."""
 
 
 class Partition(_Model):
     name: Id
+    """The partition's name (unique on the node)."""
     types: tuple[Str, ...] = Field(min_length=1)
+    """What it holds: storages (services' storage), states (services' state) or other types."""
     totalSize: Bytes
+    """The partition's size (bytes)."""
 
 
 class RuntimePlatform(_Model):
     architecture: Str
+    """CPU architecture (amd64, arm64, ...)."""
     os: Str = "linux"
+    """Operating system."""
     variant: Str | None = None
+    """Architecture variant."""
     osVersion: Str | None = None
+    """Operating system version."""
     osFeatures: tuple[Str, ...] = ()
+    """Operating system features."""
 
 
 class Runtime(_Model):
     id: Id
+    """The runtime's id on the node."""
     type: Id
+    """The runtime type (runc, crun, ...) services list in runtimes."""
     platform: RuntimePlatform
+    """The platform the runtime runs images of."""
     maxInstances: NonNegInt = 0
+    """The most instances on this runtime; 0 is unlimited."""
     allowedDMIPS: NonNegInt | None = None
+    """A CPU pool of its own, in DMIPS (Dhrystone million instructions per second), instead of the
+    node's."""
     allowedRAM: Bytes | None = None
+    """A RAM pool of its own (bytes) instead of the node's."""
     handler: tuple[Str, ...] = ()
     """A component runtime's installer (argv): the agent runs ``handler install ITEM VERSION
-    ARTIFACT`` and ``handler remove ITEM VERSION`` (SPEC §18)."""
+    ARTIFACT`` and ``handler remove ITEM VERSION`` (see the components page of the docs)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -446,26 +557,39 @@ class Runtime(_Model):
 
 class Mount(_Model):
     destination: Str
+    """The path inside the container."""
     type: Str = "bind"
+    """The mount type (bind by default)."""
     source: Str
+    """The path on the host (or the filesystem source)."""
     options: tuple[Str, ...] = ()
+    """Mount options (ro, rbind, ...)."""
 
 
 class HostEntry(_Model):
     hostname: Str = Field(min_length=1)
+    """A host name added to the instance's /etc/hosts."""
     ip: Str = Field(min_length=1)
+    """Its address."""
 
 
 class HostResource(_Model):
-    """One entry of the resource manager's resources file (SPEC §6.2)."""
+    """One entry of the resource manager's resources file (a node's named resources)."""
 
     name: ResourceName
+    """The resource's name, which services list in resources."""
     sharedCount: NonNegInt = 0
+    """How many instances may hold it at once; 0 is unlimited."""
     groups: tuple[Str, ...] = ()
+    """Host groups whose gids the container's process gets."""
     mounts: tuple[Mount, ...] = ()
+    """Mounts added to the instance's OCI config."""
     envs: tuple[Str, ...] = ()
+    """Environment variables (NAME=value) added to the instance."""
     hosts: tuple[HostEntry, ...] = ()
+    """Entries added to the instance's /etc/hosts."""
     devices: tuple[Str, ...] = ()
+    """Host devices, host_path[:container_path[:permissions]]."""
 
     @model_validator(mode="after")
     def _checks(self) -> Self:
@@ -478,12 +602,19 @@ class Device(_Model):
     OCI config of each instance it is allocated to (the kubelet's ContainerAllocateResponse)."""
 
     id: Id
+    """The device's id in its pool."""
     healthy: Bool = True
+    """An unhealthy device is given to no new instance."""
     memory: Bytes | None = None
+    """The device's memory (bytes), shared out by a fractional pool."""
     devices: tuple[Str, ...] = ()
+    """Host device nodes added to the instance's OCI config."""
     envs: tuple[Str, ...] = ()
+    """Environment variables (NAME=value) added to the instance."""
     mounts: tuple[Mount, ...] = ()
+    """Mounts added to the instance's OCI config."""
     annotations: Mapping[Annotated[Str, Field(min_length=1)], Str] = Field(default_factory=dict)
+    """OCI annotations added to the instance's config."""
 
     @model_validator(mode="after")
     def _checks(self) -> Self:
@@ -493,8 +624,12 @@ class Device(_Model):
 
 class DevicePool(_Model):
     resource: ResourceName
+    """The resource name services request (e.g. example.com/gpu)."""
     policy: PolicyName  # a registered sharing policy (reconciler.placement.sharing)
+    """The sharing policy: exclusive (whole devices by count) or fractional (a share of one
+    device's memory)."""
     devices: tuple[Device, ...] = ()
+    """The pool's devices."""
 
     @model_validator(mode="after")
     def _checks(self) -> Self:
@@ -505,34 +640,60 @@ class DevicePool(_Model):
 
 class UsageReading(_Model):
     cpu: NonNegInt = 0
+    """Measured CPU of the instance, in DMIPS (Dhrystone million instructions per second)."""
     ram: Bytes = 0
+    """Measured memory of the instance (bytes)."""
 
 
 class NodeUsage(_Model):
     cpu: NonNegInt = 0
+    """Measured CPU of the whole node, in DMIPS (Dhrystone million instructions per second)."""
     ram: Bytes = 0
+    """Measured memory in use on the node (bytes)."""
     instances: Mapping[Str, UsageReading] = Field(default_factory=dict)
+    """Measured usage per running instance id."""
 
 
 class Node(_Model):
     apiVersion: ApiVersion
+    """Always reconciler/v1."""
     kind: Literal["Node"]
+    """Always Node."""
     id: Id
+    """The node id; equal to the file name (nodes/<id>.yaml)."""
     type: Id
+    """The node type, matched by unit.yaml's nodes entries."""
     state: Literal["provisioned", "unprovisioned", "paused", "error"] = "provisioned"
+    """Only a provisioned node hosts instances."""
     connected: Bool = True
+    """A disconnected node hosts no instances."""
     maxDMIPS: NonNegInt
+    """The node's whole CPU capacity in DMIPS (Dhrystone million instructions per second): a CPU
+    speed unit that compares across nodes, e.g. 4 cores of 5000 DMIPS each is 20000."""
     totalRAM: Bytes
+    """The node's memory (bytes)."""
     numCores: PosInt = 1
+    """CPU cores; used to turn a DMIPS limit into a CFS quota."""
     osInfo: OsInfo | None = None
+    """The node's operating system."""
     partitions: tuple[Partition, ...] = ()
+    """Disk partitions; those typed storages and states are the storage and state pools."""
     runtimes: tuple[Runtime, ...] = ()
+    """The container runtimes of the node; an instance runs on one of them."""
     resources: tuple[HostResource, ...] | None = None
+    """Named host resources, inline (or use resourcesFile, not both)."""
     resourcesFile: Str | None = None
+    """Path of a JSON file listing the named host resources (relative to the state directory, or
+    absolute)."""
     devicePools: tuple[DevicePool, ...] = ()
+    """Pools of devices (GPUs, NPUs, ...) shared out by a sharing policy."""
     inventories: NodeInventories = NodeInventories()
+    """Per resource: reserved amount, allocation ratio (overcommit) and unit rules."""
     usage: NodeUsage | None = None
+    """Measured usage (written by the agent); drives alerts and lowers available CPU and RAM."""
     reportedAt: AwareDatetime | None = None  # when its agent wrote it (SPEC §19); None: by hand
+    """When the agent wrote this file; a report older than unit.yaml's nodeTimeout marks the node
+    disconnected."""
     _no_report: str | None = PrivateAttr(default=None)
     """Set on the controller's copy of a node whose report is too old: why it fails NodeState
     (never read from or written to the file)."""
@@ -604,26 +765,43 @@ class LastExit(_Model):
     ``container missing`` or ``start failed: ...``) and ``at``, when the agent noticed."""
 
     code: Int | None = None
+    """The exit code, when known."""
     signal: Int | None = None
+    """The signal that ended it, when known."""
     reason: Str
+    """stopped, container missing, or start failed: ..."""
     at: AwareDatetime
+    """When the agent noticed."""
 
 
 class ActualInstance(_Model):
     itemId: Id
+    """The service's item id."""
     subjectId: Id
+    """The service's subject id."""
     index: NonNegInt
+    """The instance's index (0 to instances-1)."""
     version: SemVer
+    """The running version."""
     runtimeId: Id
+    """The runtime it runs on."""
     state: Literal["activating", "active", "inactive", "failed"]
+    """Observed state: activating, active, inactive or failed."""
     devices: Mapping[ResourceName, tuple[Id, ...]] = Field(default_factory=dict)
+    """Device ids held, per resource."""
     # observed by the agent, never planned (like state)
     restartCount: NonNegInt = 0
+    """How many times the agent restarted it."""
     lastExit: LastExit | None = None
+    """How its container last ended."""
     reason: Str | None = None  # why the state is failed
+    """Why the state is failed."""
     ip: Str | None = None  # the instance's address in its network (SPEC §17)
+    """The instance's address in its network."""
     network: Id | None = None  # that network's id
+    """The network's id."""
     handlerResult: Str | None = None  # a component: what its runtime's handler said (SPEC §18)
+    """A component: what its runtime's handler said."""
 
     @property
     def instance_id(self) -> str:
@@ -632,10 +810,15 @@ class ActualInstance(_Model):
 
 class ActualState(_Model):
     apiVersion: ApiVersion
+    """Always reconciler/v1."""
     kind: Literal["ActualState"]
+    """Always ActualState."""
     nodeId: Id
+    """The node this file describes (actual/<nodeId>.yaml)."""
     revision: NonNegInt = 0
+    """Incremented by every writer; a plan made against another revision is stale."""
     instances: Mapping[Str, ActualInstance] = Field(default_factory=dict)
+    """What runs on the node, by instance id."""
 
     @model_validator(mode="after")
     def _ids_match(self) -> Self:

@@ -82,20 +82,30 @@ class CpuInventory(_Settings):
     """``inventories.cpu``: amounts in DMIPS."""
 
     reserved: NonNegInt = 0
+    """CPU kept from the pool, in DMIPS (Dhrystone million instructions per second)."""
     allocationRatio: AllocationRatio = 1.0
+    """Overcommit: capacity is (total - reserved) x ratio."""
     minUnit: PosInt = 1
+    """The smallest non-zero CPU request accepted on the node."""
     maxUnit: PosInt | None = None
+    """The largest CPU request accepted on the node; no bound when absent."""
     stepSize: PosInt = 1
+    """A CPU request must be a multiple of it."""
 
 
 class ByteInventory(_Settings):
     """``inventories.ram``, ``.storage``, ``.state``: byte quantities (``64Mi``, ``1G``, 4096)."""
 
     reserved: Bytes = 0
+    """Bytes kept from the pool."""
     allocationRatio: AllocationRatio = 1.0
+    """Overcommit: capacity is (total - reserved) x ratio."""
     minUnit: PosBytes = 1
+    """The smallest non-zero request accepted on the node (bytes)."""
     maxUnit: PosBytes | None = None
+    """The largest request accepted on the node (bytes); no bound when absent."""
     stepSize: PosBytes = 1
+    """A request must be a multiple of it (bytes)."""
 
 
 class NodeInventories(BaseModel):
@@ -104,9 +114,13 @@ class NodeInventories(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
 
     cpu: CpuInventory = CpuInventory()
+    """Inventory settings of CPU (DMIPS)."""
     ram: ByteInventory = ByteInventory()
+    """Inventory settings of RAM."""
     storage: ByteInventory = ByteInventory()
+    """Inventory settings of storage (the partition typed storages)."""
     state: ByteInventory = ByteInventory()
+    """Inventory settings of state (the partition typed states)."""
 
     @cached_property
     def units(self) -> tuple[Units, Units, Units, Units]:

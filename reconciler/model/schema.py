@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from reconciler.model.documents import KINDS, HostResource
+from reconciler.model.fielddocs import add_descriptions
 
 __all__ = ["RESOURCES_FILE", "all_schemas", "schema_for"]
 
@@ -24,8 +25,10 @@ RESOURCES_FILE = "ResourcesFile"
 def schema_for(kind: str) -> dict[str, Any]:
     if kind == RESOURCES_FILE:
         schema = TypeAdapter(list[HostResource]).json_schema(mode="validation")
+        add_descriptions(schema, HostResource)
     else:
         schema = KINDS[kind].model_json_schema(mode="validation")
+        add_descriptions(schema, KINDS[kind])
     return {"$schema": _DIALECT, "$id": f"reconciler/v1/{kind}", **schema}
 
 
