@@ -36,6 +36,14 @@ from reconciler.cli.agent_report import (
     node_report_options,
     run_reporting_agent,
 )
+from reconciler.cli.explainview import (
+    find_item,
+    item_json,
+    item_view,
+    render_item,
+    runtime_json,
+    suggestions,
+)
 from reconciler.cli.observe import (
     agent_metrics,
     controller_metrics,
@@ -1091,7 +1099,14 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
 
     INSTANCE is an instance id (uuid) or ITEM:SUBJECT:INDEX (ITEM:INDEX for the default
     subject). Every filter is evaluated on every node against the final placement of everyone
-    else, and the node x filter matrix is printed with the reason of each failing cell.
+    else, and the node x filter matrix is printed with the reason of each failing cell. A
+    runtime filter's cell is ok when the filter passes on some runtime of the node; for each
+    node with several runtimes that no node filter drops, the runtime filters that fail on
+    each runtime are listed too (a node is feasible only when one runtime passes them all).
+
+    INSTANCE may also be an item, ITEM or ITEM:SUBJECT: then each of its instances is listed
+    with where it is placed or why it has no place. An id that names nothing gets the
+    closest desired ids as suggestions.
 
     Exit codes: 0 explained, 1 unknown instance or error.
     """
@@ -1100,10 +1115,24 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
     _report_diagnostics(diags)
     services = view.services_sorted()
     iid = _find_instance(services, instance)
-    if iid is None:
-        raise click.ClickException(f"no desired instance {instance!r}")
+    members = find_item(services, instance) if iid is None else []
+    if iid is None and not members:
+        close = suggestions(services, instance)
+        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        raise click.ClickException(f"no desired instance {instance!r}{hint}")
     loaded = load_checkpoint(state_dir / "checkpoint", view.actual, quarantine=False)
     nodes = StaleMarks().apply(view.unit, view.nodes.values(), time.time())  # as reconcile does
+    if iid is None:
+        previous = loaded.checkpoint.previous()
+        network = loaded.checkpoint.network
+        item = item_view(
+            instance, members, view.unit, nodes, services, previous, _mode(mode), network
+        )
+        if as_json:
+            _print_json(item_json(item))
+        else:
+            render_item(_console(), item)
+        return EXIT_OK
     exp = explain_instance(
         view.unit,
         nodes,
@@ -1142,6 +1171,7 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
             ),
         )
     if as_json:
+        runtimes = runtime_json(exp)
         _print_json(
             {
                 "network": None if net is None else net.to_json(),
@@ -1167,6 +1197,7 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
                             code: {"pass": why is None, "reason": why}
                             for code, why in zip(exp.filters, cells, strict=True)
                         },
+                        "runtimes": runtimes.get(node_id, {}),
                     }
                     for node_id, cells, dropped in exp.rows
                 ],

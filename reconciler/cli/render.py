@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-import textwrap
-
 from rich.console import Console
 
-from reconciler.cli.textout import Cell, Column, Painter, TextTable, write_lines
+from reconciler.cli.textout import (
+    Cell,
+    Column,
+    Painter,
+    TextTable,
+    wrap,
+    wrap_marked,
+    write_lines,
+)
 from reconciler.placement.balancer import Explanation
 from reconciler.placement.instances import BalanceResult, Failure
 from reconciler.planning.plans import Action, Plan
@@ -65,6 +71,7 @@ def render_plan(console: Console, plan: Plan) -> None:
     """The actions grouped by node, then by service (ITEM:SUBJECT), each instance on a line of
     its own; then the unplaceable instances grouped by service; then the totals."""
     paint = Painter(console)
+    width = console.width
     lines: list[str] = []
     by_node: dict[str, dict[tuple[str, str], list[Action]]] = {}
     for a in plan.actions:
@@ -88,15 +95,18 @@ def render_plan(console: Console, plan: Plan) -> None:
         for item, subject in sorted(grouped):
             lines.append(f"  {item}:{subject}")
             for f in sorted(grouped[(item, subject)], key=lambda f: f.index):
-                lines.append(f"    {paint('!', 'yellow')} {f.summary}")
+                lines.extend(wrap_marked(paint, f"! {f.summary}", width, "    ", "!", "yellow"))
     starts, stops = len(plan.starts()), len(plan.stops())
     if not plan.actions:
         tail = f" {len(plan.failures)} unplaceable." if plan.failures else ""
-        lines.append(f"No changes.{tail}")
+        lines.extend(wrap(f"No changes.{tail}", width))
     else:
-        lines.append(
-            f"Plan: {starts} to start, {stops} to stop on {len(by_node)} node(s); "
-            f"{len(plan.failures)} unplaceable."
+        lines.extend(
+            wrap(
+                f"Plan: {starts} to start, {stops} to stop on {len(by_node)} node(s); "
+                f"{len(plan.failures)} unplaceable.",
+                width,
+            )
         )
     write_lines(console, lines)
 
@@ -107,21 +117,25 @@ def _action_order(a: Action) -> tuple[int, bool, str]:
 
 def render_explanation(console: Console, exp: Explanation) -> None:
     paint = Painter(console)
+    width = console.width
     inst = exp.instance
     lines = [f"{paint(inst.label, 'bold')} ({inst.id}), priority {inst.priority}"]
     if exp.placement is not None and exp.failure is not None:  # held
         p = exp.placement
-        lines.append(
-            f"{paint('held', 'yellow')} at {p.version} on {paint(p.node_id, 'green')} runtime "
-            f"{p.runtime_id}: its current spec ({inst.version}) places nowhere (below), so it "
-            "keeps running as it was placed"
+        text = (
+            f"held at {p.version} on {p.node_id} runtime {p.runtime_id}: its current spec "
+            f"({inst.version}) places nowhere (below), so it keeps running as it was placed"
         )
-        lines.append(f"{paint('unplaceable', 'red')}: {exp.failure.summary}")
+        lines.extend(wrap_marked(paint, text, width, "", "held", "yellow"))
+        text = f"unplaceable: {exp.failure.summary}"
+        lines.extend(wrap_marked(paint, text, width, "", "unplaceable", "red"))
     elif exp.placement is not None:
         p = exp.placement
-        lines.append(f"placed on {paint(p.node_id, 'green')} runtime {p.runtime_id}")
+        text = f"placed on {p.node_id} runtime {p.runtime_id}"
+        lines.extend(wrap_marked(paint, text, width, "", p.node_id, "green"))
     elif exp.failure is not None:
-        lines.append(f"{paint('unplaceable', 'red')}: {exp.failure.summary}")
+        text = f"unplaceable: {exp.failure.summary}"
+        lines.extend(wrap_marked(paint, text, width, "", "unplaceable", "red"))
     table = TextTable(
         [
             Column("node"),
@@ -141,13 +155,15 @@ def render_explanation(console: Console, exp: Explanation) -> None:
                 notes.append(f"{node_id} {code}: {why}")
         row.append(dropped or ("feasible", "green"))
         table.add_row(*row)
-    rendered = table.render(console.width, paint)
+    rendered = table.render(width, paint)
     lines.extend(rendered)
     if rendered and any(code not in rendered[0] for code in exp.filters):
-        legend = ", ".join(f"{_SHORT_CODES.get(c, c[:3])} {c}" for c in exp.filters)
-        lines.extend(textwrap.wrap(f"Filters: {legend}", max(console.width, 40)))
-    lines.extend(f"  {note}" for note in notes)
-    lines.extend(_runtime_breakdown(exp, paint))
+        shorts = ((_SHORT_CODES.get(c, c[:3]), c) for c in exp.filters)
+        legend = ", ".join(f"{short} {code}" for short, code in shorts if short != code)
+        lines.extend(wrap(f"Filters: {legend}", width))
+    for note in notes:
+        lines.extend(wrap(note, width, "  "))
+    lines.extend(_runtime_breakdown(exp, paint, width))
     write_lines(console, lines)
 
 
@@ -167,7 +183,7 @@ _SHORT_CODES = {
 }
 
 
-def _runtime_breakdown(exp: Explanation, paint: Painter) -> list[str]:
+def _runtime_breakdown(exp: Explanation, paint: Painter, width: int) -> list[str]:
     """Per runtime, the runtime filters that fail on it, for each node with several runtimes
     that no node filter drops: a node is feasible only when one runtime passes every runtime
     filter, so a node whose every column is ok can still be dropped (each filter passes on
@@ -187,10 +203,10 @@ def _runtime_breakdown(exp: Explanation, paint: Painter) -> list[str]:
                 for code, why in zip(exp.runtime_filters, cells, strict=True)
                 if why is not None
             ]
-            verdict = (
-                paint("fails ", "red") + "; ".join(failing)
-                if failing
-                else paint("passes every runtime filter", "green")
-            )
-            lines.append(f"    {runtime_id}: {verdict}")
+            if failing:
+                text = f"{runtime_id}: fails {'; '.join(failing)}"
+                lines.extend(wrap_marked(paint, text, width, "    ", "fails", "red"))
+            else:
+                text = f"{runtime_id}: passes every runtime filter"
+                lines.extend(wrap_marked(paint, text, width, "    ", "passes", "green"))
     return lines

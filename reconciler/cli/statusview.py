@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import textwrap
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -26,7 +25,15 @@ from typing import Any
 from rich.console import Console
 
 from reconciler.cli.render import SMALL_UNIT
-from reconciler.cli.textout import Cell, Column, Painter, TextTable, write_lines
+from reconciler.cli.textout import (
+    Cell,
+    Column,
+    Painter,
+    TextTable,
+    wrap,
+    wrap_marked,
+    write_lines,
+)
 from reconciler.controller.reports import age_text
 
 __all__ = [
@@ -153,7 +160,9 @@ def render_status(
     paint = Painter(console)
     now = time.time() if now is None else now
     width = console.width
-    lines = _summary(doc, made_at, now, paint)
+    lines = [w for line in _summary(doc, made_at, now) for w in wrap(line, width)]
+    if lines and made_at is not None:
+        lines[0] = lines[0].replace("Status", paint("Status", "bold"), 1)
     instances = doc["instances"]
     picked = [r for r in instances.values() if select.keeps(r)] if select.active else []
     if select.nodes:
@@ -172,15 +181,19 @@ def render_status(
         lines.extend(_instance_table(picked, paint, width))
     elif instances:
         lines.append("")
-        lines.append(
-            f"{len(instances)} instances: list them with --instances, or pick some with "
-            "--node, --service, --in-state or --failed."
+        lines.extend(
+            wrap(
+                f"{len(instances)} instances: list them with --instances, or pick some with "
+                "--node, --service, --in-state or --failed.",
+                width,
+            )
         )
     failures = [f for f in doc["failures"] if select.keeps_failure(f)]
     if failures and (select.active or len(failures) <= SMALL_UNIT):
         lines.append("")
         lines.append(paint("Unplaceable", "bold"))
-        lines.extend(f"  {paint('!', 'yellow')} {f['summary']}" for f in failures)
+        for f in failures:
+            lines.extend(wrap_marked(paint, f"! {f['summary']}", width, "  ", "!", "yellow"))
     elif failures:
         lines.append("")
         lines.append(f"{len(failures)} unplaceable instances: list them with --failed.")
@@ -188,14 +201,16 @@ def render_status(
         lines.append("")
         lines.append(paint("Alerts", "bold"))
         for a in doc["alerts"]:
-            raised = paint(f"{a['node']} {a['resource']}", "red")
-            lines.append(f"  {raised} raised since {a['since']}")
+            raised = f"{a['node']} {a['resource']}"
+            text = f"{raised} raised since {a['since']}"
+            lines.extend(wrap_marked(paint, text, width, "  ", raised, "red"))
     if doc.get("invalidInputs"):
         lines.append("")
         lines.append(paint("Invalid inputs", "bold") + " (their last good version is in use)")
         for errors in doc["invalidInputs"].values():
             for e in errors:
-                lines.append(f"  {e['path']}:{e['line']}:{e['col']}: {e['message']}")
+                text = f"{e['path']}:{e['line']}:{e['col']}: {e['message']}"
+                lines.extend(wrap(text, width, "  "))
     write_lines(console, lines)
 
 
@@ -203,15 +218,11 @@ def _counts(counter: Counter[str]) -> str:
     return ", ".join(f"{k} {n}" for k, n in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def _summary(
-    doc: Mapping[str, Any], made_at: float | None, now: float, paint: Painter
-) -> list[str]:
+def _summary(doc: Mapping[str, Any], made_at: float | None, now: float) -> list[str]:
     lines = []
     if made_at is not None:
         age = age_text(max(0.0, now - made_at))
-        lines.append(
-            f"{paint('Status', 'bold')} made {_iso(made_at)} ({age} ago, by the last reconcile)"
-        )
+        lines.append(f"Status made {_iso(made_at)} ({age} ago, by the last reconcile)")
     nodes = doc["nodes"].values()
     node_states = Counter(
         n["state"] if n["connected"] else f"{n['state']} (disconnected)" for n in nodes
@@ -317,7 +328,7 @@ def _node_table(
     note = "last report: the age of the agent's reportedAt"
     if from_files:
         note += "; * the age of the node's actual/ file (its agent writes no reportedAt)"
-    lines.extend(paint(chunk, "dim") for chunk in textwrap.wrap(note, max(width, 40)))
+    lines.extend(paint(chunk, "dim") for chunk in wrap(note, width, hang=""))
     return lines
 
 
@@ -351,7 +362,7 @@ def _instance_table(records: Sequence[Mapping[str, Any]], paint: Painter, width:
         name = f"{i['itemId']}:{i['subjectId']}:{i['index']}"
         table.add_row(name, i["version"], i["nodeId"], i["runtimeId"], state, _restarts(i), devices)
         if i["state"] == "failed" and i.get("reason"):
-            reasons.append(f"  {name} on {i['nodeId']}: {i['reason']}")
+            reasons.extend(wrap(f"{name} on {i['nodeId']}: {i['reason']}", width, "  "))
     lines = [paint(f"Instances ({len(records)})", "bold")]
     if records:
         lines.extend(table.render(width, paint))

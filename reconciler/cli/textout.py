@@ -16,7 +16,7 @@ from rich.color import ColorSystem
 from rich.console import Console
 from rich.style import Style
 
-__all__ = ["Cell", "Column", "Painter", "TextTable", "write_lines"]
+__all__ = ["Cell", "Column", "Painter", "TextTable", "wrap", "wrap_marked", "write_lines"]
 
 Cell = str | tuple[str, str]
 """A cell's text, or (text, rich style name)."""
@@ -59,6 +59,32 @@ def write_lines(console: Console, lines: Sequence[str]) -> None:
         return
     console.file.write("\n".join(lines) + "\n")
     console.file.flush()
+
+
+def wrap(text: str, width: int, indent: str = "", hang: str = "    ") -> list[str]:
+    """Plain ``text`` as lines of at most ``width`` (``indent`` first, ``hang`` after)."""
+    return textwrap.wrap(
+        text,
+        max(width, 20),
+        initial_indent=indent,
+        subsequent_indent=indent + hang,
+        break_on_hyphens=False,
+    ) or [indent]
+
+
+def wrap_marked(
+    paint: Painter,
+    text: str,
+    width: int,
+    indent: str = "",
+    marker: str = "",
+    style: str = "",
+) -> list[str]:
+    """:func:`wrap`, with the first ``marker`` of the first line painted in ``style``."""
+    lines = wrap(text, width, indent)
+    if marker and marker in lines[0]:
+        lines[0] = lines[0].replace(marker, paint(marker, style), 1)
+    return lines
 
 
 @dataclass(frozen=True)
@@ -149,18 +175,29 @@ class TextTable:
         """Too narrow for the columns side by side: the first column, and beside it the
         others as "header value" pairs, wrapped under each other."""
         gap = "  "
-        room = max(20, width - first - len(gap))
-        indent = " " * (first + len(gap))
-        out = [paint(headers[0].ljust(first) + gap + ", ".join(headers[1:]), "bold")]
-        out.append(paint("─" * min(first + len(gap) + room, width), "dim"))
+        beside = width - first - len(gap) >= 20
+        room = width - first - len(gap) if beside else max(10, width - len(gap))
+        indent = " " * (first + len(gap)) if beside else gap
+        rest = ", ".join(headers[1:])
+        if beside:
+            parts = textwrap.wrap(rest, room) or [""]
+            out = [paint(headers[0].ljust(first) + gap + parts[0], "bold")]
+            out.extend(paint(indent + part, "bold") for part in parts[1:])
+        else:
+            out = [paint(headers[0], "bold"), *(gap + c for c in textwrap.wrap(rest, room))]
+        out.append(paint("─" * width, "dim"))
         for row, text in zip(self.rows, texts, strict=True):
             pairs = [
                 f"{h} {t}" for h, t in zip(headers[1:], text[1:], strict=True) if t and t != "-"
             ]
-            chunks = textwrap.wrap("; ".join(pairs), room, break_on_hyphens=False) or [""]
+            chunks = textwrap.wrap("; ".join(pairs), room, break_on_hyphens=False)
             style = "" if isinstance(row[0], str) else row[0][1]
-            out.append(paint(text[0].ljust(first), style) + gap + chunks[0])
-            out.extend(indent + chunk for chunk in chunks[1:])
+            name = paint(text[0].ljust(first) if beside and chunks else text[0], style)
+            if beside and chunks:
+                out.append(name + gap + chunks.pop(0))
+            else:
+                out.append(name)
+            out.extend(indent + chunk for chunk in chunks)
         return [line.rstrip() for line in out]
 
     def _lines(
