@@ -3,7 +3,6 @@ ids a misspelled one was likely meant to be, and the view of an item's instances
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 from rich.console import Console
 
 from reconciler.accel import balance
+from reconciler.cli.suggest import closest
 from reconciler.cli.textout import Column, Painter, TextTable, wrap, write_lines
 from reconciler.model.documents import Node, Service, UnitConfig
 from reconciler.placement.balancer import Explanation
@@ -55,26 +55,11 @@ def suggestions(services: Sequence[Service], needle: str, n: int = 3) -> list[st
             names.add(f"{i.item_id}:{i.index}")
     shaped = sorted(name for name in names if name.count(":") == needle.count(":"))
     for pool in (shaped, sorted(names)):  # first the ids of the same form as the needle
-        close = _closest(needle, pool, n)
+        close = closest(needle, pool, n)
         if close:
             return close
     # a part of an id: "logger" for com.example.logger
     return [name for name in shaped if needle.lower() in name.lower()][:n]
-
-
-def _closest(needle: str, pool: Sequence[str], n: int) -> list[str]:
-    """difflib's close matches (cutoff 0.6), only those nearly as close as the closest (ids
-    that share a long prefix are all a little alike)."""
-    scored = []
-    for name in pool:
-        m = difflib.SequenceMatcher(None, needle, name)
-        if m.real_quick_ratio() >= 0.6 and m.quick_ratio() >= 0.6 and m.ratio() >= 0.6:
-            scored.append((-m.ratio(), name))
-    scored.sort()
-    if not scored:
-        return []
-    best = -scored[0][0]
-    return [name for score, name in scored[:n] if -score >= best - 0.05]
 
 
 @dataclass(frozen=True)

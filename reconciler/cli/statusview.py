@@ -12,7 +12,6 @@ Filters (each repeatable; values of one filter are alternatives, different filte
 
 from __future__ import annotations
 
-import difflib
 import os
 import time
 from collections import Counter
@@ -25,6 +24,7 @@ from typing import Any
 from rich.console import Console
 
 from reconciler.cli.render import SMALL_UNIT
+from reconciler.cli.suggest import did_you_mean
 from reconciler.cli.textout import (
     Cell,
     Column,
@@ -79,7 +79,7 @@ class StatusFilter:
             if state not in INSTANCE_STATES:
                 raise StatusFilterError(
                     f"unknown instance state {state!r}; the states are "
-                    f"{', '.join(INSTANCE_STATES)}" + _did_you_mean(state, INSTANCE_STATES)
+                    f"{', '.join(INSTANCE_STATES)}" + did_you_mean(state, INSTANCE_STATES)
                 )
 
     def keeps(self, record: Mapping[str, Any]) -> bool:
@@ -110,25 +110,32 @@ def _services(doc: Mapping[str, Any]) -> set[str]:
     return known
 
 
-def _did_you_mean(word: str, choices: Iterable[str]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=3)
-    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-
-
 def _unknown(what: str, word: str, choices: Iterable[str]) -> str:
-    return f"no {what} {word!r} in the status report" + _did_you_mean(word, choices)
+    return f"no {what} {word!r} in the status report" + did_you_mean(word, choices)
 
 
 def actual_file_mtime(state_dir: Path) -> Callable[[str], float | None]:
-    """Per node id, the modification time of its actual/<id>.yaml (.yml, .json), or None."""
+    """Per node id, the modification time of its actual/<id>.yaml (.yml, .json), or None
+    (the directory is listed once, on the first question)."""
     actual = state_dir / "actual"
+    times: dict[str, float] = {}
+    listed = False
 
     def mtime(node_id: str) -> float | None:
-        for ext in (".yaml", ".yml", ".json"):
+        nonlocal listed
+        if not listed:
+            listed = True
             try:
-                return os.lstat(actual / f"{node_id}{ext}").st_mtime
+                with os.scandir(actual) as entries:
+                    for e in entries:
+                        if e.is_file(follow_symlinks=False):
+                            times[e.name] = e.stat(follow_symlinks=False).st_mtime
             except OSError:
-                continue
+                pass
+        for ext in (".yaml", ".yml", ".json"):
+            got = times.get(f"{node_id}{ext}")
+            if got is not None:
+                return got
         return None
 
     return mtime
