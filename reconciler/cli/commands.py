@@ -1101,8 +1101,9 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
     subject). Every filter is evaluated on every node against the final placement of everyone
     else, and the node x filter matrix is printed with the reason of each failing cell. A
     runtime filter's cell is ok when the filter passes on some runtime of the node; for each
-    node with several runtimes that no node filter drops, the runtime filters that fail on
-    each runtime are listed too (a node is feasible only when one runtime passes them all).
+    node with several runtimes that a runtime filter drops (and the node it is placed on),
+    the runtime filters that fail on each runtime are listed too (a node is feasible only
+    when one runtime passes them all).
 
     INSTANCE may also be an item, ITEM or ITEM:SUBJECT: then each of its instances is listed
     with where it is placed or why it has no place. An id that names nothing gets the

@@ -185,14 +185,16 @@ _SHORT_CODES = {
 
 def _runtime_breakdown(exp: Explanation, paint: Painter, width: int) -> list[str]:
     """Per runtime, the runtime filters that fail on it, for each node with several runtimes
-    that no node filter drops: a node is feasible only when one runtime passes every runtime
-    filter, so a node whose every column is ok can still be dropped (each filter passes on
-    some runtime, none passes all)."""
+    that a runtime filter drops, and for the node the instance is placed on: a node is
+    feasible only when one runtime passes every runtime filter, so a node whose every column
+    is ok can still be dropped (each filter passes on some runtime, none passes all)."""
     lines: list[str] = []
-    node_filters = set(exp.filters[: len(exp.filters) - len(exp.runtime_filters)])
+    runtime_filters = set(exp.runtime_filters)
+    dropped_by = {node_id: dropped for node_id, _cells, dropped in exp.rows}
+    placed_on = exp.placement.node_id if exp.placement is not None else None
     for node_id, runtimes in exp.runtimes:
-        row = next((r for r in exp.rows if r[0] == node_id), None)
-        if len(runtimes) < 2 or row is None or row[2] in node_filters:
+        shown = dropped_by.get(node_id) in runtime_filters or node_id == placed_on
+        if len(runtimes) < 2 or not shown:
             continue
         if not lines:
             lines.append(paint("Per runtime", "bold") + " (nodes with several runtimes)")
