@@ -103,8 +103,7 @@ def render_plan(console: Console, plan: Plan) -> None:
     else:
         lines.extend(
             wrap(
-                f"Plan: {starts} to start, {stops} to stop on {len(by_node)} node(s); "
-                f"{len(plan.failures)} unplaceable.",
+                f"Plan: {starts} to start, {stops} to stop; {len(plan.failures)} unplaceable.",
                 width,
             )
         )

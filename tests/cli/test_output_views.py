@@ -288,7 +288,7 @@ def test_plan_groups_lines_by_node_then_service(
         "    + start 1 0.9.1 on runc-2 (new)",
         "  com.example.vision:default",
         "    + start 0 2.0.0 on runc-2 (new)",
-        "Plan: 10 to start, 0 to stop on 2 node(s); 0 unplaceable.",
+        "Plan: 10 to start, 0 to stop; 0 unplaceable.",
     ]
 
 
