@@ -36,6 +36,14 @@ from reconciler.cli.agent_report import (
     node_report_options,
     run_reporting_agent,
 )
+from reconciler.cli.explainview import (
+    find_item,
+    item_json,
+    item_view,
+    render_item,
+    runtime_json,
+    suggestions,
+)
 from reconciler.cli.observe import (
     agent_metrics,
     controller_metrics,
@@ -44,11 +52,13 @@ from reconciler.cli.observe import (
     write_status_page,
 )
 from reconciler.cli.render import (
+    SMALL_UNIT,
     render_explanation,
     render_placements,
     render_plan,
-    render_status,
 )
+from reconciler.cli.statusopts import status_filter, status_filter_options
+from reconciler.cli.statusview import StatusFilterError, actual_file_mtime, render_status
 from reconciler.controller.configs import default_config_builder
 from reconciler.controller.ha import (
     INPUT_SCOPES,
@@ -95,9 +105,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _console() -> Console:
-    """stdout: colors only on a terminal (rich honors NO_COLOR); wide when piped."""
+    """stdout: colors only on a terminal (rich honors NO_COLOR); wide when piped (unless
+    COLUMNS says how wide)."""
     console = Console(highlight=False, soft_wrap=True)
-    if not console.is_terminal:
+    if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
         console = Console(highlight=False, soft_wrap=True, width=max(console.width, 240))
     return console
 
@@ -361,8 +372,20 @@ def _report_diagnostics(diags: Sequence[Diagnostic]) -> None:
     is_flag=True,
     help="Plan even when input files are invalid, with their objects' last good versions.",
 )
+@click.option(
+    "--placements",
+    "show_placements",
+    is_flag=True,
+    help="Print the table of every placement even on a large unit (by default only when the "
+    "unit has at most 100 instances).",
+)
 def plan(
-    state_dir: Path, as_json: bool, mode: str | None, allow_empty: bool, allow_invalid: bool
+    state_dir: Path,
+    as_json: bool,
+    mode: str | None,
+    allow_empty: bool,
+    allow_invalid: bool,
+    show_placements: bool,
 ) -> int:
     """Compute and print the plan, read-only.
 
@@ -374,6 +397,10 @@ def plan(
     FILE:LINE:COL and the exit code is 1, so a pull-request check fails on a broken file. With
     --allow-invalid the plan is computed anyway, each invalid file's object keeping its last
     good version (a first-ever invalid file's object does not exist yet).
+
+    In text, the placements table comes first (on a unit of at most 100 instances, or with
+    --placements), then the actions grouped by node, then by service (ITEM:SUBJECT), one
+    line per instance; then the unplaceable instances grouped by service; then the totals.
 
     With --json the output is the plan document of out/plan.json (formatVersion, inputs,
     changesPresent, complete, actions, failures, nodes with their JSON Patch). When the
@@ -414,8 +441,9 @@ def plan(
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     elif not gated:
         console = _console()
-        render_placements(console, comp.result)
-        console.print()
+        if show_placements or len(comp.result.placements) <= SMALL_UNIT:
+            render_placements(console, comp.result)
+            console.print()
         render_plan(console, comp.plan)
     if gated:
         _err_console().print(
@@ -965,15 +993,25 @@ _STATUS_MAX_BYTES = 1 << 32
     default=None,
     help="Write the status as one self-contained HTML page to this file (as out/status.html).",
 )
-def status(state_dir: Path, as_json: bool, html_file: Path | None) -> int:
-    """Show nodes, instances, failures, alerts and invalid inputs.
+@status_filter_options
+def status(state_dir: Path, as_json: bool, html_file: Path | None, **filters: Any) -> int:
+    """Show a summary, the nodes, and (on request) the instances.
 
-    Reads out/status.json as the last reconcile wrote it (run `reconciler reconcile` first):
-    per node capacity / reserved / free of CPU, RAM, storage, state, runtime slots and
-    devices; per instance its node, runtime, devices and observed state; failures with their
-    summaries; raised alerts; invalid input files with their errors.
+    Reads out/status.json as the last reconcile wrote it (run `reconciler reconcile` first).
+    First a summary: when the report was made, nodes per state, instances per state,
+    unplaceable instances per reason, alerts, invalid inputs. Then one line per node: its
+    reserved/capacity of CPU, RAM, storage and state, its devices, and the age of its agent's
+    last report (the node file's reportedAt; marked * when the node has none and the age is
+    that of its actual/ file). Then the instances with their node, runtime, state, restarts
+    and devices: by default only on a small unit (at most 100 instances); on a larger one
+    with --instances, or with any filter (--node, --service, --in-state, --failed, each
+    repeatable), which also narrows the node table to the nodes of the instances shown.
+    Unplaceable instances and raised alerts come last; invalid input files with their
+    errors.
 
-    Exit codes: 0 shown, 1 no status yet or error.
+    With --json the output is out/status.json itself (no filter applies).
+
+    Exit codes: 0 shown, 1 no status yet or error, 64 a filter names nothing in the report.
     """
     _require_state(state_dir)
     path = state_dir / "out" / "status.json"
@@ -1008,8 +1046,23 @@ def status(state_dir: Path, as_json: bool, html_file: Path | None) -> int:
     if as_json:
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
         return EXIT_OK
+    select = status_filter(**filters)
     try:
-        render_status(_console(), doc)
+        select.check(doc)
+    except StatusFilterError as e:
+        raise click.UsageError(str(e)) from None
+    except (KeyError, TypeError, AttributeError) as e:
+        raise click.ClickException(
+            f"{path}: not a status report ({type(e).__name__}: {e})"
+        ) from None
+    try:
+        render_status(
+            _console(),
+            doc,
+            made_at=os.lstat(path).st_mtime,
+            file_mtime=actual_file_mtime(state_dir),
+            select=select,
+        )
     except (KeyError, TypeError, AttributeError, ValueError) as e:
         raise click.ClickException(
             f"{path}: not a status report of this version ({type(e).__name__}: {e}); "
@@ -1046,7 +1099,15 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
 
     INSTANCE is an instance id (uuid) or ITEM:SUBJECT:INDEX (ITEM:INDEX for the default
     subject). Every filter is evaluated on every node against the final placement of everyone
-    else, and the node x filter matrix is printed with the reason of each failing cell.
+    else, and the node x filter matrix is printed with the reason of each failing cell. A
+    runtime filter's cell is ok when the filter passes on some runtime of the node; for each
+    node with several runtimes that a runtime filter drops (and the node it is placed on),
+    the runtime filters that fail on each runtime are listed too (a node is feasible only
+    when one runtime passes them all).
+
+    INSTANCE may also be an item, ITEM or ITEM:SUBJECT: then each of its instances is listed
+    with where it is placed or why it has no place. An id that names nothing gets the
+    closest desired ids as suggestions.
 
     Exit codes: 0 explained, 1 unknown instance or error.
     """
@@ -1055,10 +1116,24 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
     _report_diagnostics(diags)
     services = view.services_sorted()
     iid = _find_instance(services, instance)
-    if iid is None:
-        raise click.ClickException(f"no desired instance {instance!r}")
+    members = find_item(services, instance) if iid is None else []
+    if iid is None and not members:
+        close = suggestions(services, instance)
+        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        raise click.ClickException(f"no desired instance {instance!r}{hint}")
     loaded = load_checkpoint(state_dir / "checkpoint", view.actual, quarantine=False)
     nodes = StaleMarks().apply(view.unit, view.nodes.values(), time.time())  # as reconcile does
+    if iid is None:
+        previous = loaded.checkpoint.previous()
+        network = loaded.checkpoint.network
+        item = item_view(
+            instance, members, view.unit, nodes, services, previous, _mode(mode), network
+        )
+        if as_json:
+            _print_json(item_json(item))
+        else:
+            render_item(_console(), item)
+        return EXIT_OK
     exp = explain_instance(
         view.unit,
         nodes,
@@ -1100,6 +1175,7 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
             ),
         )
     if as_json:
+        runtimes = runtime_json(exp)
         _print_json(
             {
                 "network": None if net is None else net.to_json(),
@@ -1125,6 +1201,7 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
                             code: {"pass": why is None, "reason": why}
                             for code, why in zip(exp.filters, cells, strict=True)
                         },
+                        "runtimes": runtimes.get(node_id, {}),
                     }
                     for node_id, cells, dropped in exp.rows
                 ],

@@ -2,27 +2,47 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.console import Console
-from rich.table import Table
 
+from reconciler.cli.textout import (
+    Cell,
+    Column,
+    Painter,
+    TextTable,
+    wrap,
+    wrap_marked,
+    write_lines,
+)
 from reconciler.placement.balancer import Explanation
-from reconciler.placement.instances import BalanceResult
-from reconciler.planning.plans import Plan
+from reconciler.placement.instances import BalanceResult, Failure
+from reconciler.planning.plans import Action, Plan
 
-__all__ = ["render_explanation", "render_placements", "render_plan"]
+__all__ = ["SMALL_UNIT", "render_explanation", "render_placements", "render_plan"]
 
 _ACTION_STYLE = {"start": ("+", "green"), "stop": ("-", "red")}
+
+
+SMALL_UNIT = 100
+"""Up to this many instances a view lists every one by default (above: only when asked)."""
 
 
 def render_placements(console: Console, result: BalanceResult) -> None:
     if not result.placements:
         console.print("No instance is placed.")
         return
-    table = Table(title="Placements", title_justify="left", show_edge=False)
-    for col in ("instance", "version", "node", "runtime", "cpu", "ram", "resources", "devices"):
-        table.add_column(col, no_wrap=col in ("instance", "node"))
+    paint = Painter(console)
+    table = TextTable(
+        [
+            Column("instance"),
+            Column("version", min_width=5),
+            Column("node", min_width=6),
+            Column("runtime", "rt", min_width=4),
+            Column("cpu", min_width=3, right=True),
+            Column("ram", min_width=4, right=True),
+            Column("resources", "res"),
+            Column("devices", "dev"),
+        ]
+    )
     for p in result.placements:
         devices = "; ".join(f"{r}={','.join(ids)}" for r, ids in p.devices)
         if p.unhealthy_devices:
@@ -37,7 +57,7 @@ def render_placements(console: Console, result: BalanceResult) -> None:
             ",".join(p.resources),
             devices,
         )
-    console.print(table)
+    write_lines(console, [paint("Placements", "bold"), *table.render(console.width, paint)])
 
 
 def _bytes(n: int) -> str:
@@ -48,156 +68,146 @@ def _bytes(n: int) -> str:
 
 
 def render_plan(console: Console, plan: Plan) -> None:
-    by_node: dict[str, list[str]] = {}
+    """The actions grouped by node, then by service (ITEM:SUBJECT), each instance on a line of
+    its own; then the unplaceable instances grouped by service; then the totals."""
+    paint = Painter(console)
+    width = console.width
+    lines: list[str] = []
+    by_node: dict[str, dict[tuple[str, str], list[Action]]] = {}
     for a in plan.actions:
-        sign, style = _ACTION_STYLE[a.action]
-        line = (
-            f"  [{style}]{sign} {a.action}[/{style}] {a.item_id}:{a.subject_id}:{a.index} "
-            f"{a.version} on {a.runtime_id} [dim]({a.reason}, {a.instance_id})[/dim]"
-        )
-        by_node.setdefault(a.node_id, []).append(line)
+        by_node.setdefault(a.node_id, {}).setdefault((a.item_id, a.subject_id), []).append(a)
     for node_id in sorted(by_node):
-        console.print(f"[bold]{node_id}[/bold]")
-        for line in by_node[node_id]:
-            console.print(line)
+        lines.append(paint(node_id, "bold"))
+        services = by_node[node_id]
+        for item, subject in sorted(services):
+            lines.append(f"  {item}:{subject}")
+            for a in sorted(services[(item, subject)], key=_action_order):
+                sign, style = _ACTION_STYLE[a.action]
+                lines.append(
+                    f"    {paint(f'{sign} {a.action}', style)} {a.index} {a.version} on "
+                    f"{a.runtime_id} {paint(f'({a.reason})', 'dim')}"
+                )
     if plan.failures:
-        console.print("[bold]Unplaceable[/bold]")
+        lines.append(paint("Unplaceable", "bold"))
+        grouped: dict[tuple[str, str], list[Failure]] = {}
         for f in plan.failures:
-            console.print(f"  [yellow]![/yellow] {f.summary}", markup=True)
+            grouped.setdefault((f.item_id, f.subject_id), []).append(f)
+        for item, subject in sorted(grouped):
+            lines.append(f"  {item}:{subject}")
+            for f in sorted(grouped[(item, subject)], key=lambda f: f.index):
+                lines.extend(wrap_marked(paint, f"! {f.summary}", width, "    ", "!", "yellow"))
     starts, stops = len(plan.starts()), len(plan.stops())
     if not plan.actions:
         tail = f" {len(plan.failures)} unplaceable." if plan.failures else ""
-        console.print(f"No changes.{tail}")
+        lines.extend(wrap(f"No changes.{tail}", width))
     else:
-        console.print(
-            f"Plan: {starts} to start, {stops} to stop; {len(plan.failures)} unplaceable."
+        lines.extend(
+            wrap(
+                f"Plan: {starts} to start, {stops} to stop; {len(plan.failures)} unplaceable.",
+                width,
+            )
         )
+    write_lines(console, lines)
+
+
+def _action_order(a: Action) -> tuple[int, bool, str]:
+    return (a.index, a.action != "stop", a.instance_id)
 
 
 def render_explanation(console: Console, exp: Explanation) -> None:
+    paint = Painter(console)
+    width = console.width
     inst = exp.instance
-    console.print(f"[bold]{inst.label}[/bold] ({inst.id}), priority {inst.priority}")
+    lines = [f"{paint(inst.label, 'bold')} ({inst.id}), priority {inst.priority}"]
     if exp.placement is not None and exp.failure is not None:  # held
         p = exp.placement
-        console.print(
-            f"[yellow]held[/yellow] at {p.version} on [green]{p.node_id}[/green] runtime "
-            f"{p.runtime_id}: its current spec ({inst.version}) places nowhere (below), so it "
-            "keeps running as it was placed"
+        text = (
+            f"held at {p.version} on {p.node_id} runtime {p.runtime_id}: its current spec "
+            f"({inst.version}) places nowhere (below), so it keeps running as it was placed"
         )
-        console.print(f"[red]unplaceable[/red]: {exp.failure.summary}")
+        lines.extend(wrap_marked(paint, text, width, "", "held", "yellow"))
+        text = f"unplaceable: {exp.failure.summary}"
+        lines.extend(wrap_marked(paint, text, width, "", "unplaceable", "red"))
     elif exp.placement is not None:
         p = exp.placement
-        console.print(f"placed on [green]{p.node_id}[/green] runtime {p.runtime_id}")
+        text = f"placed on {p.node_id} runtime {p.runtime_id}"
+        lines.extend(wrap_marked(paint, text, width, "", p.node_id, "green"))
     elif exp.failure is not None:
-        console.print(f"[red]unplaceable[/red]: {exp.failure.summary}")
-    table = Table(show_edge=False)
-    table.add_column("node", no_wrap=True)
-    for code in exp.filters:
-        table.add_column(code, justify="center")
-    table.add_column("dropped by")
+        text = f"unplaceable: {exp.failure.summary}"
+        lines.extend(wrap_marked(paint, text, width, "", "unplaceable", "red"))
+    table = TextTable(
+        [
+            Column("node"),
+            *(Column(code, _SHORT_CODES.get(code, code[:3]), right=False) for code in exp.filters),
+            Column("dropped by", "dropped", min_width=7),
+        ],
+        sep=" ",
+    )
     notes: list[str] = []
     for node_id, cells, dropped in exp.rows:
-        row = [node_id]
+        row: list[Cell] = [node_id]
         for code, why in zip(exp.filters, cells, strict=True):
             if why is None:
-                row.append("[green]ok[/green]")
+                row.append(("ok", "green"))
             else:
-                row.append("[red]no[/red]")
+                row.append(("no", "red"))
                 notes.append(f"{node_id} {code}: {why}")
-        row.append(dropped or "[green]feasible[/green]")
+        row.append(dropped or ("feasible", "green"))
         table.add_row(*row)
-    console.print(table)
+    rendered = table.render(width, paint)
+    lines.extend(rendered)
+    if rendered and any(code not in rendered[0] for code in exp.filters):
+        shorts = ((_SHORT_CODES.get(c, c[:3]), c) for c in exp.filters)
+        legend = ", ".join(f"{short} {code}" for short, code in shorts if short != code)
+        lines.extend(wrap(f"Filters: {legend}", width))
     for note in notes:
-        console.print(f"  {note}", markup=False)
+        lines.extend(wrap(note, width, "  "))
+    lines.extend(_runtime_breakdown(exp, paint, width))
+    write_lines(console, lines)
 
 
-def _amount(entry: dict[str, Any] | None, as_bytes: bool = False) -> str:
-    if entry is None:
-        return "-"
-    fmt = _bytes if as_bytes else str
-    shown = f"{fmt(entry['reserved'])}/{fmt(entry['capacity'])}"
-    beyond = entry.get("overcommitted")
-    if beyond:
-        ratio = entry["inventory"]["allocationRatio"]
-        shown += f" (overcommitted x{ratio:g}: {fmt(beyond)} beyond the node's)"
-    return shown
+_SHORT_CODES = {
+    "NodeState": "NSt",
+    "NodeId": "NId",
+    "Labels": "Lab",
+    "Resources": "Res",
+    "Devices": "Dev",
+    "RuntimeType": "RTy",
+    "Platform": "Plt",
+    "Cpu": "Cpu",
+    "Ram": "Ram",
+    "Storage": "Sto",
+    "State": "Sta",
+    "MaxInstances": "Max",
+}
 
 
-def _restarts(instance: dict[str, Any]) -> str:
-    """The restart count, with how its container last ended."""
-    count = instance.get("restartCount", 0)
-    last = instance.get("lastExit")
-    if not count and last is None:
-        return "0"
-    return f"{count} (last: {last['reason']} at {last['at']})" if last else str(count)
-
-
-def render_status(console: Console, doc: dict[str, Any]) -> None:
-    """Tables of nodes, instances, failures, alerts and invalid inputs from status.json."""
-    nodes = Table(title="Nodes (reserved/capacity)", title_justify="left", show_edge=False)
-    for col in (
-        "node",
-        "type",
-        "state",
-        "prio",
-        "cpu",
-        "ram",
-        "storage",
-        "state dir",
-        "instances",
-        "devices (allocated/healthy/total)",
-    ):
-        nodes.add_column(col, no_wrap=True)
-    for node_id, n in doc["nodes"].items():
-        state = n["state"] if n["connected"] else f"{n['state']} (disconnected)"
-        devices = ", ".join(
-            f"{r}: {d['allocated']}/{d['healthy']}/{d['total']}" for r, d in n["devices"].items()
-        )
-        nodes.add_row(
-            node_id,
-            n["type"],
-            state,
-            str(n["priority"]),
-            _amount(n["cpu"]),
-            _amount(n["ram"], True),
-            _amount(n["partitions"]["storage"], True),
-            _amount(n["partitions"]["state"], True),
-            str(n["instances"]),
-            devices,
-        )
-    console.print(nodes)
-    console.print()
-    inst = Table(title="Instances", title_justify="left", show_edge=False)
-    for col in ("instance", "version", "node", "runtime", "state", "restarts", "devices"):
-        inst.add_column(col, no_wrap=col != "devices")
-    reasons: list[str] = []
-    for i in sorted(
-        doc["instances"].values(), key=lambda r: (r["nodeId"], r["itemId"], r["index"])
-    ):
-        devices = "; ".join(f"{r}={','.join(ids)}" for r, ids in i["devices"].items())
-        if i.get("unhealthyDevices"):
-            devices += f" [red](unhealthy: {','.join(i['unhealthyDevices'])})[/red]"
-        style = {"active": "green", "failed": "red", "pending": "yellow"}.get(i["state"], "")
-        state = f"[{style}]{i['state']}[/{style}]" if style else i["state"]
-        name = f"{i['itemId']}:{i['subjectId']}:{i['index']}"
-        inst.add_row(name, i["version"], i["nodeId"], i["runtimeId"], state, _restarts(i), devices)
-        if i["state"] == "failed" and i.get("reason"):
-            reasons.append(f"{name} on {i['nodeId']}: {i['reason']}")
-    console.print(inst)
-    if reasons:
-        console.print("\n[bold]Failed instances[/bold]")
-        for line in reasons:
-            console.print(f"  {line}", markup=False)
-    if doc["failures"]:
-        console.print("\n[bold]Unplaceable[/bold]")
-        for f in doc["failures"]:
-            console.print(f"  [yellow]![/yellow] {f['summary']}")
-    if doc.get("alerts"):
-        console.print("\n[bold]Alerts[/bold]")
-        for a in doc["alerts"]:
-            console.print(f"  [red]{a['node']} {a['resource']}[/red] raised since {a['since']}")
-    if doc.get("invalidInputs"):
-        console.print("\n[bold]Invalid inputs[/bold] (their last good version is in use)")
-        for errors in doc["invalidInputs"].values():
-            for e in errors:
-                console.print(f"  {e['path']}:{e['line']}:{e['col']}: {e['message']}", markup=False)
+def _runtime_breakdown(exp: Explanation, paint: Painter, width: int) -> list[str]:
+    """Per runtime, the runtime filters that fail on it, for each node with several runtimes
+    that a runtime filter drops, and for the node the instance is placed on: a node is
+    feasible only when one runtime passes every runtime filter, so a node whose every column
+    is ok can still be dropped (each filter passes on some runtime, none passes all)."""
+    lines: list[str] = []
+    runtime_filters = set(exp.runtime_filters)
+    dropped_by = {node_id: dropped for node_id, _cells, dropped in exp.rows}
+    placed_on = exp.placement.node_id if exp.placement is not None else None
+    for node_id, runtimes in exp.runtimes:
+        shown = dropped_by.get(node_id) in runtime_filters or node_id == placed_on
+        if len(runtimes) < 2 or not shown:
+            continue
+        if not lines:
+            lines.append(paint("Per runtime", "bold") + " (nodes with several runtimes)")
+        lines.append(f"  {node_id}")
+        for runtime_id, cells in runtimes:
+            failing = [
+                f"{code} ({why})"
+                for code, why in zip(exp.runtime_filters, cells, strict=True)
+                if why is not None
+            ]
+            if failing:
+                text = f"{runtime_id}: fails {'; '.join(failing)}"
+                lines.extend(wrap_marked(paint, text, width, "    ", "fails", "red"))
+            else:
+                text = f"{runtime_id}: passes every runtime filter"
+                lines.extend(wrap_marked(paint, text, width, "    ", "passes", "green"))
+    return lines

@@ -8,6 +8,7 @@ raised alerts, and the invalid input files with their errors.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import UTC
 from typing import Any
 
 from reconciler.accel import node_states
@@ -106,7 +107,16 @@ def _node_status(slot: NodeSlot) -> dict[str, Any]:
         "devices": devices,
         "instances": len(slot.placed),
         **_system_usage(node),
+        **_reported_at(node),
     }
+
+
+def _reported_at(node: Node) -> dict[str, Any]:
+    """When the node's agent last wrote its node file (SPEC §19), when it says."""
+    at = node.reportedAt
+    if at is None:
+        return {}
+    return {"reportedAt": at.astimezone(UTC).isoformat().replace("+00:00", "Z")}
 
 
 def _system_usage(node: Node) -> dict[str, Any]:

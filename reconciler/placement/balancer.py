@@ -825,6 +825,9 @@ class Explanation:
     # per node: (node id, per filter None=pass or the reason it fails, code that dropped it)
     placement: Placement | None
     failure: Failure | None
+    runtime_filters: tuple[str, ...] = ()
+    runtimes: tuple[tuple[str, tuple[tuple[str, tuple[str | None, ...]], ...]], ...] = ()
+    # per node: (node id, per runtime: (runtime id, per runtime filter None=pass or why not))
 
 
 def explain(
@@ -847,13 +850,25 @@ def explain(
     run = replay(unit, nodes, services, result, skip=instance_id, search=search)
     ask = run.ask(instance)
     rows = []
+    per_runtime = []
     for slot in run.all_slots():
         cells: list[str | None] = [f.check(slot, ask) for f in filters.NODE_FILTERS]
-        for rf in filters.RUNTIME_FILTERS:
-            reasons = [rf.check(slot, rt, ask) for rt in slot.runtimes]
+        grid = [[rf.check(slot, rt, ask) for rf in filters.RUNTIME_FILTERS] for rt in slot.runtimes]
+        for k in range(len(filters.RUNTIME_FILTERS)):
+            reasons = [checks[k] for checks in grid]
             ok = any(r is None for r in reasons)
             cells.append(None if ok else (reasons[-1] if reasons else "no runtimes"))
         rows.append((slot.id, tuple(cells), evaluate(slot, ask).dropped_by))
+        ids = (rt.runtime.id for rt in slot.runtimes)
+        per_runtime.append((slot.id, tuple(zip(ids, map(tuple, grid), strict=True))))
     failure = next((f for f in result.failures if f.instance_id == instance_id), None)
     codes = filters.FILTER_CODES
-    return Explanation(instance, codes, tuple(rows), result.by_id.get(instance_id), failure)
+    return Explanation(
+        instance,
+        codes,
+        tuple(rows),
+        result.by_id.get(instance_id),
+        failure,
+        tuple(f.name for f in filters.RUNTIME_FILTERS),
+        tuple(per_runtime),
+    )

@@ -98,7 +98,7 @@ def test_plan_json_diff_between_two_commits(tmp_path: Path) -> None:
     proc = reconciler("plan", "--state", str(tmp_path / "head"))
     assert proc.returncode == 2, proc.stderr
     assert "Plan: 8 to start, 0 to stop; 0 unplaceable." in proc.stdout
-    assert "+ start com.example.telemetry:default:0 1.0.0" in proc.stdout
+    assert "  com.example.telemetry:default\n    + start 0 1.0.0 on " in proc.stdout  # by service
 
     # the reviewer's diff: exactly the two removed loggers and the new telemetry version
     before, after = json.loads(plans["base"]), json.loads(plans["head"])

@@ -1,0 +1,179 @@
+"""``reconciler explain``'s lookups: an instance or a whole item by what the user typed, the
+ids a misspelled one was likely meant to be, and the view of an item's instances."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+
+from reconciler.accel import balance
+from reconciler.cli.suggest import closest
+from reconciler.cli.textout import Column, Painter, TextTable, wrap, write_lines
+from reconciler.model.documents import Node, Service, UnitConfig
+from reconciler.placement.balancer import Explanation
+from reconciler.placement.instances import (
+    BalanceResult,
+    Instance,
+    Mode,
+    PreviousAllocation,
+    expand_instances,
+)
+from reconciler.planning.network import assign_networks
+from reconciler.planning.plans import failure_json
+
+__all__ = [
+    "ItemView",
+    "find_item",
+    "item_json",
+    "item_view",
+    "render_item",
+    "runtime_json",
+    "suggestions",
+]
+
+
+def find_item(services: Sequence[Service], needle: str) -> list[Instance]:
+    """The instances of the item ``needle`` names (ITEM, or ITEM:SUBJECT), in index order;
+    empty when it names no item."""
+    return [
+        i
+        for i in expand_instances(list(services))
+        if needle in (i.item_id, f"{i.item_id}:{i.subject_id}")
+    ]
+
+
+def suggestions(services: Sequence[Service], needle: str, n: int = 3) -> list[str]:
+    """The desired ids closest to ``needle``: items, ITEM:SUBJECT, and instances in the
+    forms explain accepts (ITEM:SUBJECT:INDEX, ITEM:INDEX for the default subject)."""
+    names: set[str] = set()
+    for i in expand_instances(list(services)):
+        names.update((i.item_id, f"{i.item_id}:{i.subject_id}", i.label))
+        if i.subject_id == "default":
+            names.add(f"{i.item_id}:{i.index}")
+    shaped = sorted(name for name in names if name.count(":") == needle.count(":"))
+    for pool in (shaped, sorted(names)):  # first the ids of the same form as the needle
+        close = closest(needle, pool, n)
+        if close:
+            return close
+    # a part of an id: "logger" for com.example.logger
+    return [name for name in shaped if needle.lower() in name.lower()][:n]
+
+
+@dataclass(frozen=True)
+class ItemView:
+    """Where each instance of an item is, or why it has no place."""
+
+    needle: str
+    instances: tuple[Instance, ...]
+    result: BalanceResult
+    network_failures: Mapping[str, str]  # instance id -> why the network phase fails it
+
+
+def item_view(
+    needle: str,
+    instances: Sequence[Instance],
+    unit: UnitConfig | None,
+    nodes: Sequence[Node],
+    services: Sequence[Service],
+    previous: Mapping[str, PreviousAllocation],
+    mode: Mode | None,
+    network: Mapping[str, Any],
+) -> ItemView:
+    """Balance as reconcile does (the network phase after placement), for an item's
+    instances."""
+    result = balance(unit, nodes, services, previous, mode)
+    failed = assign_networks(unit, services, result, network).failures
+    wanted = {i.id for i in instances}
+    nets = {iid: why for iid, why in failed.items() if iid in wanted}
+    return ItemView(needle, tuple(instances), result, nets)
+
+
+def _where(view: ItemView, inst: Instance) -> tuple[str, str]:
+    """(the instance's state word, where it is or why it is not)."""
+    failure = next((f for f in view.result.failures if f.instance_id == inst.id), None)
+    p = view.result.by_id.get(inst.id)
+    net = view.network_failures.get(inst.id)
+    if net is not None:
+        return "unplaceable", f"network: {net}"
+    if p is not None and failure is not None:
+        return "held", (
+            f"on {p.node_id} runtime {p.runtime_id} at {p.version}; its current spec "
+            f"places nowhere: {_why(failure.summary, inst)}"
+        )
+    if p is not None:
+        return "placed", f"on {p.node_id} runtime {p.runtime_id}"
+    if failure is not None:
+        return "unplaceable", _why(failure.summary, inst)
+    return "unplaceable", "no place"
+
+
+def _why(summary: str, inst: Instance) -> str:
+    prefix = f"{inst.item_id}:{inst.subject_id}:{inst.index}: "
+    return summary.removeprefix(prefix)
+
+
+def render_item(console: Console, view: ItemView) -> None:
+    paint = Painter(console)
+    styles = {"placed": "green", "held": "yellow", "unplaceable": "red"}
+    table = TextTable(
+        [Column("instance"), Column("state", min_width=6), Column("where, or why not", "where")]
+    )
+    counts: dict[str, int] = {}
+    for inst in view.instances:
+        state, where = _where(view, inst)
+        counts[state] = counts.get(state, 0) + 1
+        table.add_row(
+            f"{inst.item_id}:{inst.subject_id}:{inst.index}", (state, styles[state]), where
+        )
+    total = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+    lines = [f"{paint(view.needle, 'bold')}: {len(view.instances)} instance(s): {total}"]
+    lines.extend(table.render(console.width, paint))
+    hint = "explain ITEM:SUBJECT:INDEX (or ITEM:INDEX) shows one instance's node x filter matrix"
+    lines.extend(paint(line, "dim") for line in wrap(hint, console.width))
+    write_lines(console, lines)
+
+
+def item_json(view: ItemView) -> dict[str, Any]:
+    out = []
+    failures = {f.instance_id: f for f in view.result.failures}
+    for inst in view.instances:
+        p = view.result.by_id.get(inst.id)
+        failure = failures.get(inst.id)
+        net = view.network_failures.get(inst.id)
+        state, where = _where(view, inst)
+        out.append(
+            {
+                "instanceId": inst.id,
+                "label": inst.label,
+                "state": state,
+                "placement": None
+                if p is None or net is not None
+                else {
+                    "nodeId": p.node_id,
+                    "runtimeId": p.runtime_id,
+                    "version": p.version,
+                    "held": failure is not None,
+                },
+                "failure": None if failure is None else failure_json(failure),
+                "network": net,
+                "why": None if state == "placed" else where,
+            }
+        )
+    return {"item": view.needle, "instances": out}
+
+
+def runtime_json(exp: Explanation) -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
+    """Per node, per runtime, per runtime filter: whether it passes and why not."""
+    return {
+        node_id: {
+            runtime_id: {
+                code: {"pass": why is None, "reason": why}
+                for code, why in zip(exp.runtime_filters, cells, strict=True)
+            }
+            for runtime_id, cells in runtimes
+        }
+        for node_id, runtimes in exp.runtimes
+    }
