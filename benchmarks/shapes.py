@@ -79,7 +79,9 @@ def _cold_cli(root: Path) -> dict[str, Any]:
     return {"parse_floor_s": floor, "plan_json_s": plan, "explain_s": explain}
 
 
-def measure(shape: str, n_nodes: int, n_instances: int, edits: int) -> dict[str, Any]:
+def measure(
+    shape: str, n_nodes: int, n_instances: int, edits: int, quick: bool = False
+) -> dict[str, Any]:
     size = ["--nodes", str(n_nodes), "--instances", str(n_instances), "--shape", shape]
     row: dict[str, Any] = {"shape": shape}
     bal = _run_json("balancer", *size)
@@ -91,6 +93,8 @@ def measure(shape: str, n_nodes: int, n_instances: int, edits: int) -> dict[str,
     for kind in kinds:
         warm = _run_json("warm", *size, "--edits", str(edits), "--edit", kind)
         row[f"warm_{kind}_ms"] = statistics.median(warm["out_after_ms"])
+    if quick:
+        return row
     rec = _run_json("reconcile", *size)
     stages = rec["cold_stages_s"]
     floors = rec["rows_s"]
@@ -136,12 +140,15 @@ def main() -> None:
     parser.add_argument("--instances", type=int, default=20000)
     parser.add_argument("--shape", action="append", choices=SHAPES, help="(repeatable; all)")
     parser.add_argument("--edits", type=int, default=4, help="warm edits per kind (default 4)")
+    parser.add_argument(
+        "--quick", action="store_true", help="the balance and the warm edits only (no cold runs)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     rows = []
     for shape in args.shape or SHAPES:
         print(f"[{time.strftime('%H:%M:%S')}] {shape}", file=sys.stderr, flush=True)
-        rows.append(measure(shape, args.nodes, args.instances, args.edits))
+        rows.append(measure(shape, args.nodes, args.instances, args.edits, args.quick))
     described = {
         "machine": machine_description(),
         "load_average": round(os.getloadavg()[0], 2),
