@@ -733,13 +733,6 @@ def decode_cached(raw: bytes, expected: str | None, cache: CheckpointCache | Non
 # ----------------------------------------------------------------------------- uids and gids
 
 
-def _smallest_free(used: set[int], space: range) -> int | None:
-    for candidate in space:
-        if candidate not in used:
-            return candidate
-    return None
-
-
 class IdsMemo:
     """What :func:`assign_ids` made last call, per node: the node's placements (by identity)
     and the allocation it gave each. A node whose placements are the very same objects, in the
@@ -821,9 +814,13 @@ class IdsMemo:
             if item in old_gids and old_gids[item] in GID_RANGE:
                 gids[item] = old_gids[item]
         used_gids = set(gids.values())
+        # the smallest free gid only grows as gids are given (none is given back here): one
+        # pass over the range for all the items, not one per item (20,000 items on 5,000 gids
+        # scanned the whole range for each of the 15,000 left without one)
+        free_gids = (g for g in GID_RANGE if g not in used_gids)
         for item in items:
             if item not in gids:
-                gid = _smallest_free(used_gids, GID_RANGE)
+                gid = next(free_gids, None)
                 if gid is None:
                     errors.append(f"{item}: no free gid in {GID_RANGE.start}-{GID_RANGE.stop - 1}")
                     continue
@@ -968,9 +965,10 @@ def _node_ids(
         else:
             kept_uid.append(None)
     out: list[Allocation | str | None] = []
+    free_uids = (u for u in UID_RANGE if u not in taken)  # (one pass: see the gids')
     for p, prev, kept in zip(ps, olds, kept_uid, strict=True):
         if kept is None:
-            kept = _smallest_free(taken, UID_RANGE)
+            kept = next(free_uids, None)
             if kept is None:
                 out.append(f"{p.label}: no free uid on node {p.node_id}")
                 continue
