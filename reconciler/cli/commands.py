@@ -172,13 +172,19 @@ def _print_json(payload: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(out, indent=2, sort_keys=True) + "\n")
 
 
-def _print_diagnostics(console: Console, diags: Sequence[Diagnostic]) -> None:
+def _colored(err: bool = False) -> bool:
+    """Whether stdout (stderr) gets colors: only a terminal, never with NO_COLOR (as rich)."""
+    stream = sys.stderr if err else sys.stdout
+    return "NO_COLOR" not in os.environ and stream.isatty()
+
+
+def _print_diagnostics(diags: Sequence[Diagnostic], *, err: bool = False) -> None:
+    """FILE:LINE:COL: error|warning: MESSAGE, one a line (click, not rich: validate is quick)."""
+    color = _colored(err)
     for d in diags:
-        style = "yellow" if d.severity == "warning" else "red"
-        console.print(f"[bold]{d.path}:{d.line}:{d.col}:[/bold] ", end="", markup=True)
-        label = "warning: " if d.severity == "warning" else "error: "
-        console.print(f"[{style}]{label}[/{style}]", end="", markup=True)
-        console.print(d.message, markup=False)
+        where = click.style(f"{d.path}:{d.line}:{d.col}:", bold=True)
+        label = click.style(f"{d.severity}:", fg="yellow" if d.severity == "warning" else "red")
+        click.echo(f"{where} {label} {d.message}", err=err, color=color)
 
 
 @click.group(
@@ -247,16 +253,16 @@ def validate(state_dir: Path, as_json: bool) -> int:
             }
         )
     else:
-        console = _console()
-        _print_diagnostics(console, diags)
+        _print_diagnostics(diags)
         summary = (
             f"{counts['services']} services, {counts['nodes']} nodes, "
             f"{counts['actual']} actual-state files"
         )
         if errors:
-            console.print(f"[red]invalid:[/red] {len(errors)} error(s); valid: {summary}")
+            head = click.style("invalid:", fg="red")
+            click.echo(f"{head} {len(errors)} error(s); valid: {summary}", color=_colored())
         else:
-            console.print(f"[green]valid:[/green] {summary}", markup=True)
+            click.echo(f"{click.style('valid:', fg='green')} {summary}", color=_colored())
     return EXIT_ERROR if errors else EXIT_OK
 
 
@@ -380,7 +386,7 @@ def plan(
     invalid = sorted({d.path for d in comp.diagnostics if d.severity == "error"})
     gated = bool(invalid) and not allow_invalid
     if gated:
-        _print_diagnostics(_err_console(), comp.diagnostics)
+        _print_diagnostics(comp.diagnostics, err=True)
     else:
         _report_diagnostics(comp.diagnostics)
     for problem in comp.loaded.problems:
