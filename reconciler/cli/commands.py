@@ -26,6 +26,7 @@ import click
 
 from reconciler import __version__
 from reconciler.cli.agent_report import node_report_options
+from reconciler.cli.logformat import LOG_FORMATS, LogFormat, configure_logging
 from reconciler.cli.observe import metrics_addr_option
 
 if TYPE_CHECKING:  # the rest is imported where used: `reconciler --help` loads none of it
@@ -192,7 +193,16 @@ def _print_diagnostics(diags: Sequence[Diagnostic], *, err: bool = False) -> Non
 )
 @click.version_option(__version__, prog_name="reconciler")
 @click.option("-v", "--verbose", count=True, help="More log detail on stderr (-v info, -vv debug).")
-def cli(verbose: int) -> None:
+@click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS),
+    default="text",
+    show_default=True,
+    envvar="RECONCILER_LOG_FORMAT",
+    help="Log lines on stderr: text (UTC time, level, logger, message) or json (one object "
+    "a line: time, level, logger, message); env RECONCILER_LOG_FORMAT.",
+)
+def cli(verbose: int, log_format: LogFormat) -> None:
     """Declarative reconciliation controller with file-backed state.
 
     People and GitOps tools edit desired-state YAML (desired/**/*.yaml); node agents write
@@ -203,10 +213,7 @@ def cli(verbose: int) -> None:
     Every command takes --state DIR (default ./state). Exit codes: 0 success, 1 error,
     64 usage error; see each command's help for the others.
     """
-    level = logging.WARNING - 10 * min(verbose, 2)
-    logging.basicConfig(
-        level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr, force=True
-    )
+    configure_logging(logging.WARNING - 10 * min(verbose, 2), log_format)
 
 
 @cli.command()
