@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import errno
 import functools
 import json
@@ -188,7 +189,26 @@ def _print_diagnostics(diags: Sequence[Diagnostic], *, err: bool = False) -> Non
         click.echo(f"{where} {label} {d.message}", err=err, color=color)
 
 
+class _Commands(click.Group):
+    """The command group; an unknown command is told the close ones, or every command."""
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            known = self.list_commands(ctx)
+            close = difflib.get_close_matches(name, known, n=3)
+            if close:
+                hint = "Did you mean " + " or ".join(f"'{c}'" for c in close) + "?"
+            else:
+                hint = "Commands: " + ", ".join(known) + "."
+            raise click.UsageError(f"No such command '{name}'. {hint}", ctx)
+        return super().resolve_command(ctx, args)
+
+
 @click.group(
+    cls=_Commands,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
 @click.version_option(__version__, prog_name="reconciler")

@@ -45,6 +45,7 @@ from reconciler.model.documents import (
     Service,
     UnitConfig,
 )
+from reconciler.model.suggest import unknown_field_hint
 from reconciler.model.values import ID_PATTERN, RESOURCE_NAME_PATTERN
 
 __all__ = [
@@ -169,8 +170,10 @@ def _data_path(data: Any, loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
 
 
 def format_validation_error(
-    display: str, parsed: Parsed, error: ValidationError
+    display: str, parsed: Parsed, error: ValidationError, model: type[BaseModel] | None = None
 ) -> list[Diagnostic]:
+    """One diagnostic per error, at its place in the file; with ``model`` (the validated
+    document's), an unknown field gets the close known ones ("did you mean")."""
     diags: list[Diagnostic] = []
     for err in error.errors(include_url=False):
         loc = tuple(err["loc"])
@@ -179,6 +182,8 @@ def format_validation_error(
             path = (*path, loc[-1]) if loc and path and path[-1] != loc[-1] else path
             line, col = parsed.position(path, prefer_key=True)
             msg = f"unknown field {loc[-1]!r}" if loc else "unknown field"
+            if model is not None and loc:
+                msg += unknown_field_hint(model, loc)
         else:
             line, col = parsed.position(path)
             msg = _friendly(err)
@@ -233,7 +238,7 @@ def _validate(display: str, raw: bytes, dir_kind: str, max_bytes: int) -> Doc | 
     try:
         obj = model.model_validate(data)
     except ValidationError as e:
-        return format_validation_error(display, parsed, e)
+        return format_validation_error(display, parsed, e, model)
     assert isinstance(obj, UnitConfig | Service | Node | ActualState)
     return obj
 
