@@ -45,6 +45,7 @@ from reconciler.model.documents import (
     Service,
     UnitConfig,
 )
+from reconciler.model.human import human_bytes
 from reconciler.model.suggest import unknown_field_hint
 from reconciler.model.values import ID_PATTERN, RESOURCE_NAME_PATTERN
 
@@ -265,7 +266,7 @@ def _resolve_resources_file(
     deps = ((str(target), settled_key(key, time.time_ns())),)
     sha = hashlib.sha256(raw).hexdigest()
     if len(raw) > max_bytes:
-        diag = Diagnostic(str(target), 1, 1, f"file is over {max_bytes} bytes")
+        diag = Diagnostic(str(target), 1, 1, f"file is over {human_bytes(max_bytes)}")
         return None, [diag], deps, sha
     try:
         entries = parse_resources_json(raw)

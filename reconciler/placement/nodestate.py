@@ -193,7 +193,8 @@ def _unit_words(resource: str, units: Units, code: str) -> str:
     if field is None:  # (a negative amount: requested amounts never are)
         return code
     value = {"minUnit": units[0], "maxUnit": units[1], "stepSize": units[2]}[field]
-    return f"{code} (inventories.{resource}.{field} {human_amount(resource, value)})"
+    shown = value if value is None else human_amount(resource, value)
+    return f"{code} (inventories.{resource}.{field} {shown})"
 
 
 def units_reason(resource: str, units: Units, amount: int) -> str | None:
