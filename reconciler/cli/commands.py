@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # the rest is imported where used: `reconciler --help` loads 
 
     from reconciler.controller.reconcile import ReconcileOptions, ReconcileReport
     from reconciler.io.loader import Diagnostic
+    from reconciler.io.lock import StateLock
     from reconciler.model.documents import Service
     from reconciler.placement.instances import Mode
     from reconciler.planning.plans import Plan
@@ -331,6 +332,16 @@ EXIT_PLAN_UNPLACEABLE = 3
 EXIT_STALE = 4
 
 
+def _state_lock(state_dir: Path) -> StateLock:
+    """DIR/.lock, waited for as long as it takes, saying whom it waits for."""
+    from reconciler.io.lock import StateLock
+
+    def waiting(holder: str) -> None:
+        log.warning("waiting for %s: held by %s", state_dir / ".lock", holder)
+
+    return StateLock(state_dir, on_wait=waiting)
+
+
 def _require_state(state_dir: Path) -> None:
     if not state_dir.is_dir():
         raise click.ClickException(f"state directory {state_dir} does not exist")
@@ -620,7 +631,6 @@ def apply(planfile: Path, state_dir: Path, as_json: bool, allow_empty: bool) -> 
     """
     from reconciler.controller.configs import default_config_builder
     from reconciler.controller.reconcile import ReconcileError, ReconcileOptions, compute_once
-    from reconciler.io.lock import StateLock
 
     _require_state(state_dir)
     try:
@@ -634,7 +644,7 @@ def apply(planfile: Path, state_dir: Path, as_json: bool, allow_empty: bool) -> 
         allow_empty=allow_empty,
         configs=default_config_builder(),
     )
-    with StateLock(state_dir):
+    with _state_lock(state_dir):
         try:
             comp = compute_once(state_dir, opts, read_only=True)
         except ReconcileError as e:
@@ -961,7 +971,6 @@ def export_cmd(state_dir: Path, store_url: str, as_json: bool) -> int:
     Exit codes: 0 done, 1 error.
     """
     from reconciler.io.fsio import FileReadError, ensure_dir
-    from reconciler.io.lock import StateLock
     from reconciler.stores.base import FileStore
 
     try:
@@ -969,7 +978,7 @@ def export_cmd(state_dir: Path, store_url: str, as_json: bool) -> int:
     except (FileReadError, OSError) as e:
         _err_console().print(f"error: {e}", markup=False)
         return EXIT_ERROR
-    with StateLock(state_dir):
+    with _state_lock(state_dir):
         return _copy(_etcd(store_url), FileStore(state_dir), "exported", as_json)
 
 
@@ -991,7 +1000,6 @@ def import_cmd(state_dir: Path, store_url: str, force: bool, as_json: bool) -> i
 
     Exit codes: 0 done, 1 error.
     """
-    from reconciler.io.lock import StateLock
     from reconciler.stores.base import FileStore, StoreError
 
     _require_state(state_dir)
@@ -1006,7 +1014,7 @@ def import_cmd(state_dir: Path, store_url: str, force: bool, as_json: bool) -> i
             f"error: {holder} leads {store.url}; stop it first (or --force)", markup=False
         )
         return EXIT_ERROR
-    with StateLock(state_dir):
+    with _state_lock(state_dir):
         return _copy(FileStore(state_dir), store, "imported", as_json)
 
 

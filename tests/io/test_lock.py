@@ -3,8 +3,10 @@ in the timeout's message and in the wait callback (reconcile's spinner) (issue 3
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from reconciler.io.lock import LockHolder, LockTimeout, StateLock
 
 HOLD = """
 import sys
+import threading
 from pathlib import Path
 from reconciler.io.lock import StateLock
 sys.argv = ["reconciler", "watch", "--state", sys.argv[1]]
@@ -93,3 +96,26 @@ def test_describe_ages() -> None:
     h = LockHolder(7, "reconciler reconcile", since=0.0)
     assert h.describe(now=5.0) == "pid 7 (reconciler reconcile) since 00:00:00 UTC, 5 s ago"
     assert h.describe(now=600.0).endswith(", 10 min ago")
+
+
+def test_cli_commands_that_wait_say_for_whom(
+    tmp_path: Path, holder: subprocess.Popen[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """apply, export and import wait as long as it takes, and log whom they wait for."""
+    from reconciler.cli.commands import _state_lock
+
+    got = threading.Event()
+
+    def take() -> None:
+        with _state_lock(tmp_path):
+            got.set()
+
+    with caplog.at_level(logging.WARNING, logger="reconciler"):
+        waiter = threading.Thread(target=take)
+        waiter.start()
+        assert not got.wait(0.5)  # still waiting
+        assert holder.stdin is not None
+        holder.stdin.close()  # the holder lets go
+        assert got.wait(30)
+        waiter.join(30)
+    assert f"held by pid {holder.pid} (reconciler watch --state {tmp_path})" in caplog.text
