@@ -84,3 +84,16 @@ class TestAcceptedValues:
 
         with pytest.raises(KeyError, match=r"known: exclusive, fractional, shared-count\)"):
             policy("exclusiv")
+
+
+def test_node_agent_config_unknown_field_gets_did_you_mean(tmp_path: Path) -> None:
+    from reconciler.agent.report import NodeReportError, load_node_config
+
+    path = tmp_path / "node.yaml"
+    path.write_text(
+        "apiVersion: reconciler/v1\nkind: NodeAgentConfig\nid: n1\ntype: t\nmaxDMIPS: 9\n"
+        "maxDMIP: 3\n"
+    )
+    with pytest.raises(NodeReportError) as err:
+        load_node_config(path)
+    assert f"{path}:6:1: unknown field 'maxDMIP' (did you mean 'maxDMIPS'?)" in str(err.value)
