@@ -4,29 +4,26 @@ flock, not POSIX ``lockf``: a POSIX lock vanishes when *any* descriptor of the f
 the lock file is a dedicated file that is never replaced by rename. A flock dies with its
 process, so there are no stale locks after a crash.
 
-The holder writes who it is into the lock file (one JSON line: pid, command, since), in place
-(the file is never renamed over: that would be a new inode, with no lock on it), and empties it
-before it lets go; a writer that waits reads it to say whom it waits for. The record is only a
-message: a torn or stale one (a holder killed before emptying it; the flock itself is gone with
-the process) reads as an unknown holder or names a dead process, never blocks anyone.
+A writer that has to wait says for whom: the kernel's table of locks (``/proc/locks``) names the
+process holding the flock on the file's inode, and ``/proc/PID`` its command line and start.
+Nothing is written for it (a run that changes nothing leaves every file untouched, the lock
+file included), and it cannot go stale: it is read when needed, from the kernel. Where the
+table cannot be read (another pid namespace, no /proc), the holder is "another writer".
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
-import json
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["LockHolder", "LockTimeout", "StateLock", "read_holder"]
+__all__ = ["LockHolder", "LockTimeout", "StateLock", "lock_holder"]
 
-_MAX_RECORD = 4096
+_PROC = Path("/proc")
 
 
 class LockTimeout(TimeoutError):
@@ -35,18 +32,20 @@ class LockTimeout(TimeoutError):
 
 @dataclass(frozen=True)
 class LockHolder:
-    """Who holds a state directory's lock, as it wrote it."""
+    """The process holding a state directory's lock."""
 
     pid: int
     command: str
-    since: float  # seconds since the epoch
+    started: float | None  # seconds since the epoch; None when unknown
 
     def describe(self, now: float | None = None) -> str:
-        """``pid 4242 (reconciler watch --state s) since 02:51:07 UTC, 12 s ago``."""
+        """``pid 4242 (reconciler watch --state s), running since 02:51:07 UTC (12 s)``."""
+        text = f"pid {self.pid} ({self.command})" if self.command else f"pid {self.pid}"
+        if self.started is None:
+            return text
         now = time.time() if now is None else now
-        at = time.strftime("%H:%M:%S UTC", time.gmtime(self.since))
-        ago = max(0, round(now - self.since))
-        return f"pid {self.pid} ({self.command}) since {at}, {_age(ago)} ago"
+        at = time.strftime("%H:%M:%S UTC", time.gmtime(self.started))
+        return f"{text}, running since {at} ({_age(max(0, round(now - self.started)))})"
 
 
 def _age(seconds: int) -> str:
@@ -57,38 +56,73 @@ def _age(seconds: int) -> str:
     return f"{seconds // 3600} h {seconds % 3600 // 60} min"
 
 
-def _this_command() -> str:
-    argv = list(sys.argv) or ["python"]
-    name = os.path.basename(argv[0])
-    if name == "__main__.py":  # python -m reconciler
-        name = "reconciler"
-    text = " ".join([name, *argv[1:]])
+def command_text(argv: list[str]) -> str:
+    """A command line as people typed it: ``reconciler watch --state s`` rather than
+    ``/usr/bin/python3 /usr/local/bin/reconciler watch --state s``; at most 200 characters."""
+    if argv and os.path.basename(argv[0]).startswith("python") and len(argv) > 1:
+        if argv[1] == "-m" and len(argv) > 2:
+            argv = argv[2:]
+        elif not argv[1].startswith("-"):
+            argv = argv[1:]
+    if not argv:
+        return ""
+    text = " ".join([os.path.basename(argv[0]), *argv[1:]])
+    text = " ".join(text.split())
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _parse(raw: bytes) -> LockHolder | None:
+def _holder_pid(fd: int) -> int | None:
+    """The pid holding a flock on ``fd``'s file, from /proc/locks (waiters' lines, ``->``,
+    are skipped)."""
+    st = os.fstat(fd)
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
     try:
-        doc = json.loads(raw)
-        pid, command, since = doc["pid"], doc["command"], doc["since"]
-    except (ValueError, TypeError, KeyError):
-        return None
-    if not (isinstance(pid, int) and isinstance(command, str)):
-        return None
-    if not isinstance(since, int | float):
-        return None
-    return LockHolder(pid, command, float(since))
-
-
-def read_holder(fd: int) -> LockHolder | None:
-    """The record in an open lock file, or None (none, torn, or not ours)."""
-    try:
-        return _parse(os.pread(fd, _MAX_RECORD, 0))
+        table = (_PROC / "locks").read_text()
     except OSError:
         return None
+    for line in table.splitlines():
+        fields = line.split()
+        if len(fields) < 6 or fields[1] == "->" or fields[1] != "FLOCK":
+            continue
+        if fields[5] == where:
+            try:
+                pid = int(fields[4])
+            except ValueError:
+                return None
+            return pid if pid > 0 else None
+    return None
+
+
+def _started(pid: int) -> float | None:
+    """When process ``pid`` started (its starttime, in clock ticks after boot)."""
+    try:
+        stat = (_PROC / str(pid) / "stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])
+        boot = next(
+            int(line.split()[1])
+            for line in (_PROC / "stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def lock_holder(fd: int) -> LockHolder | None:
+    """Who holds the flock on the open lock file ``fd``, or None when it cannot be told."""
+    pid = _holder_pid(fd)
+    if pid is None:
+        return None
+    try:
+        raw = (_PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        raw = b""
+    argv = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+    return LockHolder(pid, command_text(argv), _started(pid))
 
 
 def _holder_text(fd: int) -> str:
-    holder = read_holder(fd)
+    holder = lock_holder(fd)
     return "another writer" if holder is None else holder.describe()
 
 
@@ -113,7 +147,6 @@ class StateLock:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             self._acquire(fd)
-            self._write_record(fd)
         except BaseException:
             os.close(fd)
             raise
@@ -143,14 +176,6 @@ class StateLock:
                     ) from None
                 time.sleep(0.05)
 
-    @staticmethod
-    def _write_record(fd: int) -> None:
-        record = {"pid": os.getpid(), "command": _this_command(), "since": round(time.time(), 3)}
-        data = json.dumps(record, sort_keys=True).encode() + b"\n"
-        with contextlib.suppress(OSError):  # only a message for waiters: never fails the holder
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, data, 0)
-
     def __exit__(
         self,
         exc_type: type[BaseException] | None,
@@ -158,8 +183,6 @@ class StateLock:
         tb: TracebackType | None,
     ) -> None:
         if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, 0)  # no record of a holder that is gone
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None

@@ -216,7 +216,7 @@ class RuntimeTypeFilter:
         if runtime.runtime.type not in ask.runtimes:
             return (
                 f"type {runtime.runtime.type} not accepted "
-                f"(the service accepts {plain_list(ask.runtimes)})"
+                f"(the service accepts {plain_list(sorted(ask.runtimes))})"
             )
         return None
 

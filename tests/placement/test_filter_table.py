@@ -266,7 +266,7 @@ ROWS: tuple[Row, ...] = (
         "not accepted",
         node(runtimes=[runtime("r1", "runx")]),
         svc(),
-        "type runx not accepted (the service accepts runc, crun)",
+        "type runx not accepted (the service accepts crun, runc)",
     ),
     Row("RuntimeType", "kept on this runtime", node(), svc(), None, keep_runtime="runc"),
     Row(
