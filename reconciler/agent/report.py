@@ -121,7 +121,7 @@ def load_node_config(path: Path) -> NodeAgentConfig:
     try:
         return NodeAgentConfig.model_validate(parsed.data)
     except ValidationError as e:
-        diags = format_validation_error(str(path), parsed, e)
+        diags = format_validation_error(str(path), parsed, e, NodeAgentConfig)
         raise NodeReportError("\n".join(str(d) for d in diags)) from None
 
 

@@ -8,26 +8,27 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from reconciler.agent.deviceplugin.manager import DEFAULT_PLUGIN_DIR, DevicePluginManager
-from reconciler.agent.deviceplugin.prestart import PluginBundles, agent_bundles_dir
-from reconciler.agent.node import AgentError, AgentReport, agent_watch, run_agent_once
-from reconciler.agent.report import NodeReportError, load_node_config
-from reconciler.agent.reporter import NodeReporter
-from reconciler.agent.runc import ContainerRuntime, RuncError
-from reconciler.io.lock import LockTimeout
-from reconciler.model.values import parse_duration
+if TYPE_CHECKING:  # imported where used: the command line's start-up loads none of it
+    from reconciler.agent.node import AgentReport
+    from reconciler.agent.runc import ContainerRuntime
 
 __all__ = ["ReportingOptions", "node_report_options", "run_reporting_agent"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger("reconciler.agent")
 
+DEFAULT_PLUGIN_DIR = Path("/var/lib/reconciler/device-plugins")
+"""reconciler.agent.deviceplugin.manager.DEFAULT_PLUGIN_DIR (a test keeps them equal), without
+loading grpc."""
+
 
 def _duration(_ctx: click.Context, _param: click.Parameter, value: str) -> float:
+    from reconciler.model.values import parse_duration
+
     try:
         got = parse_duration(value)
     except ValueError as e:
@@ -85,6 +86,14 @@ def run_reporting_agent(
 ) -> int:
     """Report the node, then apply its plan (once), or keep doing both until SIGTERM
     (``on_run``: called with each watching run's report, as ``agent_watch`` does)."""
+    from reconciler.agent.deviceplugin.manager import DevicePluginManager
+    from reconciler.agent.deviceplugin.prestart import PluginBundles, agent_bundles_dir
+    from reconciler.agent.node import AgentError, agent_watch, run_agent_once
+    from reconciler.agent.report import NodeReportError, load_node_config
+    from reconciler.agent.reporter import NodeReporter
+    from reconciler.agent.runc import RuncError
+    from reconciler.io.lock import LockTimeout
+
     try:
         config = load_node_config(opts.node_config)
     except NodeReportError as e:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import errno
 import functools
 import json
@@ -20,77 +21,27 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TextIO, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar, cast
 
 import click
-from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from reconciler import __version__
-from reconciler.accel import balance
-from reconciler.accel import explain as explain_instance
-from reconciler.agent.node import AgentError, agent_watch, run_agent_once
-from reconciler.agent.runc import Runc, RuncError
-from reconciler.cli.agent_report import (
-    ReportingOptions,
-    node_report_options,
-    run_reporting_agent,
-)
-from reconciler.cli.explainview import (
-    find_item,
-    item_json,
-    item_view,
-    render_item,
-    runtime_json,
-    suggestions,
-)
-from reconciler.cli.observe import (
-    agent_metrics,
-    controller_metrics,
-    metrics_addr_option,
-    write_reconcile_metrics,
-    write_status_page,
-)
-from reconciler.cli.render import (
-    SMALL_UNIT,
-    render_explanation,
-    render_placements,
-    render_plan,
-)
+from reconciler.cli.agent_report import node_report_options
+from reconciler.cli.logformat import LOG_FORMATS, LogFormat, configure_logging
+from reconciler.cli.observe import metrics_addr_option
 from reconciler.cli.statusopts import status_filter, status_filter_options
-from reconciler.cli.statusview import StatusFilterError, actual_file_mtime, render_status
-from reconciler.controller.configs import default_config_builder
-from reconciler.controller.ha import (
-    INPUT_SCOPES,
-    agent_watch_store,
-    reconcile_via_store,
-    run_agent_via_store,
-    store_watch_loop,
-)
-from reconciler.controller.reconcile import (
-    ReconcileError,
-    ReconcileOptions,
-    ReconcileReport,
-    compute_once,
-    reconcile,
-)
-from reconciler.controller.reports import StaleMarks
-from reconciler.controller.watch import WatchOptions, watch_loop
-from reconciler.io.checkpoint_files import (
-    load_checkpoint,
-)
-from reconciler.io.crosscheck import cross_checks, file_locator
-from reconciler.io.fsio import FileReadError, ensure_dir, read_bytes_at
-from reconciler.io.loader import Diagnostic, instance_limit_guard, load_state
-from reconciler.io.lock import LockTimeout, StateLock
-from reconciler.model.documents import KINDS, Service
-from reconciler.model.schema import RESOURCES_FILE, all_schemas
-from reconciler.model.values import parse_duration
-from reconciler.placement.instances import Failure, Mode, expand_instances
-from reconciler.planning.network import NETWORK_FAILURE, explain_network
-from reconciler.planning.plans import Plan, failure_json
-from reconciler.stores.base import FileStore, StateStore, StoreError, copy_unit
-from reconciler.stores.etcd import EtcdStore
+
+if TYPE_CHECKING:  # the rest is imported where used: `reconciler --help` loads none of it
+    from rich.console import Console
+
+    from reconciler.controller.reconcile import ReconcileOptions, ReconcileReport
+    from reconciler.io.loader import Diagnostic
+    from reconciler.io.lock import StateLock
+    from reconciler.model.documents import Service
+    from reconciler.placement.instances import Mode
+    from reconciler.planning.plans import Plan
+    from reconciler.stores.base import StateStore
+    from reconciler.stores.etcd import EtcdStore
 
 __all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_USAGE", "cli", "main"]
 
@@ -107,6 +58,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 def _console() -> Console:
     """stdout: colors only on a terminal (rich honors NO_COLOR); wide when piped (unless
     COLUMNS says how wide)."""
+    from rich.console import Console
+
     console = Console(highlight=False, soft_wrap=True)
     if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
         console = Console(highlight=False, soft_wrap=True, width=max(console.width, 240))
@@ -114,6 +67,8 @@ def _console() -> Console:
 
 
 def _err_console() -> Console:
+    from rich.console import Console
+
     return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -163,6 +118,9 @@ def snapshot_store_option(scope: Sequence[str]) -> Callable[[F], F]:
         def run(*args: Any, store_url: str | None, state_dir: Path, **kwargs: Any) -> Any:
             if store_url is None:
                 return f(*args, state_dir=state_dir, **kwargs)
+            from reconciler.io.fsio import FileReadError, ensure_dir
+            from reconciler.stores.base import FileStore, StoreError
+
             store = _etcd(store_url)
             back = Path.cwd()
             with tempfile.TemporaryDirectory(prefix="reconciler-snapshot-") as scratch:
@@ -191,11 +149,17 @@ def snapshot_store_option(scope: Sequence[str]) -> Callable[[F], F]:
     return decorate
 
 
-_READS_INPUTS = (*INPUT_SCOPES, "checkpoint/")
+_INPUT_SCOPES = ("actual/", "desired/", "nodes/", "resources/", "unit.yaml")
+"""The inputs (reconciler.controller.ha.INPUT_SCOPES, which a test keeps equal)."""
+
+_READS_INPUTS = (*_INPUT_SCOPES, "checkpoint/")
 """What plan and explain read: the inputs and the checkpoint (with the last good versions)."""
 
 
 def _etcd(url: str) -> EtcdStore:
+    from reconciler.stores.base import StoreError
+    from reconciler.stores.etcd import EtcdStore
+
     try:
         return EtcdStore(url)
     except StoreError as e:
@@ -213,21 +177,55 @@ def _print_json(payload: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(out, indent=2, sort_keys=True) + "\n")
 
 
-def _print_diagnostics(console: Console, diags: Sequence[Diagnostic]) -> None:
+def _colored(err: bool = False) -> bool:
+    """Whether stdout (stderr) gets colors: only a terminal, never with NO_COLOR (as rich)."""
+    stream = sys.stderr if err else sys.stdout
+    return "NO_COLOR" not in os.environ and stream.isatty()
+
+
+def _print_diagnostics(diags: Sequence[Diagnostic], *, err: bool = False) -> None:
+    """FILE:LINE:COL: error|warning: MESSAGE, one a line (click, not rich: validate is quick)."""
+    color = _colored(err)
     for d in diags:
-        style = "yellow" if d.severity == "warning" else "red"
-        console.print(f"[bold]{d.path}:{d.line}:{d.col}:[/bold] ", end="", markup=True)
-        label = "warning: " if d.severity == "warning" else "error: "
-        console.print(f"[{style}]{label}[/{style}]", end="", markup=True)
-        console.print(d.message, markup=False)
+        where = click.style(f"{d.path}:{d.line}:{d.col}:", bold=True)
+        label = click.style(f"{d.severity}:", fg="yellow" if d.severity == "warning" else "red")
+        click.echo(f"{where} {label} {d.message}", err=err, color=color)
+
+
+class _Commands(click.Group):
+    """The command group; an unknown command is told the close ones, or every command."""
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            known = self.list_commands(ctx)
+            close = difflib.get_close_matches(name, known, n=3)
+            if close:
+                hint = "Did you mean " + " or ".join(f"'{c}'" for c in close) + "?"
+            else:
+                hint = "Commands: " + ", ".join(known) + "."
+            raise click.UsageError(f"No such command '{name}'. {hint}", ctx)
+        return super().resolve_command(ctx, args)
 
 
 @click.group(
+    cls=_Commands,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
 @click.version_option(__version__, prog_name="reconciler")
 @click.option("-v", "--verbose", count=True, help="More log detail on stderr (-v info, -vv debug).")
-def cli(verbose: int) -> None:
+@click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS),
+    default="text",
+    show_default=True,
+    envvar="RECONCILER_LOG_FORMAT",
+    help="Log lines on stderr: text (UTC time, level, logger, message) or json (one object "
+    "a line: time, level, logger, message); env RECONCILER_LOG_FORMAT.",
+)
+def cli(verbose: int, log_format: LogFormat) -> None:
     """Declarative reconciliation controller with file-backed state.
 
     People and GitOps tools edit desired-state YAML (desired/**/*.yaml); node agents write
@@ -238,15 +236,12 @@ def cli(verbose: int) -> None:
     Every command takes --state DIR (default ./state). Exit codes: 0 success, 1 error,
     64 usage error; see each command's help for the others.
     """
-    level = logging.WARNING - 10 * min(verbose, 2)
-    logging.basicConfig(
-        level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr, force=True
-    )
+    configure_logging(logging.WARNING - 10 * min(verbose, 2), log_format)
 
 
 @cli.command()
 @state_option
-@snapshot_store_option(INPUT_SCOPES)
+@snapshot_store_option(_INPUT_SCOPES)
 @json_option
 def validate(state_dir: Path, as_json: bool) -> int:
     """Check every input file of the state directory.
@@ -260,6 +255,9 @@ def validate(state_dir: Path, as_json: bool) -> int:
 
     Exit codes: 0 all files valid (warnings allowed), 1 at least one error.
     """
+    from reconciler.io.crosscheck import cross_checks, file_locator
+    from reconciler.io.loader import instance_limit_guard, load_state
+
     _require_state(state_dir)
     view, loaded = load_state(state_dir)
     found = cross_checks(view, file_locator(state_dir))
@@ -285,20 +283,21 @@ def validate(state_dir: Path, as_json: bool) -> int:
             }
         )
     else:
-        console = _console()
-        _print_diagnostics(console, diags)
+        _print_diagnostics(diags)
         summary = (
             f"{counts['services']} services, {counts['nodes']} nodes, "
             f"{counts['actual']} actual-state files"
         )
         if errors:
-            console.print(f"[red]invalid:[/red] {len(errors)} error(s); valid: {summary}")
+            head = click.style("invalid:", fg="red")
+            click.echo(f"{head} {len(errors)} error(s); valid: {summary}", color=_colored())
         else:
-            console.print(f"[green]valid:[/green] {summary}", markup=True)
+            click.echo(f"{click.style('valid:', fg='green')} {summary}", color=_colored())
     return EXIT_ERROR if errors else EXIT_OK
 
 
-SCHEMA_KINDS = sorted([*KINDS, RESOURCES_FILE])
+SCHEMA_KINDS = ["ActualState", "Node", "ResourcesFile", "Service", "UnitConfig"]
+"""sorted([*KINDS, RESOURCES_FILE]) (a test keeps them equal), without loading the documents."""
 
 
 @cli.command()
@@ -319,6 +318,8 @@ def schema(kind: str | None, state_dir: Path) -> int:
     (# yaml-language-server: $schema=service.schema.json). --state is accepted for
     uniformity and ignored.
     """
+    from reconciler.model.schema import all_schemas
+
     del state_dir
     schemas = all_schemas()
     if kind is not None:
@@ -331,6 +332,16 @@ def schema(kind: str | None, state_dir: Path) -> int:
 EXIT_PLAN_CHANGES = 2
 EXIT_PLAN_UNPLACEABLE = 3
 EXIT_STALE = 4
+
+
+def _state_lock(state_dir: Path) -> StateLock:
+    """DIR/.lock, waited for as long as it takes, saying whom it waits for."""
+    from reconciler.io.lock import StateLock
+
+    def waiting(holder: str) -> None:
+        log.warning("waiting for %s: held by %s", state_dir / ".lock", holder)
+
+    return StateLock(state_dir, on_wait=waiting)
 
 
 def _require_state(state_dir: Path) -> None:
@@ -412,6 +423,10 @@ def plan(
     unplaceable, 1 error (an invalid input file without --allow-invalid, the mass-deletion
     guard's refusal).
     """
+    from reconciler.cli.render import SMALL_UNIT, render_placements, render_plan
+    from reconciler.controller.configs import default_config_builder
+    from reconciler.controller.reconcile import ReconcileError, ReconcileOptions, compute_once
+
     _require_state(state_dir)
     opts = ReconcileOptions(
         mode=_mode(mode), allow_empty=allow_empty, configs=default_config_builder()
@@ -427,7 +442,7 @@ def plan(
     invalid = sorted({d.path for d in comp.diagnostics if d.severity == "error"})
     gated = bool(invalid) and not allow_invalid
     if gated:
-        _print_diagnostics(_err_console(), comp.diagnostics)
+        _print_diagnostics(comp.diagnostics, err=True)
     else:
         _report_diagnostics(comp.diagnostics)
     for problem in comp.loaded.problems:
@@ -469,6 +484,8 @@ def _progress() -> Iterator[Callable[[str], None] | None]:
     if not console.is_terminal:
         yield None
         return
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     columns = (SpinnerColumn("dots"), TextColumn("{task.description}..."), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("starting", total=None)
@@ -491,6 +508,8 @@ def _run_reconcile(
         return _reconcile_and_show(state_dir, opts, as_json, store_url, done)
     finally:
         if metrics_file is not None:  # a failed run is counted too
+            from reconciler.cli.observe import write_reconcile_metrics
+
             write_reconcile_metrics(metrics_file, done[0] if done else None)
 
 
@@ -501,6 +520,14 @@ def _reconcile_and_show(
     store_url: str | None,
     done: list[ReconcileReport],
 ) -> int:
+    from reconciler.cli.render import render_plan
+    from reconciler.controller.ha import reconcile_via_store
+    from reconciler.controller.reconcile import ReconcileError, reconcile
+    from reconciler.io.fsio import FileReadError
+    from reconciler.io.lock import LockTimeout
+    from reconciler.planning.plans import failure_json
+    from reconciler.stores.base import StoreError
+
     try:
         with _progress() as on_stage:
             staged = dataclasses.replace(opts, on_stage=on_stage)
@@ -595,6 +622,9 @@ def reconcile_cmd(
 
     Exit codes: 0 done (unplaceable instances are reported in status), 1 error.
     """
+    from reconciler.controller.configs import default_config_builder
+    from reconciler.controller.reconcile import ReconcileOptions
+
     opts = ReconcileOptions(
         mode=_mode(mode),
         allow_empty=allow_empty,
@@ -618,6 +648,9 @@ def apply(planfile: Path, state_dir: Path, as_json: bool, allow_empty: bool) -> 
 
     Exit codes: 0 applied, 4 stale plan (the inputs or the checkpoint changed), 1 error.
     """
+    from reconciler.controller.configs import default_config_builder
+    from reconciler.controller.reconcile import ReconcileError, ReconcileOptions, compute_once
+
     _require_state(state_dir)
     try:
         saved = json.loads(planfile.read_text())
@@ -630,7 +663,7 @@ def apply(planfile: Path, state_dir: Path, as_json: bool, allow_empty: bool) -> 
         allow_empty=allow_empty,
         configs=default_config_builder(),
     )
-    with StateLock(state_dir):
+    with _state_lock(state_dir):
         try:
             comp = compute_once(state_dir, opts, read_only=True)
         except ReconcileError as e:
@@ -659,6 +692,9 @@ def rebalance(state_dir: Path, as_json: bool, allow_empty: bool) -> int:
 
     Exit codes: 0 done, 1 error.
     """
+    from reconciler.controller.configs import default_config_builder
+    from reconciler.controller.reconcile import ReconcileOptions
+
     opts = ReconcileOptions(
         mode="rebalance", allow_empty=allow_empty, configs=default_config_builder()
     )
@@ -666,6 +702,8 @@ def rebalance(state_dir: Path, as_json: bool, allow_empty: bool) -> int:
 
 
 def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    from reconciler.model.values import parse_duration
+
     try:
         return parse_duration(value)
     except ValueError as e:
@@ -737,6 +775,12 @@ def watch(
 
     Exit codes: 0 stopped by a signal, 1 error.
     """
+    from reconciler.cli.observe import controller_metrics
+    from reconciler.controller.configs import default_config_builder
+    from reconciler.controller.ha import store_watch_loop
+    from reconciler.controller.reconcile import ReconcileOptions
+    from reconciler.controller.watch import WatchOptions, watch_loop
+
     logging.getLogger("reconciler").setLevel(min(logging.INFO, logging.getLogger().level))
     opts = ReconcileOptions(
         mode=_mode(mode), allow_empty=allow_empty, configs=default_config_builder()
@@ -834,6 +878,14 @@ def agent(
     error: a start failed, NODE is no node of the unit (no nodes/NODE.yaml, plan or actual),
     or the run could not be done. With --watch: runs until SIGTERM, then 0.
     """
+    from reconciler.agent.node import AgentError, agent_watch, run_agent_once
+    from reconciler.agent.runc import Runc, RuncError
+    from reconciler.cli.agent_report import ReportingOptions, run_reporting_agent
+    from reconciler.cli.observe import agent_metrics
+    from reconciler.controller.ha import agent_watch_store, run_agent_via_store
+    from reconciler.io.lock import LockTimeout
+    from reconciler.stores.base import StoreError
+
     if store_url is None:
         _require_state(state_dir)
     del runtime  # only runc is supported (crun refuses this kind of cgroup setup)
@@ -905,6 +957,8 @@ def agent(
 
 
 def _copy(source: StateStore, target: StateStore, verb: str, as_json: bool) -> int:
+    from reconciler.stores.base import StoreError, copy_unit
+
     try:
         written, deleted = copy_unit(source, target)
     except (StoreError, OSError) as e:
@@ -935,12 +989,15 @@ def export_cmd(state_dir: Path, store_url: str, as_json: bool) -> int:
 
     Exit codes: 0 done, 1 error.
     """
+    from reconciler.io.fsio import FileReadError, ensure_dir
+    from reconciler.stores.base import FileStore
+
     try:
         ensure_dir(state_dir)
     except (FileReadError, OSError) as e:
         _err_console().print(f"error: {e}", markup=False)
         return EXIT_ERROR
-    with StateLock(state_dir):
+    with _state_lock(state_dir):
         return _copy(_etcd(store_url), FileStore(state_dir), "exported", as_json)
 
 
@@ -962,6 +1019,8 @@ def import_cmd(state_dir: Path, store_url: str, force: bool, as_json: bool) -> i
 
     Exit codes: 0 done, 1 error.
     """
+    from reconciler.stores.base import FileStore, StoreError
+
     _require_state(state_dir)
     store = _etcd(store_url)
     try:
@@ -974,7 +1033,7 @@ def import_cmd(state_dir: Path, store_url: str, force: bool, as_json: bool) -> i
             f"error: {holder} leads {store.url}; stop it first (or --force)", markup=False
         )
         return EXIT_ERROR
-    with StateLock(state_dir):
+    with _state_lock(state_dir):
         return _copy(FileStore(state_dir), store, "imported", as_json)
 
 
@@ -1013,6 +1072,10 @@ def status(state_dir: Path, as_json: bool, html_file: Path | None, **filters: An
 
     Exit codes: 0 shown, 1 no status yet or error, 64 a filter names nothing in the report.
     """
+    from reconciler.cli.observe import write_status_page
+    from reconciler.cli.statusview import StatusFilterError, actual_file_mtime, render_status
+    from reconciler.io.fsio import FileReadError, read_bytes_at
+
     _require_state(state_dir)
     path = state_dir / "out" / "status.json"
     if path.parent.is_symlink():
@@ -1082,6 +1145,8 @@ def _mode(mode: str | None) -> Mode | None:
 
 
 def _find_instance(services: Sequence[Service], needle: str) -> str | None:
+    from reconciler.placement.instances import expand_instances
+
     for inst in expand_instances(list(services)):
         if needle in (inst.id, inst.label, f"{inst.item_id}:{inst.index}"):
             return inst.id
@@ -1111,6 +1176,24 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
 
     Exit codes: 0 explained, 1 unknown instance or error.
     """
+    from reconciler.accel import balance
+    from reconciler.accel import explain as explain_instance
+    from reconciler.cli.explainview import (
+        find_item,
+        item_json,
+        item_view,
+        render_item,
+        runtime_json,
+        suggestions,
+    )
+    from reconciler.cli.render import render_explanation
+    from reconciler.controller.reports import StaleMarks
+    from reconciler.io.checkpoint_files import load_checkpoint
+    from reconciler.io.loader import load_state
+    from reconciler.placement.instances import Failure
+    from reconciler.planning.network import NETWORK_FAILURE, explain_network
+    from reconciler.planning.plans import failure_json
+
     _require_state(state_dir)
     view, diags = load_state(state_dir)
     _report_diagnostics(diags)
@@ -1248,9 +1331,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(e.exit_code)
     except OSError as e:
         return _fail(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), e)
-    except FileReadError as e:
-        return _fail(str(e), e)
     except Exception as e:  # a bug: one line, the traceback only at -vv
+        fsio = sys.modules.get("reconciler.io.fsio")  # loaded if it raised FileReadError
+        if fsio is not None and isinstance(e, fsio.FileReadError):
+            return _fail(str(e), e)
         return _fail(f"internal error: {type(e).__name__}: {e}", e)
     finally:
         sys.stdout = real_stdout

@@ -7,21 +7,13 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from reconciler.agent.metrics import AgentMetrics
-from reconciler.controller.metrics import ControllerMetrics
-from reconciler.controller.reconcile import ReconcileReport
-from reconciler.controller.statuspage import render_status_page
-from reconciler.io.fsio import atomic_write
-from reconciler.io.metrics_export import (
-    parse_metrics_addr,
-    read_metrics_file,
-    serve_metrics,
-    write_metrics_file,
-)
+if TYPE_CHECKING:  # imported where used: the command line's start-up loads none of it
+    from reconciler.agent.metrics import AgentMetrics
+    from reconciler.controller.reconcile import ReconcileReport
 
 __all__ = [
     "agent_metrics",
@@ -38,6 +30,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def _addr(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is not None:
+        from reconciler.io.metrics_export import parse_metrics_addr
+
         try:
             parse_metrics_addr(value)
         except ValueError as e:
@@ -65,6 +59,8 @@ def controller_metrics(
     if addr is None:
         yield None
         return
+    from reconciler.controller.metrics import ControllerMetrics
+
     metrics = ControllerMetrics()
     server = _serve(metrics.registry, addr)
     try:
@@ -78,6 +74,8 @@ def agent_metrics(addr: str | None) -> Iterator[AgentMetrics | None]:
     if addr is None:
         yield None
         return
+    from reconciler.agent.metrics import AgentMetrics
+
     metrics = AgentMetrics()
     server = _serve(metrics.registry, addr)
     try:
@@ -87,6 +85,8 @@ def agent_metrics(addr: str | None) -> Iterator[AgentMetrics | None]:
 
 
 def _serve(registry: Any, addr: str) -> Any:
+    from reconciler.io.metrics_export import serve_metrics
+
     try:
         return serve_metrics(registry, addr)
     except OSError as e:
@@ -96,6 +96,9 @@ def _serve(registry: Any, addr: str) -> Any:
 def write_reconcile_metrics(path: Path, report: ReconcileReport | None) -> None:
     """``reconcile --metrics-file``: this run's metrics, continuing the counters of the file
     written before. A file that cannot be written is a warning: the run's outputs are out."""
+    from reconciler.controller.metrics import ControllerMetrics
+    from reconciler.io.metrics_export import read_metrics_file, write_metrics_file
+
     metrics = ControllerMetrics(before=read_metrics_file(path))
     metrics.observe(report)
     try:
@@ -106,6 +109,9 @@ def write_reconcile_metrics(path: Path, report: ReconcileReport | None) -> None:
 
 def write_status_page(doc: dict[str, Any], made_at: float, target: Path) -> int:
     """``status --html FILE``: the page of ``doc`` at ``target`` (atomically); its size."""
+    from reconciler.controller.statuspage import render_status_page
+    from reconciler.io.fsio import atomic_write
+
     page = render_status_page(doc, made_at=made_at)
     atomic_write(target, page, mode=0o644)
     return len(page)

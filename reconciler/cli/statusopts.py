@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from reconciler.cli.statusview import INSTANCE_STATES, StatusFilter
+if TYPE_CHECKING:  # (statusview loads rich: imported where used, not by `--help`)
+    from reconciler.cli.statusview import StatusFilter
 
-__all__ = ["status_filter", "status_filter_options"]
+__all__ = ["INSTANCE_STATES", "status_filter", "status_filter_options"]
+
+INSTANCE_STATES = ("activating", "active", "failed", "inactive", "pending")
+"""The states status.json gives an instance: its agent's, or pending while none reports it."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -63,6 +67,8 @@ def status_filter(
     failed: bool,
     list_instances: bool,
 ) -> StatusFilter:
+    from reconciler.cli.statusview import StatusFilter
+
     return StatusFilter(
         nodes=tuple(sorted(set(nodes))),
         services=tuple(sorted(set(services))),

@@ -24,6 +24,7 @@ from typing import Any
 from rich.console import Console
 
 from reconciler.cli.render import SMALL_UNIT
+from reconciler.cli.statusopts import INSTANCE_STATES
 from reconciler.cli.suggest import did_you_mean
 from reconciler.cli.textout import (
     Cell,
@@ -44,8 +45,6 @@ __all__ = [
     "render_status",
 ]
 
-INSTANCE_STATES = ("activating", "active", "failed", "inactive", "pending")
-"""The states status.json gives an instance: its agent's, or pending while none reports it."""
 
 _STATE_STYLE = {"active": "green", "failed": "red", "pending": "yellow"}
 

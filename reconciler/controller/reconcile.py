@@ -611,6 +611,17 @@ def _put_page(
     return digest
 
 
+def _lock_wait(opts: ReconcileOptions) -> Callable[[str], None]:
+    """Tell whom a run waits for: the log and the spinner (instead of its first stage)."""
+
+    def waiting(holder: str) -> None:
+        log.info("waiting for the lock held by %s", holder)
+        if opts.on_stage is not None:
+            opts.on_stage(f"waiting for the lock held by {holder}")
+
+    return waiting
+
+
 def reconcile(
     state_dir: Path,
     opts: ReconcileOptions | None = None,
@@ -623,7 +634,7 @@ def reconcile(
     opts = opts or ReconcileOptions()
     if not state_dir.exists():
         state_dir.mkdir(mode=0o700, parents=True)
-    with StateLock(state_dir, opts.lock_timeout), collector_paused():
+    with StateLock(state_dir, opts.lock_timeout, _lock_wait(opts)), collector_paused():
         started = time.monotonic()
         for name in ("checkpoint", "out"):  # a symlink in their place is refused: nothing is
             if (state_dir / name).is_symlink():  # ever written outside the state directory

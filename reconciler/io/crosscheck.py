@@ -27,6 +27,7 @@ from reconciler.io.loader import Diagnostic, Severity, StateView
 from reconciler.io.yamlsafe import DEFAULT_MAX_BYTES, Parsed, YamlRejected, parse_yaml
 from reconciler.io.yamlsafe import Path as DocPath
 from reconciler.model.documents import Node, Service, UnitConfig
+from reconciler.model.human import human_amount
 
 __all__ = ["Locate", "cross_checks", "file_locator"]
 
@@ -91,7 +92,8 @@ def cross_checks(view: StateView, locate: Locate) -> list[Diagnostic]:
                         rel,
                         ("requestedResources", field),
                         "warning",
-                        f"requestedResources.{field}: {want} is above quotas.{limit} ({cap}): "
+                        f"requestedResources.{field}: {human_amount(field, want)} is above "
+                        f"quotas.{limit} ({human_amount(field, cap)}): "
                         "the quota is requested instead",
                         False,
                     )

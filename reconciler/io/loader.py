@@ -45,6 +45,8 @@ from reconciler.model.documents import (
     Service,
     UnitConfig,
 )
+from reconciler.model.human import human_bytes
+from reconciler.model.suggest import unknown_field_hint
 from reconciler.model.values import ID_PATTERN, RESOURCE_NAME_PATTERN
 
 __all__ = [
@@ -169,8 +171,10 @@ def _data_path(data: Any, loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
 
 
 def format_validation_error(
-    display: str, parsed: Parsed, error: ValidationError
+    display: str, parsed: Parsed, error: ValidationError, model: type[BaseModel] | None = None
 ) -> list[Diagnostic]:
+    """One diagnostic per error, at its place in the file; with ``model`` (the validated
+    document's), an unknown field gets the close known ones ("did you mean")."""
     diags: list[Diagnostic] = []
     for err in error.errors(include_url=False):
         loc = tuple(err["loc"])
@@ -179,6 +183,8 @@ def format_validation_error(
             path = (*path, loc[-1]) if loc and path and path[-1] != loc[-1] else path
             line, col = parsed.position(path, prefer_key=True)
             msg = f"unknown field {loc[-1]!r}" if loc else "unknown field"
+            if model is not None and loc:
+                msg += unknown_field_hint(model, loc)
         else:
             line, col = parsed.position(path)
             msg = _friendly(err)
@@ -233,7 +239,7 @@ def _validate(display: str, raw: bytes, dir_kind: str, max_bytes: int) -> Doc | 
     try:
         obj = model.model_validate(data)
     except ValidationError as e:
-        return format_validation_error(display, parsed, e)
+        return format_validation_error(display, parsed, e, model)
     assert isinstance(obj, UnitConfig | Service | Node | ActualState)
     return obj
 
@@ -260,7 +266,7 @@ def _resolve_resources_file(
     deps = ((str(target), settled_key(key, time.time_ns())),)
     sha = hashlib.sha256(raw).hexdigest()
     if len(raw) > max_bytes:
-        diag = Diagnostic(str(target), 1, 1, f"file is over {max_bytes} bytes")
+        diag = Diagnostic(str(target), 1, 1, f"file is over {human_bytes(max_bytes)}")
         return None, [diag], deps, sha
     try:
         entries = parse_resources_json(raw)

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
+from reconciler.model.human import human_bytes
 from reconciler.model.values import INT64_MAX, INT64_MIN
 
 _LIBYAML: ModuleType | None
@@ -95,7 +96,8 @@ def _line_col(text: str, offset: int) -> tuple[int, int]:
 def decode_strict(raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> str:
     """Size cap, strict UTF-8 (a UTF-8 BOM is dropped), no control characters."""
     if len(raw) > max_bytes:
-        raise YamlRejected(1, 1, f"file is {len(raw)} bytes, over the limit of {max_bytes} bytes")
+        size, limit = human_bytes(len(raw)), human_bytes(max_bytes)
+        raise YamlRejected(1, 1, f"file is {size}, over the limit of {limit}")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

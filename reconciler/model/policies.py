@@ -10,12 +10,19 @@ schema is generated, never copied.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import AfterValidator, GetJsonSchemaHandler, Strict
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
+
+from reconciler.model.policyregistry import (
+    check_devices,
+    is_known,
+    policy_names,
+    register_policy,
+    unregister_policy,
+)
 
 __all__ = [
     "PolicyName",
@@ -25,36 +32,9 @@ __all__ = [
     "unregister_policy",
 ]
 
-DevicesCheck = Callable[[tuple[Any, ...]], None]
-"""Checks a pool's devices (``Device`` documents) for a policy; raises ValueError."""
-
-_POLICIES: dict[str, DevicesCheck | None] = {}
-
-
-def register_policy(name: str, check: DevicesCheck | None = None) -> None:
-    """Make ``name`` a valid ``policy`` of device pools; ``check`` is called with a pool's
-    devices and raises ValueError for devices the policy cannot serve (e.g. without memory)."""
-    _POLICIES[name] = check
-
-
-def unregister_policy(name: str) -> None:
-    _POLICIES.pop(name, None)
-
-
-def policy_names() -> tuple[str, ...]:
-    """Every registered name, sorted."""
-    return tuple(sorted(_POLICIES))
-
-
-def check_devices(name: str, devices: tuple[Any, ...]) -> None:
-    """The registered rules of policy ``name`` on a pool's devices (raises ValueError)."""
-    check = _POLICIES.get(name)
-    if check is not None:
-        check(devices)
-
 
 def _known(name: str) -> str:
-    if name not in _POLICIES:
+    if not is_known(name):
         known = ", ".join(policy_names()) or "none registered"
         raise ValueError(f"unknown sharing policy {name!r} (known: {known})")
     return name

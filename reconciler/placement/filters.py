@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
+from reconciler.model.human import human_bytes, plain_list
 from reconciler.placement.nodestate import (
     device_pool,
     state_fits,
@@ -136,7 +137,7 @@ class LabelsFilter:
 
     def check(self, slot: NodeSlot, ask: Ask) -> str | None:
         missing = ask.labels - slot.labels
-        return f"missing labels {sorted(missing)}" if missing else None
+        return f"missing labels {plain_list(sorted(missing))}" if missing else None
 
 
 @dataclass(frozen=True)
@@ -213,7 +214,10 @@ class RuntimeTypeFilter:
         if ask.keep_runtime is not None and runtime.runtime.id != ask.keep_runtime:
             return f"instance is kept on runtime {ask.keep_runtime}"
         if runtime.runtime.type not in ask.runtimes:
-            return f"type {runtime.runtime.type} not accepted"
+            return (
+                f"type {runtime.runtime.type} not accepted "
+                f"(the service accepts {plain_list(sorted(ask.runtimes))})"
+            )
         return None
 
 
@@ -246,7 +250,7 @@ class PlatformFilter:
             if wanted is not None and wanted != getattr(have, field):
                 return f"{field} {getattr(have, field)} is not {wanted}"
         missing = set(want.osFeatures) - set(have.osFeatures)
-        return f"missing os features {sorted(missing)}" if missing else None
+        return f"missing os features {plain_list(sorted(missing))}" if missing else None
 
 
 @dataclass(frozen=True)
@@ -285,10 +289,10 @@ class RamFilter:
         need = ask.requested(slot).ram
         why = units_reason("ram", slot.node.inventories.units[1], need)
         if why is not None:
-            return f"needs {need} bytes of RAM: {why}"
+            return f"needs {human_bytes(need)} of RAM: {why}"
         if runtime.fits(0, need, 0):
             return None
-        return f"needs {need} bytes of RAM, {runtime.ram_from.free} free"
+        return f"needs {human_bytes(need)} of RAM, {human_bytes(runtime.ram_from.free)} free"
 
 
 @dataclass(frozen=True)
@@ -306,13 +310,13 @@ class StorageFilter:
         need = ask.requested(slot).storage
         why = units_reason("storage", slot.node.inventories.units[2], need)
         if why is not None:
-            return f"needs {need} bytes: {why}"
+            return f"needs {human_bytes(need)}: {why}"
         if storage_fits(slot, need):
             return None
         pool = slot.storage_pool
         if pool is None:
             return "no partition typed storages"
-        return f"needs {need} bytes, {pool.free} free"
+        return f"needs {human_bytes(need)}, {human_bytes(pool.free)} free"
 
 
 @dataclass(frozen=True)
@@ -330,7 +334,7 @@ class StateFilter:
         req = ask.requested(slot)
         why = units_reason("state", slot.node.inventories.units[3], req.state)
         if why is not None:
-            return f"needs {req.state} bytes of state: {why}"
+            return f"needs {human_bytes(req.state)} of state: {why}"
         if state_fits(slot, req.storage, req.state):
             return None
         pool = slot.state_pool
@@ -338,8 +342,11 @@ class StateFilter:
             return "no partition typed states"
         need = state_need(slot, req.storage, req.state)
         if need != req.state:  # one partition typed both: storage and state from one pool
-            return f"needs {need} bytes with storage ({req.state} state), {pool.free} free"
-        return f"needs {need} bytes, {pool.free} free"
+            return (
+                f"needs {human_bytes(need)} with storage ({human_bytes(req.state)} state), "
+                f"{human_bytes(pool.free)} free"
+            )
+        return f"needs {human_bytes(need)}, {human_bytes(pool.free)} free"
 
 
 @dataclass(frozen=True)

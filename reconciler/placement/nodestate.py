@@ -30,6 +30,7 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from reconciler.model.documents import Node, NodeConfig, ResourceRatios, Runtime, UnitConfig
+from reconciler.model.human import human_amount
 from reconciler.model.inventory import (
     OVER_CAPACITY,
     RELEASE_BELOW_ZERO,
@@ -192,7 +193,8 @@ def _unit_words(resource: str, units: Units, code: str) -> str:
     if field is None:  # (a negative amount: requested amounts never are)
         return code
     value = {"minUnit": units[0], "maxUnit": units[1], "stepSize": units[2]}[field]
-    return f"{code} (inventories.{resource}.{field} {value})"
+    shown = value if value is None else human_amount(resource, value)
+    return f"{code} (inventories.{resource}.{field} {shown})"
 
 
 def units_reason(resource: str, units: Units, amount: int) -> str | None:
@@ -229,7 +231,8 @@ class NodeUnits:
             amount: int = getattr(req, resource)
             code = _unit_code(units, amount)
             if code is not None:
-                return code, f"{resource} {amount}: {_unit_words(resource, units, code)}"
+                words = _unit_words(resource, units, code)
+                return code, f"{resource} {human_amount(resource, amount)}: {words}"
         return None
 
 

@@ -207,7 +207,7 @@ class TestPlanAndExplain:
             failing = {code for code, cell in node["filters"].items() if not cell["pass"]}
             # D also fails RuntimeType (runx only); the node is charged to Labels, its first
             assert failing == ({"Labels", "RuntimeType"} if node["nodeId"] == "D" else {"Labels"})
-            assert node["filters"]["Labels"]["reason"] == "missing labels ['label3']"
+            assert node["filters"]["Labels"]["reason"] == "missing labels label3"
 
     def test_explain_a_placement(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         state = _four_node_unit(tmp_path / "s")

@@ -346,7 +346,7 @@ class TestExplain:
         assert m["runtimes"]["runc"]["RuntimeType"]["pass"]
         assert m["runtimes"]["runx"]["RuntimeType"] == {
             "pass": False,
-            "reason": "type runx not accepted",
+            "reason": "type runx not accepted (the service accepts runc)",
         }
         assert m["runtimes"]["runx"]["Platform"]["pass"]
 
@@ -356,7 +356,7 @@ class TestExplain:
         assert lines[start + 1 : start + 4] == [
             "  M",
             "    runc: fails Platform (architecture arm64 is not x86_64)",
-            "    runx: fails RuntimeType (type runx not accepted)",
+            "    runx: fails RuntimeType (type runx not accepted (the service accepts runc))",
         ]
         assert "  S" not in lines[start:]  # one runtime: the matrix says it all
 

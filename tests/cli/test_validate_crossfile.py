@@ -160,8 +160,8 @@ def test_a_request_above_its_quota_is_a_warning_at_the_request(
     code, lines = validate(capsys, state)
     assert code == 0
     assert lines == [
-        f"{state / 'desired' / 'web.yaml'}:11:8: warning: requestedResources.ram: 2147483648 is "
-        "above quotas.ramLimit (1073741824): the quota is requested instead"
+        f"{state / 'desired' / 'web.yaml'}:11:8: warning: requestedResources.ram: 2 GiB is "
+        "above quotas.ramLimit (1 GiB): the quota is requested instead"
     ]
 
 

@@ -99,7 +99,7 @@ ROWS: tuple[Row, ...] = (
         "one missing",
         node(),
         svc(labels=["gpu", "lidar"]),
-        "missing labels ['lidar']",
+        "missing labels lidar",
         labelled("gpu"),
     ),
     Row(
@@ -107,7 +107,7 @@ ROWS: tuple[Row, ...] = (
         "no unit: all missing, sorted",
         node(),
         svc(labels=["zone-b", "zone-a"]),
-        "missing labels ['zone-a', 'zone-b']",
+        "missing labels zone-a, zone-b",
     ),
     # ------------------------------------------------------------ Resources
     Row("Resources", "none asked", node(resources=CAN), svc(), None),
@@ -192,14 +192,14 @@ ROWS: tuple[Row, ...] = (
         "fractional: bigger than any device",
         node(device_pools=POOLS),
         svc(devices=[{"resource": "vgpu", "memory": "32Gi"}]),
-        f"UnschedulableAndUnresolvable: vgpu: no healthy device with {32 * GI} bytes free",
+        "UnschedulableAndUnresolvable: vgpu: no healthy device with 32 GiB free",
     ),
     Row(
         "Devices",
         "fractional: not now (dev0 has 6Gi left, dev1 is too small)",
         node(device_pools=POOLS),
         svc(devices=[{"resource": "vgpu", "memory": "12Gi"}]),
-        f"Unschedulable: vgpu: no healthy device with {12 * GI} bytes free",
+        "Unschedulable: vgpu: no healthy device with 12 GiB free",
         others=(other("holder", devices=[{"resource": "vgpu", "memory": "10Gi"}]),),
     ),
     Row(
@@ -266,7 +266,7 @@ ROWS: tuple[Row, ...] = (
         "not accepted",
         node(runtimes=[runtime("r1", "runx")]),
         svc(),
-        "type runx not accepted",
+        "type runx not accepted (the service accepts crun, runc)",
     ),
     Row("RuntimeType", "kept on this runtime", node(), svc(), None, keep_runtime="runc"),
     Row(
@@ -327,7 +327,7 @@ ROWS: tuple[Row, ...] = (
         "os features missing, sorted",
         node(runtimes=[{**runtime(), "platform": {"architecture": "x86_64", "osFeatures": ["a"]}}]),
         svc(platform={"architecture": "x86_64", "osFeatures": ["c", "a", "b"]}),
-        "missing os features ['b', 'c']",
+        "missing os features b, c",
     ),
     # ------------------------------------------------------------ Cpu
     Row("Cpu", "nothing asked", node(), svc(), None),
@@ -422,13 +422,13 @@ ROWS: tuple[Row, ...] = (
     # ------------------------------------------------------------ Ram
     Row("Ram", "nothing asked", node(), svc(), None),
     Row("Ram", "exactly what is free", node(), svc(ram="1Gi"), None),
-    Row("Ram", "twice that", node(), svc(ram="2Gi"), f"needs {2 * GI} bytes of RAM, {GI} free"),
+    Row("Ram", "twice that", node(), svc(ram="2Gi"), "needs 2 GiB of RAM, 1 GiB free"),
     Row(
         "Ram",
         "after another service's 768Mi",
         node(),
         svc(ram="512Mi"),
-        f"needs {512 * MI} bytes of RAM, {256 * MI} free",
+        "needs 512 MiB of RAM, 256 MiB free",
         others=(other("holder", ram="768Mi"),),
     ),
     Row(
@@ -436,7 +436,7 @@ ROWS: tuple[Row, ...] = (
         "the runtime's own pool",
         node(runtimes=[{**runtime(), "allowedRAM": "256Mi"}]),
         svc(ram="512Mi"),
-        f"needs {512 * MI} bytes of RAM, {256 * MI} free",
+        "needs 512 MiB of RAM, 256 MiB free",
     ),
     Row(
         "Ram",
@@ -450,7 +450,7 @@ ROWS: tuple[Row, ...] = (
         "not a multiple of a 256 MiB step",
         node(inventories={"ram": {"stepSize": "256Mi"}}),
         svc(ram="300Mi"),
-        f"needs {300 * MI} bytes of RAM: step-size (inventories.ram.stepSize {256 * MI})",
+        "needs 300 MiB of RAM: step-size (inventories.ram.stepSize 256 MiB)",
     ),
     # ------------------------------------------------------------ Storage
     Row("Storage", "nothing asked, no partition", node(), svc(), None),
@@ -473,14 +473,14 @@ ROWS: tuple[Row, ...] = (
         "too big",
         node(partitions=[{"name": "p", "types": ["storages"], "totalSize": "1Gi"}]),
         svc(storage="2Gi"),
-        f"needs {2 * GI} bytes, {GI} free",
+        "needs 2 GiB, 1 GiB free",
     ),
     Row(
         "Storage",
         "after another service's 700Mi",
         node(partitions=[{"name": "p", "types": ["storages"], "totalSize": "1Gi"}]),
         svc(storage="400Mi"),
-        f"needs {400 * MI} bytes, {324 * MI} free",
+        "needs 400 MiB, 324 MiB free",
         others=(other("holder", storage="700Mi"),),
     ),
     Row(
@@ -491,7 +491,7 @@ ROWS: tuple[Row, ...] = (
             inventories={"storage": {"reserved": "1Gi"}},
         ),
         svc(storage="1025Mi"),
-        f"needs {1025 * MI} bytes, {GI} free",
+        "needs 1025 MiB, 1 GiB free",
     ),
     Row(
         "Storage",
@@ -501,7 +501,7 @@ ROWS: tuple[Row, ...] = (
             inventories={"storage": {"maxUnit": "1Gi"}},
         ),
         svc(storage="2Gi"),
-        f"needs {2 * GI} bytes: above-max-unit (inventories.storage.maxUnit {GI})",
+        "needs 2 GiB: above-max-unit (inventories.storage.maxUnit 1 GiB)",
     ),
     # ------------------------------------------------------------ State
     Row("State", "nothing asked, no partition", node(), svc(), None),
@@ -530,7 +530,7 @@ ROWS: tuple[Row, ...] = (
         node(partitions=[{"name": "p", "types": ["storages", "states"], "totalSize": "1Gi"}]),
         svc(storage="600Mi", state="600Mi"),
         # the reason names what the shared pool must give: 600Mi of storage plus 600Mi of state
-        f"needs {1200 * MI} bytes with storage ({600 * MI} state), {GI} free",
+        "needs 1200 MiB with storage (600 MiB state), 1 GiB free",
     ),
     Row(
         "State",
@@ -547,7 +547,7 @@ ROWS: tuple[Row, ...] = (
             inventories={"state": {"minUnit": "1Mi"}},
         ),
         svc(state=4096),
-        f"needs 4096 bytes of state: below-min-unit (inventories.state.minUnit {MI})",
+        "needs 4 KiB of state: below-min-unit (inventories.state.minUnit 1 MiB)",
     ),
     Row(
         "State",

@@ -193,13 +193,13 @@ ROWS: tuple[Row, ...] = (
         "bigger than any healthy device (the unhealthy one is not counted)",
         vgpu(),
         fractional(20),
-        Status(NEVER, f"vgpu: no healthy device with {20 * GI} bytes free"),
+        Status(NEVER, "vgpu: no healthy device with 20 GiB free"),
     ),
     Row(
         "not now: dev0 has 6 GiB free, dev1 is too small",
         vgpu(10),
         fractional(12),
-        Status(NOT_NOW, f"vgpu: no healthy device with {12 * GI} bytes free"),
+        Status(NOT_NOW, "vgpu: no healthy device with 12 GiB free"),
     ),
     Row(
         "a count asked",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-import reconciler.cli.commands
+import reconciler.controller.reconcile
 from benchmarks.etcdserver import EtcdServer, EtcdUnavailable
 from benchmarks.etcdserver import start_etcd as start_server
 from reconciler.controller.ha import reconcile_via_store
@@ -134,7 +134,8 @@ def state_store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
         url = server.url(f"scenario/{uuid.uuid4().hex}")
         wrapper = through_etcd(url, calls)
         monkeypatch.setattr(request.module, "reconcile", wrapper)
-        monkeypatch.setattr(reconciler.cli.commands, "reconcile", wrapper)
+        # the CLI imports reconcile from its module when a command runs (start-up)
+        monkeypatch.setattr(reconciler.controller.reconcile, "reconcile", wrapper)
     yield kind
     if kind == "etcd" and not calls:
         pytest.fail("the [etcd] variant ran no reconcile through etcd: nothing was tested")

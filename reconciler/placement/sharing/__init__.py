@@ -78,4 +78,5 @@ def policy(name: str) -> SharingPolicy:
     try:
         return REGISTRY[name]
     except KeyError:
-        raise KeyError(f"unknown sharing policy {name!r}; known: {sorted(REGISTRY)}") from None
+        known = ", ".join(sorted(REGISTRY))
+        raise KeyError(f"unknown sharing policy {name!r} (known: {known})") from None

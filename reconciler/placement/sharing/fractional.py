@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from reconciler.model.human import human_bytes
 from reconciler.placement.sharing.base import (
     SUCCESS,
     Item,
@@ -49,7 +50,8 @@ class FractionalPolicy(SharingPolicy):
         if not fits:
             biggest = max((i.memory or 0 for i in state.items if i.healthy), default=0)
             code = StatusCode.UNRESOLVABLE if biggest < need else StatusCode.UNSCHEDULABLE
-            return Status(code, f"{state.resource}: no healthy device with {need} bytes free")
+            why = f"{state.resource}: no healthy device with {human_bytes(need)} free"
+            return Status(code, why)
         return min(fits, key=lambda i: (self._free(state, i), i.id)).id
 
     def filter(self, state: PoolState, request: ShareRequest, keep: tuple[str, ...] = ()) -> Status:

@@ -1,0 +1,97 @@
+"""Start-up: the command line loads what a command needs, not everything (issue 30).
+
+Not timed (benchmarks/cli.py measures): these check *what* is imported, in a fresh interpreter,
+so that an eager import of etcd, HTTP, grpc, metrics, JSON Schema or rich at the top of a CLI
+module cannot come back unnoticed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reconciler.cli import agent_report, commands
+from reconciler.controller.ha import INPUT_SCOPES
+from reconciler.model.documents import KINDS
+from reconciler.model.schema import RESOURCES_FILE
+from tests.support.paths import DEMO
+
+HEAVY = ("etcd3gw", "requests", "jsonschema", "rich", "prometheus_client", "grpc", "watchfiles")
+"""Never loaded by ``import reconciler.cli`` (nor by ``--help``)."""
+
+
+def _modules_after(code: str) -> set[str]:
+    """The modules a fresh interpreter holds after running ``code``."""
+    script = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    )
+    return set(json.loads(proc.stdout.splitlines()[-1]))
+
+
+def _loaded(modules: set[str], roots: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if m.split(".")[0] in roots)
+
+
+def test_import_cli_loads_no_heavy_library() -> None:
+    mods = _modules_after("import reconciler.cli")
+    assert _loaded(mods, HEAVY) == []
+    assert "pydantic" not in mods  # not even the documents
+    assert "reconciler.model.documents" not in mods
+
+
+def test_help_loads_no_heavy_library() -> None:
+    mods = _modules_after(
+        "import contextlib, io\n"
+        "from reconciler.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    assert main(['--help']) == 0"
+    )
+    assert _loaded(mods, (*HEAVY, "pydantic", "yaml", "ruamel")) == []
+
+
+@pytest.mark.parametrize("command", ["validate", "plan"])
+def test_validate_and_plan_load_no_store_or_agent(command: str) -> None:
+    """validate and plan read files: no etcd client, HTTP, grpc, metrics or watcher."""
+    mods = _modules_after(
+        "import contextlib, io\n"
+        "from reconciler.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    main([{command!r}, '--state', {str(DEMO)!r}])"
+    )
+    assert "reconciler.io.loader" in mods  # it did run
+    assert _loaded(mods, tuple(h for h in HEAVY if h != "rich")) == []
+    assert not any(m.startswith(("reconciler.stores.etcd", "reconciler.agent.")) for m in mods)
+
+
+def test_validate_does_not_load_rich() -> None:
+    mods = _modules_after(
+        "import contextlib, io\n"
+        "from reconciler.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    main(['validate', '--state', {str(DEMO)!r}])"
+    )
+    assert _loaded(mods, ("rich",)) == []
+
+
+def test_device_pool_policies_known_without_importing_placement() -> None:
+    """The sharing policies are registered before the documents first validate a pool, though
+    the package no longer imports them eagerly."""
+    mods = _modules_after(
+        "from reconciler.model.policies import policy_names\n"
+        "assert {'exclusive', 'fractional'} <= set(policy_names()), policy_names()"
+    )
+    assert "reconciler.placement.sharing" in mods
+    assert "reconciler.placement.sharing" not in _modules_after("import reconciler")
+
+
+def test_constants_copied_to_avoid_imports_stay_equal() -> None:
+    from reconciler.agent.deviceplugin.manager import DEFAULT_PLUGIN_DIR
+
+    assert sorted([*KINDS, RESOURCES_FILE]) == commands.SCHEMA_KINDS
+    assert tuple(INPUT_SCOPES) == commands._INPUT_SCOPES
+    assert Path(DEFAULT_PLUGIN_DIR) == agent_report.DEFAULT_PLUGIN_DIR
