@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -24,25 +23,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from .reconcile import machine_description as reconcile_machine
+
 TARGETS_MS = {"reconciler --help": 150.0, "validate": 300.0, "plan": 300.0}
 
 
 def machine_description() -> str:
-    cpu = platform.processor() or "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    """``benchmarks.reconcile``'s description of the machine, with its load now."""
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (
-        f"{platform.platform()}; {cpu}; nproc {usable}; load {load:.2f}; "
-        f"Python {platform.python_version()} ({platform.python_implementation()})"
-    )
+    return f"{reconcile_machine()}; load {load:.2f}"
 
 
 def child_env() -> dict[str, str]:
