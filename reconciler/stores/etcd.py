@@ -192,6 +192,12 @@ class EtcdStore:
             result: dict[str, Any] = self.client.post(self.client.get_url(path), json=payload)
         except etcd_exceptions.Etcd3Exception as e:
             detail = getattr(e, "detail_text", None) or str(e)
+            unreachable = _unreachable(detail)
+            if unreachable is not None:
+                raise StoreError(
+                    f"{self.url}: cannot reach etcd at {self.host}:{self.port} ({unreachable}); "
+                    "is etcd running there, and is the URL right?"
+                ) from None
             raise StoreError(f"{self.url}: {path}: {detail.strip()}{_hint(detail)}") from None
         return result
 
@@ -456,6 +462,28 @@ def _lines(response: requests.Response) -> Iterator[bytes]:
         del buf[:start]
     if buf.strip():
         yield bytes(buf)
+
+
+_UNREACHABLE = (
+    ("Connection refused", "connection refused"),
+    ("Name or service not known", "unknown host name"),
+    ("Temporary failure in name resolution", "the host name does not resolve"),
+    ("No route to host", "no route to the host"),
+    ("Network is unreachable", "the network is unreachable"),
+    ("timed out", "timed out"),
+    ("Read timed out", "timed out"),
+    ("Failed to establish a new connection", "no connection"),
+)
+
+
+def _unreachable(detail: str) -> str | None:
+    """Why etcd could not be reached, in words, when the client's raw error says so (the
+    HTTP library's text: "HTTPConnectionPool(...): Max retries exceeded ... [Errno 111]
+    Connection refused"); None for an answer from etcd itself."""
+    for raw, words in _UNREACHABLE:
+        if raw in detail:
+            return words
+    return None
 
 
 def _hint(detail: str) -> str:

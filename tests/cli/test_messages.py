@@ -3,6 +3,7 @@ named, human units and plain lists in validate and explain (issue 30)."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,14 @@ def test_node_agent_config_unknown_field_gets_did_you_mean(tmp_path: Path) -> No
     with pytest.raises(NodeReportError) as err:
         load_node_config(path)
     assert f"{path}:6:1: unknown field 'maxDMIP' (did you mean 'maxDMIPS'?)" in str(err.value)
+
+
+def test_an_unreachable_etcd_is_said_in_words(capsys: pytest.CaptureFixture[str]) -> None:
+    """Not the HTTP library's text ("HTTPConnectionPool(...): Max retries exceeded ...")."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code, _out, err = run(capsys, "status", "--store", f"etcd://127.0.0.1:{port}/unit")
+    assert code == 1
+    assert f"cannot reach etcd at 127.0.0.1:{port} (connection refused)" in err
+    assert "HTTPConnectionPool" not in err and "Max retries" not in err
