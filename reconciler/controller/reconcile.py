@@ -324,7 +324,11 @@ def compute_once(
         )
     stage("planning")
     plan = (opts.cache.plan.make_plan if opts.cache is not None else make_plan)(
-        result, view.actual, set(view.nodes), fingerprint=fingerprint(view, new_cp.generation)
+        result,
+        view.actual,
+        set(view.nodes),
+        fingerprint=fingerprint(view, new_cp.generation),
+        addresses={iid: n.ip for iid, n in network.instances.items()},
     )
     return Computed(
         view,

@@ -138,9 +138,10 @@ def empty_actual_document(node_id: str) -> dict[str, Any]:
     }
 
 
-def started_record(p: Placement) -> dict[str, Any]:
-    """The record a start adds to the node's actual document."""
-    return {
+def started_record(p: Placement, ip: str | None = None) -> dict[str, Any]:
+    """The record a start adds to the node's actual document (``ip``: the instance's address
+    in its network, SPEC §17, recorded when it has one)."""
+    record: dict[str, Any] = {
         "itemId": p.item_id,
         "subjectId": p.subject_id,
         "index": p.index,
@@ -149,6 +150,9 @@ def started_record(p: Placement) -> dict[str, Any]:
         "state": "activating",
         "devices": {resource: list(ids) for resource, ids in p.devices},
     }
+    if ip is not None:
+        record["ip"] = ip
+    return record
 
 
 def _devices_of(inst: ActualInstance) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -282,10 +286,14 @@ class PlanMemo:
         nodes: frozenset[str] | set[str],
         *,
         fingerprint: str = "",
+        addresses: Mapping[str, str] | None = None,
     ) -> Plan:
         """:func:`make_plan`, reusing what this memo kept of the last call (and keeping this
-        call's for the next)."""
-        return self._plan(result, actual, nodes, fingerprint, True)
+        call's for the next). A unit with networks (``addresses``) is planned in full: a
+        start's record holds its address, which the memo does not track."""
+        if addresses:
+            return make_plan(result, actual, nodes, fingerprint=fingerprint, addresses=addresses)
+        return self._plan(result, actual, nodes, fingerprint, True, {})
 
     def _plan(
         self,
@@ -294,6 +302,7 @@ class PlanMemo:
         nodes: frozenset[str] | set[str],
         fingerprint: str,
         remember: bool,
+        addresses: Mapping[str, str],
     ) -> Plan:
         """:func:`make_plan`; ``remember``: keep this call's inputs and what was made of them for
         the next call (a throwaway memo need not be filled: the oneshot path)."""
@@ -451,7 +460,9 @@ class PlanMemo:
                     {
                         "op": "add",
                         "path": _instance_pointer(a.instance_id),
-                        "value": started_record(desired[a.instance_id]),
+                        "value": started_record(
+                            desired[a.instance_id], addresses.get(a.instance_id)
+                        ),
                     }
                     for a in node_starts
                 ]
@@ -629,12 +640,14 @@ def make_plan(
     nodes: frozenset[str] | set[str],
     *,
     fingerprint: str = "",
+    addresses: Mapping[str, str] | None = None,
 ) -> Plan:
     """Diff ``result`` against ``actual`` (SPEC §10). ``nodes`` are the ids of the nodes that
-    exist now; instances on any other node are lost with it. A watcher plans through a
-    :class:`PlanMemo` instead (:meth:`PlanMemo.make_plan`): the same plan, at the cost of what
-    changed."""
-    return PlanMemo()._plan(result, actual, nodes, fingerprint, False)
+    exist now; instances on any other node are lost with it. ``addresses``: per instance id,
+    its address in its network (SPEC §17), recorded by the start that adds it. A watcher plans
+    through a :class:`PlanMemo` instead (:meth:`PlanMemo.make_plan`): the same plan, at the cost
+    of what changed."""
+    return PlanMemo()._plan(result, actual, nodes, fingerprint, False, addresses or {})
 
 
 def plan_bytes(plan: Plan, inputs: Mapping[str, Any]) -> bytes:

@@ -237,3 +237,25 @@ def test_network_failures_in_status_plan_and_explain(
     assert main(["explain", "client:0", "--state", str(state)]) == 0
     assert "no instance of web exposes 81/tcp" in capsys.readouterr().out
     assert main(["plan", "--state", str(state)]) == 3
+
+
+def test_the_node_patch_records_each_instance_address(tmp_path: Path) -> None:
+    """A start adds the instance's record with its ``ip`` (the one its network.json holds), so
+    the actual document the patch makes names it; an instance without a network has none."""
+    state = unit(tmp_path)
+    (state / "desired" / "plain.yaml").write_text(
+        "apiVersion: reconciler/v1\nkind: Service\nid: plain\nversion: 1.0.0\n"
+        "image: {rootfs: /srv/rootfs, cmd: [sleep]}\n"
+    )
+    run(state)
+    added = {
+        op["path"].rsplit("/", 1)[1]: op["value"]
+        for op in out(state, "nodes", "n1.json")
+        if op["op"] == "add"
+    }
+    for item in ("web", "client"):
+        assert added[iid(item)]["ip"] == out(state, "instances", iid(item), "network.json")["ip"]
+    assert "ip" not in added[iid("plain")]
+    plan = out(state, "plan.json")
+    patched = {op["path"].rsplit("/", 1)[1]: op for op in plan["nodes"]["n1"]["patch"]}
+    assert patched[iid("web")]["value"]["ip"] == "172.18.0.2"

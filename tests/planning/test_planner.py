@@ -6,6 +6,7 @@ import gc
 import json
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +44,15 @@ def snapshot(state: Path) -> dict[str, tuple[bytes | None, int]]:
 ITEMS = ["a", "b", "c"]
 
 
-def desired_doc(node: str, actual: dict[str, Any], placements: list[Placement]) -> dict[str, Any]:
+def desired_doc(
+    node: str,
+    actual: dict[str, Any],
+    placements: list[Placement],
+    addresses: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """The desired document, computed independently of the planner: kept instances keep their
-    observed record, the others appear as started (state activating)."""
+    observed record, the others appear as started (state activating, with their network
+    address from ``addresses`` when they have one)."""
     doc = dict(actual, instances={})
     for p in placements:
         if p.node_id != node:
@@ -70,6 +77,8 @@ def desired_doc(node: str, actual: dict[str, Any], placements: list[Placement]) 
                 "state": "activating",
                 "devices": {r: list(ids) for r, ids in p.devices},
             }
+            if addresses and p.instance_id in addresses:
+                doc["instances"][p.instance_id]["ip"] = addresses[p.instance_id]
     return doc
 
 
@@ -160,7 +169,12 @@ class TestPatchGivesTheDesiredDocument:
         assert pointer("instances", "a/b~c") == "/instances/a~1b~0c"
 
 
-def check_demo_patches(state: Path, plan: Plan, placements: tuple[Placement, ...]) -> None:
+def check_demo_patches(
+    state: Path,
+    plan: Plan,
+    placements: tuple[Placement, ...],
+    addresses: Mapping[str, str] | None = None,
+) -> None:
     """Each node's patch, applied with jsonpatch to its actual/ document (or the empty one when
     the file is missing), gives the desired document for that node; a node that is gone gives
     the empty list of instances."""
@@ -173,9 +187,16 @@ def check_demo_patches(state: Path, plan: Plan, placements: tuple[Placement, ...
     for node, doc in docs.items():
         got = jsonpatch.apply_patch(doc, list(plan.patches[node]))
         expected = (
-            desired_doc(node, doc, list(placements)) if node in nodes else dict(doc, instances={})
+            desired_doc(node, doc, list(placements), addresses)
+            if node in nodes
+            else dict(doc, instances={})
         )
         assert got == expected, node
+
+
+def _addresses(c: Any) -> dict[str, str]:
+    """Per instance id, its network address in a computed run (the demo has networks)."""
+    return {iid: n.ip for iid, n in c.network.instances.items()} if c.network else {}
 
 
 class TestPlansOfTheDemo:
@@ -193,7 +214,7 @@ class TestPlansOfTheDemo:
             ("stop", 1, "0.9.1", "version-changed"),
         ]
         assert len(c.plan.actions) == 4  # nothing else moves
-        check_demo_patches(demo_copy, c.plan, c.result.placements)
+        check_demo_patches(demo_copy, c.plan, c.result.placements, _addresses(c))
         reconcile(demo_copy)
         apply_all(demo_copy)
         on_edge1 = set(read_actual(demo_copy, "edge-1")["instances"])
@@ -210,7 +231,7 @@ class TestPlansOfTheDemo:
         nav = instance_id("com.example.nav", "default", 0)
         assert nav in on_edge1 and nav not in placed
         assert [f.instance_id for f in c.plan.failures] == [nav]
-        check_demo_patches(demo_copy, c.plan, c.result.placements)
+        check_demo_patches(demo_copy, c.plan, c.result.placements, _addresses(c))
         assert c.plan.patches["edge-1"][0] == {
             "op": "test",
             "path": "/revision",
