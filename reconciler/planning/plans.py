@@ -13,6 +13,7 @@ import itertools
 import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, Literal
 
 from reconciler.model.documents import API_VERSION, ActualInstance, ActualState
@@ -214,6 +215,13 @@ def _node_piece(node_id: str, ops: tuple[dict[str, Any], ...]) -> bytes:
     return member(node_id, fragment({"patch": list(ops)}, 2), 1)
 
 
+_NodePatch = tuple[
+    int, list["Action"], list["Action"], tuple[dict[str, Any], ...], tuple[str | None, ...]
+]
+"""A node's patch in a :class:`PlanMemo`: the revision, stops and starts it was made for, the
+patch, and the addresses its starts' records hold (SPEC §17)."""
+
+
 class PlanMemo:
     """What a long-running caller (``watch``) carries from one :func:`make_plan` call to the
     next, so that a plan that changed little costs little: per node, the diff of its actual
@@ -236,9 +244,9 @@ class PlanMemo:
         self._stops: dict[tuple[str, str], tuple[ActualInstance, Reason, Action]] = {}
         self._starts: dict[str, tuple[Placement, Reason, Action]] = {}
         self._sorted: tuple[list[Action], list[Action], list[Action], list[Action]] | None = None
-        self._patches: dict[
-            str, tuple[int, list[Action], list[Action], tuple[dict[str, Any], ...]]
-        ] = {}
+        # per node: the revision, stops and starts its patch was made for, the patch, and the
+        # addresses the starts' records hold (SPEC §17)
+        self._patches: dict[str, _NodePatch] = {}
         self.patches_built = 0  # in the last call: nodes whose patch was built again
         self.rematched = -1  # in the last call: nodes matched again by the delta path (-1: none)
         # plan_bytes: each action's and each node's pretty JSON, by the object it came from
@@ -289,11 +297,9 @@ class PlanMemo:
         addresses: Mapping[str, str] | None = None,
     ) -> Plan:
         """:func:`make_plan`, reusing what this memo kept of the last call (and keeping this
-        call's for the next). A unit with networks (``addresses``) is planned in full: a
-        start's record holds its address, which the memo does not track."""
-        if addresses:
-            return make_plan(result, actual, nodes, fingerprint=fingerprint, addresses=addresses)
-        return self._plan(result, actual, nodes, fingerprint, True, {})
+        call's for the next). ``addresses``: see :func:`make_plan` (a node's patch is made
+        again when an address its starts record changes)."""
+        return self._plan(result, actual, nodes, fingerprint, True, addresses or {})
 
     def _plan(
         self,
@@ -416,9 +422,7 @@ class PlanMemo:
             by_node.setdefault(a.node_id, ([], []))[1].append(a)
         patches: dict[str, tuple[dict[str, Any], ...]] = {}
         old_patches = m._patches
-        patches_now: dict[
-            str, tuple[int, list[Action], list[Action], tuple[dict[str, Any], ...]]
-        ] = {}
+        patches_now: dict[str, _NodePatch] = {}
         none: tuple[list[Action], list[Action]] = ([], [])
         built = 0
         every = set(nodes)
@@ -442,12 +446,14 @@ class PlanMemo:
             actual_doc = actual.get(node_id)
             revision = actual_doc.revision if actual_doc else 0
             node_stops, node_starts = by_node.get(node_id, none)
+            ips = tuple([addresses.get(a.instance_id) for a in node_starts]) if addresses else ()
             was_patch = old_patches.get(node_id)
             if (
                 was_patch is not None
                 and was_patch[0] == revision
                 and _identical(was_patch[1], node_stops)
                 and _identical(was_patch[2], node_starts)
+                and was_patch[4] == ips
             ):
                 ops_tuple = was_patch[3]
             else:
@@ -460,14 +466,12 @@ class PlanMemo:
                     {
                         "op": "add",
                         "path": _instance_pointer(a.instance_id),
-                        "value": started_record(
-                            desired[a.instance_id], addresses.get(a.instance_id)
-                        ),
+                        "value": started_record(desired[a.instance_id], ip),
                     }
-                    for a in node_starts
+                    for a, ip in zip(node_starts, ips or repeat(None), strict=False)
                 ]
                 ops_tuple = tuple(ops)
-            patches_now[node_id] = (revision, node_stops, node_starts, ops_tuple)
+            patches_now[node_id] = (revision, node_stops, node_starts, ops_tuple, ips)
             patches[node_id] = ops_tuple
         m._patches = patches_now
         m.patches_built = built

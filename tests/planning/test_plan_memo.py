@@ -187,3 +187,21 @@ def test_an_instance_no_longer_running_as_placed_starts_on_the_delta_path() -> N
         ("start", placements[0].instance_id, "new")
     ]
     assert got == make_plan(again, stopped, set(NODES))
+
+
+def test_a_start_whose_address_changed_gets_a_new_record() -> None:
+    """The same placements and documents, another address for a start (its service's network
+    changed): the memo builds that node's patch again, as a plan without memo does."""
+    placements = (placement("a", 0, "n1"), placement("a", 1, "n2"))
+    result = BalanceResult(placements, (), revision=next(_REVISIONS))
+    actual: dict[str, ActualState] = {}
+    memo = PlanMemo()
+    first = memo.make_plan(
+        result, actual, set(NODES), addresses={placements[0].instance_id: "10.0.0.2"}
+    )
+    moved = {placements[0].instance_id: "10.0.1.2"}
+    got = memo.make_plan(result, actual, set(NODES), addresses=moved)
+    assert got == make_plan(result, actual, set(NODES), addresses=moved)
+    assert got.patches["n1"][1]["value"]["ip"] == "10.0.1.2"
+    assert first.patches["n1"][1]["value"]["ip"] == "10.0.0.2"
+    assert got.patches["n2"] is first.patches["n2"]  # (no address there: kept)
