@@ -5,8 +5,7 @@ from __future__ import annotations
 import socket
 import tempfile
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from reconciler.agent.deviceplugin.manager import DevicePluginManager
 from reconciler.agent.deviceplugin.merge import merge_allocation
 from reconciler.model.documents import DevicePool
 from tests.support.deviceplugin import Answer, TestPlugin
+from tests.support.waiting import wait_for
 
 RESOURCE = "example.com/widget"
 
@@ -26,14 +26,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
-
-
-def wait_for(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture

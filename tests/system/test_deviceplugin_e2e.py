@@ -13,8 +13,7 @@ import contextlib
 import json
 import subprocess
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,6 +31,7 @@ from reconciler.model.values import instance_id
 from tests.support.deviceplugin import Answer, TestPlugin
 from tests.support.e2e import make_e2e_rootfs, runtime_architecture, skip_unless_runc_works
 from tests.support.runc import require_runc_and_busybox
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -45,14 +45,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
-
-
-def wait_for(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture
