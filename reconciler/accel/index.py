@@ -19,6 +19,7 @@ with one shape share a group, made once.
 
 from __future__ import annotations
 
+import weakref
 from bisect import bisect_left, insort
 from collections.abc import Hashable, Mapping, Sequence
 from heapq import heappop, heappush, heapreplace
@@ -62,8 +63,14 @@ class ClassIndex:
 
     name = "index"
 
+    @property
+    def run(self) -> Run:
+        run = self._run()
+        assert run is not None, "a search outlived its run"
+        return run
+
     def __init__(self, run: Run) -> None:
-        self.run = run
+        self._run = weakref.ref(run)  # the run owns its search: no cycle for the collector
         empty: frozenset[str] = frozenset()
         overload = run.overload
         class_ids: dict[tuple[object, ...], int] = {}

@@ -742,7 +742,9 @@ class Node(_Model):
     @property
     def no_report(self) -> str | None:
         """Why the node has no fresh report (see :attr:`_no_report`), or None."""
-        return self._no_report
+        private = self.__pydantic_private__  # (pydantic's __getattr__ is slow; read its dict)
+        why: str | None = private.get("_no_report") if private else None
+        return why
 
     def marked_stale(self, why: str) -> Node:
         """A disconnected copy of this node that says ``why`` it fails NodeState."""

@@ -128,10 +128,11 @@ class NodeInventories(BaseModel):
         balancer's class key reads them for every node)."""
         return (self.cpu.units, self.ram.units, self.storage.units, self.state.units)
 
-    @property
+    @cached_property
     def declared(self) -> bool:
-        """Whether any setting differs from its default (else the pools are as without them)."""
-        return self != _DEFAULT
+        """Whether any setting differs from its default (else the pools are as without them);
+        computed once (the balancer asks for every node of every run)."""
+        return self is not _DEFAULT and self != _DEFAULT
 
 
 _DEFAULT = NodeInventories()

@@ -12,6 +12,7 @@ compare the two. So a placement rule is changed in one place, its filter unit in
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -126,8 +127,14 @@ class Exhaustive:
 
     name = "exhaustive"
 
+    @property
+    def run(self) -> Run:
+        run = self._run()
+        assert run is not None, "a search outlived its run"
+        return run
+
     def __init__(self, run: Run) -> None:
-        self.run = run
+        self._run = weakref.ref(run)  # the run owns its search: no cycle for the collector
 
     def keep(self, instance: Instance, prev: PreviousAllocation, slot: NodeSlot) -> bool:
         ask = self.run.ask(instance)
