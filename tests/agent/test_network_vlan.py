@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from reconciler.agent import node as agent_node
 from reconciler.agent.network import (
     NodeNetwork,
     bridge_name,
@@ -20,6 +21,8 @@ from reconciler.agent.network import (
     vlan_commands,
     vlan_name,
 )
+from reconciler.agent.node import run_agent_once
+from tests.support.fake_runc import FakeRunc
 
 NODE = "n1"
 IID = "inst-1"
@@ -312,3 +315,24 @@ def test_an_uplink_that_does_not_exist_is_said_and_nothing_made_on_it(
     said = [r.getMessage() for r in caplog.records]
     assert any("the uplink upl0 does not exist" in m and "VLAN 42" in m for m in said), said
     assert all(r.exc_info is None for r in caplog.records)
+
+
+def test_the_agent_run_hands_its_uplink_to_the_network(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[str | None] = []
+
+    class Spy:
+        def __init__(self, _state: Path, _node: str, _netns: str | None, **kw: Any) -> None:
+            seen.append(kw.get("uplink"))
+            self.problems: dict[str, str] = {}
+
+        def sync(self, _desired: Any) -> dict[str, dict[str, Any]]:
+            return {}
+
+    monkeypatch.setattr(agent_node, "NodeNetwork", Spy)
+    (tmp_path / "nodes").mkdir()
+    (tmp_path / "nodes" / f"{NODE}.yaml").write_text("{}\n")
+    run_agent_once(tmp_path, NODE, FakeRunc(), networks=True, uplink="upl0")
+    run_agent_once(tmp_path, NODE, FakeRunc(), networks=True)
+    assert seen == ["upl0", None]
