@@ -528,8 +528,8 @@ class NodeNetwork:
         if new:
             _IGNORED.update((self.node_id, n, v) for n, v in new)
             log.warning(
-                "%s: VLAN ids are ignored without --uplink: %s stay on this node's bridges "
-                "only (give the agent --uplink IFACE to carry them to other nodes)",
+                "%s: VLAN ids are ignored without --uplink, so these networks reach no other "
+                "node: %s (give the agent --uplink IFACE to carry their VLANs)",
                 self.node_id,
                 ", ".join(f"network {n} (VLAN {v})" for n, v in new),
             )
