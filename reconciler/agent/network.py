@@ -20,7 +20,12 @@ the agent wires them with the tools a Linux node has:
 - one DNS server, Debian's ``dnsmasq``, listening on the node's bridge addresses and serving
   the DNS table as a hosts file, reloaded with SIGHUP when the table changes and restarted when
   the addresses change;
-- bridges of networks that no longer have an instance on the node are deleted.
+- bridges of networks that no longer have an instance on the node are deleted;
+- with an uplink (``agent --uplink IFACE``), each network of the node that has a VLAN id gets
+  a VLAN sub-interface ``rv-<the 10 hex digits of its bridge>`` on the uplink, enslaved to
+  its bridge (:func:`vlan_name`, :func:`vlan_commands`), so the network's instances on
+  several nodes share one layer-2 segment; it goes when the network leaves the node or its
+  VLAN id changes. Without an uplink, VLAN ids are ignored (said once in the log).
 
 ``host_netns`` runs every host-side command (bridges, iptables, dnsmasq, the plugins) inside
 that named namespace instead of the host's own (``ip netns exec``): tests use it to keep every
@@ -57,6 +62,9 @@ __all__ = [
     "bridge_name",
     "cni_chain",
     "dns_hosts",
+    "interface_name_problem",
+    "vlan_commands",
+    "vlan_name",
 ]
 
 log = logging.getLogger("reconciler.agent.network")
@@ -80,6 +88,62 @@ def bridge_name(network_id: str) -> str:
     """The bridge of a network on a node: ``rc-`` and 10 hex digits of its id's sha256 (an
     interface name holds at most 15 characters)."""
     return "rc-" + hashlib.sha256(network_id.encode()).hexdigest()[:10]
+
+
+def vlan_name(network_id: str) -> str:
+    """The VLAN sub-interface of a network on the uplink: ``rv-`` and the 10 hex digits of its
+    bridge (:func:`bridge_name`), so ``rc-1a2b…`` and ``rv-1a2b…`` belong together. The VLAN
+    id is not in the name (``ip -d link show`` says it): a changed id makes the same name
+    again."""
+    return "rv-" + bridge_name(network_id)[3:]
+
+
+def interface_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a Linux network interface's name (None: it can): 1 to 15
+    characters, not ``.`` or ``..``, no ``/``, ``:`` or white space; and, since it becomes an
+    argument of ``ip``, not starting with ``-``."""
+    if not name or len(name.encode()) > 15:
+        return "an interface name has 1 to 15 characters"
+    if name in (".", "..") or name.startswith("-"):
+        return f"{name!r} is not an interface name"
+    if any(c in "/:" or c.isspace() or not c.isprintable() for c in name):
+        return "an interface name has no '/', ':', space or control character"
+    return None
+
+
+def vlan_commands(
+    current: Mapping[str, Any] | None, uplink: str, vlan_id: int, bridge: str, name: str
+) -> list[list[str]]:
+    """The ``ip`` commands that make ``name`` a VLAN sub-interface of ``uplink`` with
+    ``vlan_id``, enslaved to ``bridge`` and up, given what ``ip -d -j link show dev NAME``
+    says of it now (``current``; None when it does not exist). One of another kind, id or
+    parent is deleted and made again; the right one with another master gets the bridge; the
+    right one, up, on the bridge needs nothing."""
+    info = current.get("linkinfo", {}) if current is not None else {}
+    data = info.get("info_data", {}) if isinstance(info, Mapping) else {}
+    right = (
+        current is not None
+        and isinstance(data, Mapping)
+        and info.get("info_kind") == "vlan"
+        and data.get("id") == vlan_id
+        and current.get("link") == uplink
+    )
+    up = ["ip", "link", "set", name, "up"]
+    if right:
+        assert current is not None
+        cmds: list[list[str]] = []
+        if current.get("master") != bridge:
+            cmds.append(["ip", "link", "set", name, "master", bridge])
+        if "UP" not in current.get("flags", []):
+            cmds.append(up)
+        return cmds
+    cmds = [["ip", "link", "del", name]] if current is not None else []
+    return [
+        *cmds,
+        ["ip", "link", "add", "link", uplink, "name", name, "type", "vlan", "id", str(vlan_id)],
+        ["ip", "link", "set", name, "master", bridge],
+        up,
+    ]
 
 
 def cni_chain(net: Mapping[str, Any], cni_version: str = CNI_VERSION) -> list[dict[str, Any]]:
@@ -152,7 +216,16 @@ def dns_hosts(dns: Mapping[str, str]) -> str:
     return "".join(f"{ip} {' '.join(names)}\n" for ip, names in sorted(by_ip.items()))
 
 
+def _vlan_id(network: Any) -> int | None:
+    """A network's VLAN id in ``out/network.json`` (None: it has none, or not a valid one)."""
+    vid = network.get("vlanId") if isinstance(network, Mapping) else None
+    return vid if type(vid) is int and 1 <= vid <= 4094 else None
+
+
 # ---------------------------------------------------------------------------- the shell
+
+# (node, network, VLAN id) already said to be ignored without an uplink: said once a process
+_IGNORED: set[tuple[str, str, int]] = set()
 
 
 @dataclass
@@ -163,6 +236,7 @@ class NodeNetwork:
     node_id: str
     host_netns: str | None = None
     cni_path: str = CNI_PATH
+    uplink: str | None = None  # the interface that carries the networks' VLANs off the node
     problems: dict[str, str] = field(default_factory=dict)  # instance id -> why it failed
 
     @property
@@ -376,6 +450,7 @@ class NodeNetwork:
         live = {iid: wanted[iid] for iid in records if iid in wanted}
         networks = top.get("networks", {}) if isinstance(top.get("networks"), dict) else {}
         on_node = sorted({str(n["networkId"]) for n in live.values()})
+        self._vlans({n: v for n in on_node if (v := _vlan_id(networks.get(n))) is not None})
         self._bridges(on_node)
         subnets = [str(networks[n]["subnet"]) for n in on_node if n in networks]
         self._admin_chain(live.values(), subnets)
@@ -389,6 +464,75 @@ class NodeNetwork:
         for net_id in sorted(old - set(on_node)):
             self._run(self._host(["ip", "link", "del", bridge_name(net_id)]), check=False)
         self._save_node_record(dict(node, networks=on_node))
+
+    # -- VLANs
+
+    def _link(self, name: str) -> dict[str, Any] | None:
+        """What ``ip -d -j link show dev NAME`` says of an interface (None: there is none)."""
+        done = self._run(self._host(["ip", "-d", "-j", "link", "show", "dev", name]), check=False)
+        if done.returncode != 0:
+            return None
+        try:
+            links = json.loads(done.stdout)
+        except ValueError:
+            return None
+        first = links[0] if isinstance(links, list) and links else None
+        return first if isinstance(first, dict) else None
+
+    def _vlans(self, want: Mapping[str, int]) -> None:
+        """The VLAN sub-interfaces on the uplink of the networks in ``want`` (network id ->
+        VLAN id), each on its network's bridge; the ones recorded and not wanted (the network
+        left the node, or has no VLAN id or no uplink now) are deleted. A failure is logged:
+        the network still works on this node."""
+        node = self._node_record()
+        recorded = node.get("vlans")
+        old: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
+        if want and self.uplink is None:
+            self._say_ignored(want)
+            want = {}
+        if want and self.uplink is not None and self._link(self.uplink) is None:
+            log.error(
+                "%s: the uplink %s does not exist: no VLAN sub-interface for %s",
+                self.node_id,
+                self.uplink,
+                ", ".join(f"network {n} (VLAN {v})" for n, v in sorted(want.items())),
+            )
+            want = {}
+        for net_id in sorted(set(old) - set(want)):  # the name from the id: only ever ours
+            self._run(self._host(["ip", "link", "del", vlan_name(str(net_id))]), check=False)
+        made: dict[str, dict[str, Any]] = {}
+        for net_id, vid in sorted(want.items()):
+            assert self.uplink is not None
+            name = vlan_name(net_id)
+            made[net_id] = {"name": name, "uplink": self.uplink, "vlanId": vid}
+            try:
+                for argv in vlan_commands(
+                    self._link(name), self.uplink, vid, bridge_name(net_id), name
+                ):
+                    self._run(self._host(argv))
+            except NetworkError as e:  # recorded all the same: the next run fixes or removes it
+                log.error(
+                    "%s: network %s: VLAN sub-interface %s (VLAN %d on %s): %s",
+                    self.node_id,
+                    net_id,
+                    name,
+                    vid,
+                    self.uplink,
+                    e,
+                )
+        if made != old:
+            self._save_node_record(dict(self._node_record(), vlans=made))
+
+    def _say_ignored(self, want: Mapping[str, int]) -> None:
+        new = sorted((n, v) for n, v in want.items() if (self.node_id, n, v) not in _IGNORED)
+        if new:
+            _IGNORED.update((self.node_id, n, v) for n, v in new)
+            log.warning(
+                "%s: VLAN ids are ignored without --uplink, so these networks reach no other "
+                "node: %s (give the agent --uplink IFACE to carry their VLANs)",
+                self.node_id,
+                ", ".join(f"network {n} (VLAN {v})" for n, v in new),
+            )
 
     def _admin_chain(self, nets: Iterable[Mapping[str, Any]], subnets: list[str]) -> None:
         rules = admin_rules(nets, subnets)
@@ -485,6 +629,7 @@ class NodeNetwork:
         server."""
         for iid, record in sorted(self._records().items()):
             self.teardown(iid, record)
+        self._vlans({})
         self._bridges([])
         if self._chain_exists():
             self._run(self._host(["iptables", "-w", "-F", ADMIN_CHAIN]), check=False)

@@ -592,6 +592,7 @@ class _Options:
     prepare: Prepare | None = None
     host_netns: str | None = None
     networks: bool = False
+    uplink: str | None = None
 
 
 def run_agent_once(
@@ -608,6 +609,7 @@ def run_agent_once(
     prepare: Prepare | None = None,
     host_netns: str | None = None,
     networks: bool | None = None,
+    uplink: str | None = None,
 ) -> AgentReport:
     """Apply the node's plan once and restart what died; see the module docstring.
 
@@ -620,7 +622,9 @@ def run_agent_once(
     ``prepare``: called before each start with the instance's devices (see :data:`Prepare`).
     ``host_netns``: wire networks inside that named namespace instead of the host's own
     (:class:`~reconciler.agent.network.NodeNetwork`). ``networks``: wire the instances'
-    networks (default: when the runtime is runc itself; a test double gets none). Raises
+    networks (default: when the runtime is runc itself; a test double gets none). ``uplink``:
+    the interface that carries the networks' VLANs (a VLAN sub-interface on it per network
+    with a VLAN id). Raises
     :class:`AgentError` (an unknown node included: no ``nodes/<node>.yaml``, no plan and no
     actual document), :class:`~reconciler.agent.runc.RuncError` (when runc itself cannot be listed)
     or :class:`~reconciler.io.lock.LockTimeout`.
@@ -635,7 +639,7 @@ def run_agent_once(
     memory_path = agent_state or agent_state_path(state_dir, node_id)
     wire = isinstance(runc, Runc) if networks is None else networks
     opts = _Options(
-        stop_timeout, log_dir, reap_orphans, now, memory_path, prepare, host_netns, wire
+        stop_timeout, log_dir, reap_orphans, now, memory_path, prepare, host_netns, wire, uplink
     )
     with StateLock(state_dir, lock_timeout):
         return _run_locked(state_dir, node_id, runc, opts)
@@ -647,10 +651,11 @@ def _wire_networks(
     host_netns: str | None,
     records: dict[str, dict[str, Any]],
     failed: dict[str, str],
+    uplink: str | None = None,
 ) -> None:
     """:meth:`NodeNetwork.sync` for the desired instances; each one's address goes into its
     record, a failed setup into ``failed`` (the instance is not started)."""
-    network = NodeNetwork(state_dir, node_id, host_netns)
+    network = NodeNetwork(state_dir, node_id, host_netns, uplink=uplink)
     try:
         wired = network.sync(records)
     except (NetworkError, OSError) as e:
@@ -742,7 +747,7 @@ def _run_locked(
 
     # networks (SPEC §17): what stopped loses its namespace, what is desired gets one
     if opts.networks:
-        _wire_networks(state_dir, node_id, opts.host_netns, records, failed)
+        _wire_networks(state_dir, node_id, opts.host_netns, records, failed, opts.uplink)
     # components (SPEC §18): installed and removed by their runtime's handler, not runc
     components = Components(state_dir, node_id).sync(records)
 
@@ -890,6 +895,7 @@ def agent_watch(
     on_run: Callable[[AgentReport | None], None] | None = None,
     now: Callable[[], float] = time.time,
     prepare: Prepare | None = None,
+    uplink: str | None = None,
 ) -> None:
     """Run the agent now, on every change of ``out/nodes/<node>.json``, every ``resync``
     seconds and when a restart's back-off ends, until ``stop`` is set (SIGTERM and SIGINT set
@@ -919,6 +925,7 @@ def agent_watch(
                 log_dir=log_dir,
                 now=now,
                 prepare=prepare,
+                uplink=uplink,
             ),
             seen,
         )

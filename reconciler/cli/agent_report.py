@@ -73,6 +73,7 @@ class ReportingOptions:
     once: bool
     stop_timeout: float
     log_dir: Path | None
+    uplink: str | None = None
 
 
 def run_reporting_agent(
@@ -105,7 +106,12 @@ def run_reporting_agent(
         try:
             NodeReporter(state_dir, config, runc).report(sample=False)
             report = run_agent_once(
-                state_dir, node_id, runc, stop_timeout=opts.stop_timeout, log_dir=opts.log_dir
+                state_dir,
+                node_id,
+                runc,
+                stop_timeout=opts.stop_timeout,
+                log_dir=opts.log_dir,
+                uplink=opts.uplink,
             )
         except (NodeReportError, AgentError, RuncError, LockTimeout, OSError) as e:
             click.echo(f"error: {e}", err=True)
@@ -149,6 +155,7 @@ def run_reporting_agent(
             log_dir=opts.log_dir,
             prepare=bundles.prepare,
             on_run=on_run,
+            uplink=opts.uplink,
         )
     finally:
         stop.set()

@@ -27,6 +27,7 @@ import click
 
 from reconciler import __version__
 from reconciler.cli.agent_report import node_report_options
+from reconciler.cli.agentopts import uplink_option
 from reconciler.cli.logformat import LOG_FORMATS, LogFormat, configure_logging
 from reconciler.cli.observe import metrics_addr_option
 from reconciler.cli.statusopts import status_filter, status_filter_options
@@ -833,6 +834,7 @@ def watch(
 )
 @node_report_options
 @metrics_addr_option("the agent's (with --watch)")
+@uplink_option
 def agent(
     node_id: str,
     state_dir: Path,
@@ -847,6 +849,7 @@ def agent(
     usage_interval: float,
     device_plugin_dir: Path,
     metrics_addr: str | None,
+    uplink: str | None,
 ) -> int:
     """The node agent: apply out/nodes/NODE.json to this node with runc.
 
@@ -902,7 +905,13 @@ def agent(
                 node_id,
                 runc,
                 ReportingOptions(
-                    node_config, usage_interval, device_plugin_dir, once, stop_timeout, log_dir
+                    node_config,
+                    usage_interval,
+                    device_plugin_dir,
+                    once,
+                    stop_timeout,
+                    log_dir,
+                    uplink,
                 ),
                 as_json=as_json,
                 on_run=metrics.observe if metrics is not None else None,
@@ -921,6 +930,7 @@ def agent(
                     stop_timeout=stop_timeout,
                     log_dir=log_dir,
                     on_run=on_run,
+                    uplink=uplink,
                 )
                 return EXIT_OK
             agent_watch(
@@ -931,16 +941,23 @@ def agent(
                 stop_timeout=stop_timeout,
                 log_dir=log_dir,
                 on_run=on_run,
+                uplink=uplink,
             )
         return EXIT_OK
     try:
         if store is not None:
             report = run_agent_via_store(
-                store, state_dir, node_id, runc, stop_timeout=stop_timeout, log_dir=log_dir
+                store,
+                state_dir,
+                node_id,
+                runc,
+                stop_timeout=stop_timeout,
+                log_dir=log_dir,
+                uplink=uplink,
             )
         else:
             report = run_agent_once(
-                state_dir, node_id, runc, stop_timeout=stop_timeout, log_dir=log_dir
+                state_dir, node_id, runc, stop_timeout=stop_timeout, log_dir=log_dir, uplink=uplink
             )
     except (AgentError, RuncError, LockTimeout, StoreError, OSError) as e:
         _err_console().print(f"error: {e}", markup=False)

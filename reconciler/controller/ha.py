@@ -344,6 +344,7 @@ def run_agent_via_store(
     stop_timeout: float = 10.0,
     log_dir: Path | None = None,
     mirror: Mirror | None = None,
+    uplink: str | None = None,
 ) -> AgentReport:
     """The agent once, on a unit in a store: resync, apply the node's plan, publish
     ``actual/<node>.yaml`` only if nobody changed it since it was read. Raises
@@ -353,7 +354,9 @@ def run_agent_via_store(
     mirror = mirror or Mirror(store, workdir)
     _sync_node(store, mirror, node_id)
     seen = mirror.known[rel].mod_revision if rel in mirror.known else 0
-    report = run_agent_once(workdir, node_id, runc, stop_timeout=stop_timeout, log_dir=log_dir)
+    report = run_agent_once(
+        workdir, node_id, runc, stop_timeout=stop_timeout, log_dir=log_dir, uplink=uplink
+    )
     if report.written:
         try:
             mirror.push(under(rel), [RevisionGuard(rel, seen)])
@@ -394,6 +397,7 @@ def agent_watch_store(
     stop_timeout: float = 10.0,
     log_dir: Path | None = None,
     on_run: Callable[[AgentReport | None], None] | None = None,
+    uplink: str | None = None,
 ) -> None:
     """``agent --watch --store``: run now, on every change of the node's plan in the store and
     every ``resync`` seconds, until ``stop`` is set."""
@@ -411,6 +415,7 @@ def agent_watch_store(
             stop_timeout=stop_timeout,
             log_dir=log_dir,
             mirror=mirror,
+            uplink=uplink,
         )
 
     def run(reason: str) -> None:
