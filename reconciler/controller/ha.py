@@ -42,6 +42,7 @@ from reconciler.agent.node import (
     run_agent_once,
 )
 from reconciler.agent.runc import ContainerRuntime
+from reconciler.controller.network_files import NETWORK_FILE
 from reconciler.controller.reconcile import (
     ReconcileCache,
     ReconcileError,
@@ -365,13 +366,17 @@ def run_agent_via_store(
     return report
 
 
+NETWORK_REL = f"out/{NETWORK_FILE}"  # the unit's networks, which every agent reads
+
+
 def _sync_node(store: EtcdStore, mirror: Mirror, node_id: str) -> None:
     """Bring into the agent's working directory what its run reads, and nothing else: the
-    node's patch, its actual document, and the bundles of the instances the patch adds or the
-    document lists (a restart needs them), all read at one revision (the rest of the unit
-    may be large, and is other nodes' business)."""
+    node's patch, its actual document, the unit's networks (``out/network.json``: subnets,
+    VLAN ids, the DNS table the agent wires) and the bundles of the instances the patch adds
+    or the document lists (a restart needs them), all read at one revision (the rest of the
+    unit may be large, and is other nodes' business)."""
     patch_rel, actual_rel = f"out/nodes/{node_id}.json", f"actual/{node_id}.yaml"
-    first = store.snapshot([patch_rel, actual_rel])
+    first = store.snapshot([patch_rel, actual_rel, NETWORK_REL])
     wanted: set[str] = set()
     if patch_rel in first.entries:
         with contextlib.suppress(AgentError):  # the agent's run refuses it and says why
@@ -383,7 +388,7 @@ def _sync_node(store: EtcdStore, mirror: Mirror, node_id: str) -> None:
         [f"out/instances/{i}/" for i in sorted(wanted)], revision=first.revision
     )
     snap = Snapshot(first.revision, {**first.entries, **bundles.entries})
-    mirror.resync(snap, managed=under(patch_rel, actual_rel, "out/instances"))
+    mirror.resync(snap, managed=under(patch_rel, actual_rel, NETWORK_REL, "out/instances"))
 
 
 def agent_watch_store(

@@ -357,6 +357,22 @@ class TestAgentViaStore:
         assert entry.mod_revision == snap.revision  # the last thing written to the store
         assert entry.data == (tmp_path / "agent" / ACTUAL).read_bytes()
 
+    def test_the_agent_gets_the_units_networks_and_loses_them_with_the_store(
+        self, planned: EtcdStore, tmp_path: Path
+    ) -> None:
+        # out/network.json holds the subnets, VLAN ids and DNS table the agent wires (the
+        # vehicle example has no network section: the controller's document is stood in for)
+        networks = b'{"dns": {}, "networks": {"default": {"subnet": "172.17.0.0/16"}}}\n'
+        planned.commit({"out/network.json": networks})
+        workdir = tmp_path / "agent"
+        run_agent_via_store(planned, workdir, HEADUNIT, FakeRunc())
+        assert (workdir / "out" / "network.json").read_bytes() == networks
+        # another node's patch is not the agent's business
+        assert not (workdir / "out" / "nodes" / "gateway.json").exists()
+        planned.commit({}, deletes=["out/network.json"])
+        run_agent_via_store(planned, workdir, HEADUNIT, FakeRunc())
+        assert not (workdir / "out" / "network.json").exists()
+
     def test_a_stale_first_write_is_rejected_by_the_transaction(
         self, planned: EtcdStore, tmp_path: Path
     ) -> None:
