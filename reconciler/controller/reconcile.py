@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.accel import BalanceMemo, balance
+from reconciler.accel.plans import PlanMemo
 from reconciler.controller.component_files import write_component_files
 from reconciler.controller.network_files import write_network_files
 from reconciler.controller.reports import StaleMarks
@@ -72,7 +73,7 @@ from reconciler.planning.checkpoint import (
     assign_ids,
 )
 from reconciler.planning.network import NETWORK_FAILURE, NetworkResult, assign_networks
-from reconciler.planning.plans import Plan, PlanMemo, make_plan
+from reconciler.planning.plans import Plan, make_plan, plan_bytes
 
 __all__ = [
     "CONFIG_FAILURE",
@@ -520,8 +521,9 @@ def _write_outputs(
         data = got[2] if got is not None and got[1] is ops else pretty_json(list(ops))
         encoded_now[node_id] = (path, ops, data)
         put(path, data, 0o644)
-    memo = opts.cache.plan if opts.cache is not None else PlanMemo()
-    put(out / "plan.json", memo.plan_bytes(c.plan, c.plan_inputs()))
+    memo = opts.cache.plan if opts.cache is not None else None
+    make_bytes = memo.plan_bytes if memo is not None else plan_bytes
+    put(out / "plan.json", make_bytes(c.plan, c.plan_inputs()))
     flush()
     if trusted:  # the patch files on disk are the ones the last run left
         names = sorted(f"{n}.json" for n in trusted.keys() - c.plan.patches.keys())

@@ -9,26 +9,36 @@ exactly the desired document for that node.
 
 from __future__ import annotations
 
-import itertools
-import operator
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, Literal
 
 from reconciler.model.documents import API_VERSION, ActualInstance, ActualState
-from reconciler.model.jsonbytes import Joined, document, fragment, item, member
+from reconciler.model.jsonbytes import document, fragment, item, join_array, join_object, member
 from reconciler.placement.instances import BalanceResult, Failure, Placement
 
 __all__ = [
     "PLAN_FORMAT_VERSION",
     "Action",
     "Plan",
-    "PlanMemo",
+    "Reason",
+    "action_piece",
+    "arrivals",
+    "by_node_and_id",
     "empty_actual_document",
+    "failure_json",
     "make_plan",
+    "match_node",
+    "node_patch",
+    "node_piece",
     "plan_bytes",
+    "plan_document",
     "pointer",
+    "start_action",
+    "started_record",
+    "stop_action",
+    "stop_reason",
 ]
 
 PLAN_FORMAT_VERSION = 1
@@ -121,7 +131,7 @@ def pointer(*parts: str) -> str:
     return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in parts)
 
 
-def _instance_pointer(iid: str) -> str:
+def instance_pointer(iid: str) -> str:
     """``/instances/<id>``; instance ids are uuids, so escaping is almost never needed."""
     if "~" in iid or "/" in iid:
         return pointer("instances", iid)
@@ -156,14 +166,15 @@ def started_record(p: Placement, ip: str | None = None) -> dict[str, Any]:
     return record
 
 
-def _devices_of(inst: ActualInstance) -> tuple[tuple[str, tuple[str, ...]], ...]:
+def devices_of(inst: ActualInstance) -> tuple[tuple[str, tuple[str, ...]], ...]:
     return tuple(sorted((r, tuple(sorted(ids))) for r, ids in inst.devices.items()))
 
 
-def _match(
-    node_id: str, doc: ActualState, get: Any
+def match_node(
+    node_id: str, doc: ActualState, get: Callable[[str], Placement | None]
 ) -> tuple[list[str], list[tuple[str, ActualInstance]]]:
-    """The instances running on ``node_id`` as they are placed, and the others."""
+    """The instances running on ``node_id`` as they are placed (same node, version, runtime
+    and devices), and the others: each of those is stopped there."""
     matches: list[str] = []
     others: list[tuple[str, ActualInstance]] = []
     for iid, inst in doc.instances.items():
@@ -173,7 +184,7 @@ def _match(
             and p.node_id == node_id
             and p.version == inst.version
             and p.runtime_id == inst.runtimeId
-            and (p.devices == _devices_of(inst) if inst.devices else not p.devices)
+            and (p.devices == devices_of(inst) if inst.devices else not p.devices)
         ):
             matches.append(iid)
         else:
@@ -181,27 +192,14 @@ def _match(
     return matches, others
 
 
-_Match = tuple[
-    ActualState, tuple[Placement | None, ...], list[str], list[tuple[str, ActualInstance]]
-]
-
-
-def _identical(old: list[Action], new: list[Action]) -> bool:
-    """The same action objects in the same order (an equal action may come from another
-    placement: a patch's records are made from the placement, not the action)."""
-    return len(old) == len(new) and all(map(operator.is_, old, new))
-
-
-_INSTANCE_ID = operator.attrgetter("instance_id")
-
-
-def _by_node_and_id(a: Action) -> tuple[str, str]:
+def by_node_and_id(a: Action) -> tuple[str, str]:
     return (a.node_id, a.instance_id)
 
 
-def _arrivals(result: BalanceResult, actual: Mapping[str, ActualState]) -> dict[str, int]:
+def arrivals(result: BalanceResult, actual: Mapping[str, ActualState]) -> dict[str, int]:
     """Per node, the highest priority of the instances placed there that do not run there
-    yet (one pass over the placements, made only when a plan has a desired instance to stop)."""
+    yet (one pass over the placements, made only when a plan stops a desired instance that
+    has no place: :func:`stop_reason` asks for it)."""
     top: dict[str, int] = {}
     for p in result.placements:
         there = actual.get(p.node_id)
@@ -211,431 +209,114 @@ def _arrivals(result: BalanceResult, actual: Mapping[str, ActualState]) -> dict[
     return top
 
 
-def _node_piece(node_id: str, ops: tuple[dict[str, Any], ...]) -> bytes:
+def node_piece(node_id: str, ops: tuple[dict[str, Any], ...]) -> bytes:
     return member(node_id, fragment({"patch": list(ops)}, 2), 1)
 
 
-_NodePatch = tuple[
-    int, list["Action"], list["Action"], tuple[dict[str, Any], ...], tuple[str | None, ...]
-]
-"""A node's patch in a :class:`PlanMemo`: the revision, stops and starts it was made for, the
-patch, and the addresses its starts' records hold (SPEC §17)."""
+def stop_reason(
+    node_id: str,
+    inst: ActualInstance,
+    p: Placement | None,
+    nodes: frozenset[str] | set[str],
+    unplaced: Mapping[str, int],
+    arrivals_of: Callable[[], Mapping[str, int]],
+    iid: str,
+) -> Reason:
+    """Why the instance ``iid`` running on ``node_id`` as ``inst`` is stopped there (it does
+    not run as placed: see :func:`match_node`). ``p``: its placement, None when it has none;
+    ``unplaced``: the priority of each desired instance without a place; ``arrivals_of``:
+    :func:`arrivals` of the plan, asked for only when needed."""
+    if node_id not in nodes:
+        return "node-lost"
+    if p is None:
+        if iid not in unplaced:
+            return "not-desired"
+        # displaced: an instance of higher priority is placed on its node and does not run
+        # there yet. That is what a preemption leaves behind, and it stays so in every run
+        # until the agents act, so the reason does not change between runs (the balancer's
+        # record of an eviction lives for one run only)
+        priority = unplaced[iid]
+        return "preempted" if arrivals_of().get(node_id, priority) > priority else "unplaceable"
+    if p.node_id == node_id and p.version != inst.version:
+        return "version-changed"
+    if p.cause == "preempted":
+        return "preempted"
+    if p.cause == "rebalanced":
+        return "rebalanced"
+    return "moved"
 
 
-class PlanMemo:
-    """What a long-running caller (``watch``) carries from one :func:`make_plan` call to the
-    next, so that a plan that changed little costs little: per node, the diff of its actual
-    document against the placements it names (while that document and those placements are
-    the same objects), the actions (while their placement or running instance and reason are
-    the same objects and value), the sorted action lists, and each node's patch (while its
-    revision and actions are the same). Every reuse is checked against the inputs it came
-    from; the plan is the one :func:`make_plan` computes without a memo."""
+def stop_action(node_id: str, iid: str, inst: ActualInstance, reason: Reason) -> Action:
+    return Action(
+        "stop",
+        iid,
+        inst.itemId,
+        inst.subjectId,
+        inst.index,
+        inst.version,
+        node_id,
+        inst.runtimeId,
+        reason,
+    )
 
-    def __init__(self) -> None:
-        self._matches: dict[
-            str,
-            tuple[
-                ActualState,
-                tuple[Placement | None, ...],
-                list[str],
-                list[tuple[str, ActualInstance]],
-            ],
-        ] = {}
-        self._stops: dict[tuple[str, str], tuple[ActualInstance, Reason, Action]] = {}
-        self._starts: dict[str, tuple[Placement, Reason, Action]] = {}
-        self._sorted: tuple[list[Action], list[Action], list[Action], list[Action]] | None = None
-        # per node: the revision, stops and starts its patch was made for, the patch, and the
-        # addresses the starts' records hold (SPEC §17)
-        self._patches: dict[str, _NodePatch] = {}
-        self.patches_built = 0  # in the last call: nodes whose patch was built again
-        self.rematched = -1  # in the last call: nodes matched again by the delta path (-1: none)
-        # plan_bytes: each action's and each node's pretty JSON, by the object it came from
-        self._node_ids: set[str] = set()  # the last call's nodes (existing, actual, with actions)
-        self._node_order: list[str] = []  # the same, sorted
-        self._docs: dict[str, ActualState] = {}  # the last call's actual documents
-        self._active: set[str] = set()  # the last call's nodes with actions
-        self._patch_map: dict[str, tuple[dict[str, Any], ...]] = {}  # its Plan.patches
-        self._action_fragments: dict[int, tuple[Action, bytes]] = {}
-        self._node_fragments: dict[str, tuple[tuple[dict[str, Any], ...], bytes]] = {}
-        # the last call's patch map and the nodes it looked at, when it was made from the one
-        # before (the same nodes: every other node's patch is that one's object)
-        self._patched_from: tuple[Mapping[str, Any], Iterable[str]] | None = None
-        # plan_bytes: the patch map its node pieces were made for, the pieces in node id
-        # order, and each node's position in them
-        self._pieces_for: Mapping[str, Any] | None = None
-        self._node_pieces: list[bytes] = []
-        self._node_pos: dict[str, int] = {}
-        self._actions_joined = Joined()
-        self._nodes_joined = Joined()
-        # the delta path (see _delta_matches): the last call's result and what it made of it,
-        # while no instance was listed by two actual documents (else None: the full pass)
-        self._result: BalanceResult | None = None
-        self._listing: dict[str, str] | None = None  # instance id -> the node whose doc lists it
-        self._kept: set[str] = set()  # the instances running where they are placed
-        self._others: dict[str, list[tuple[str, ActualInstance]]] = {}  # nodes with any
-        self._actual_order: list[str] = []  # the actual documents' node ids, sorted
 
-    @property
-    def patch_map(self) -> Mapping[str, tuple[dict[str, Any], ...]]:
-        """The last call's ``Plan.patches`` (the mapping itself)."""
-        return self._patch_map
+def start_action(p: Placement, reason: Reason) -> Action:
+    return Action(
+        "start",
+        p.instance_id,
+        p.item_id,
+        p.subject_id,
+        p.index,
+        p.version,
+        p.node_id,
+        p.runtime_id,
+        reason,
+    )
 
-    @property
-    def patched_from(self) -> tuple[Mapping[str, Any], Iterable[str]] | None:
-        """When the last call made its patches from the call before's (the same nodes): that
-        call's ``Plan.patches`` and the nodes looked at; every other node's patch is the very
-        object of that mapping. None otherwise."""
-        return self._patched_from
 
-    def make_plan(
-        self,
-        result: BalanceResult,
-        actual: Mapping[str, ActualState],
-        nodes: frozenset[str] | set[str],
-        *,
-        fingerprint: str = "",
-        addresses: Mapping[str, str] | None = None,
-    ) -> Plan:
-        """:func:`make_plan`, reusing what this memo kept of the last call (and keeping this
-        call's for the next). ``addresses``: see :func:`make_plan` (a node's patch is made
-        again when an address its starts record changes)."""
-        return self._plan(result, actual, nodes, fingerprint, True, addresses or {})
+def node_patch(
+    revision: int,
+    stops: Sequence[Action],
+    starts: Sequence[Action],
+    desired: Mapping[str, Placement],
+    ips: Sequence[str | None] = (),
+) -> tuple[dict[str, Any], ...]:
+    """A node's RFC 6902 patch: a ``test`` of the revision its actual document had, a
+    ``remove`` per stop, then an ``add`` of the record of each start (:func:`started_record`;
+    ``ips``: each start's address, when the plan has addresses)."""
+    ops: list[dict[str, Any]] = [{"op": "test", "path": "/revision", "value": revision}]
+    ops += [{"op": "remove", "path": instance_pointer(a.instance_id)} for a in stops]
+    ops += [
+        {
+            "op": "add",
+            "path": instance_pointer(a.instance_id),
+            "value": started_record(desired[a.instance_id], ip),
+        }
+        for a, ip in zip(starts, ips or repeat(None), strict=False)
+    ]
+    return tuple(ops)
 
-    def _plan(
-        self,
-        result: BalanceResult,
-        actual: Mapping[str, ActualState],
-        nodes: frozenset[str] | set[str],
-        fingerprint: str,
-        remember: bool,
-        addresses: Mapping[str, str],
-    ) -> Plan:
-        """:func:`make_plan`; ``remember``: keep this call's inputs and what was made of them for
-        the next call (a throwaway memo need not be filled: the oneshot path)."""
-        m = self
-        desired = result.by_id
-        get = desired.get
-        moved_reason: dict[str, Reason] = {}
-        m.rematched = -1
-        delta = m._delta_matches(result, actual, get) if remember else None
-        if delta is not None:
-            kept, running, waiting_ids = delta
-        else:
-            kept, running = m._full_matches(actual, get, remember)
-            waiting_ids = None
-        m._result = result if remember else None
-        stops: list[Action] = []
-        old_stops = m._stops
-        stops_now: dict[tuple[str, str], tuple[ActualInstance, Reason, Action]] = {}
-        # desired instances without a place: a stop of one is never "not-desired"
-        unplaced = {f.instance_id: f.priority for f in result.failures} if result.failures else {}
-        arrivals: dict[str, int] | None = None  # (see _arrivals)
-        for node_id, iid, inst in running:
-            p = get(iid)
-            reason: Reason
-            if node_id not in nodes:
-                reason = "node-lost"
-            elif p is None:
-                if iid not in unplaced:
-                    reason = "not-desired"
-                else:
-                    # displaced: an instance of higher priority is placed on its node and does
-                    # not run there yet. That is what a preemption leaves behind, and it stays so
-                    # in every run until the agents act, so the reason does not change between
-                    # runs (the balancer's record of an eviction lives for one run only)
-                    if arrivals is None:
-                        arrivals = _arrivals(result, actual)
-                    displaced = arrivals.get(node_id, unplaced[iid]) > unplaced[iid]
-                    reason = "preempted" if displaced else "unplaceable"
-            elif p.node_id == node_id and p.version != inst.version:
-                reason = "version-changed"
-            elif p.cause == "preempted":
-                reason = "preempted"
-            elif p.cause == "rebalanced":
-                reason = "rebalanced"
-            else:
-                reason = "moved"
-            if p is not None and reason != "not-desired":
-                moved_reason.setdefault(iid, reason)
-            was = old_stops.get((node_id, iid))
-            if was is not None and was[0] is inst and was[1] == reason:
-                action = was[2]
-            else:
-                action = Action(
-                    "stop",
-                    iid,
-                    inst.itemId,
-                    inst.subjectId,
-                    inst.index,
-                    inst.version,
-                    node_id,
-                    inst.runtimeId,
-                    reason,
-                )
-            stops_now[(node_id, iid)] = (inst, reason, action)
-            stops.append(action)
-        m._stops = stops_now
-        starts: list[Action] = []
-        old_starts = m._starts
-        starts_now: dict[str, tuple[Placement, Reason, Action]] = {}
-        waiting: Iterable[Placement]
-        if waiting_ids is not None:  # the delta path named the ids that can be waiting
-            waiting = [p for p in map(get, waiting_ids - kept) if p is not None]
-        else:  # the placements not running where placed (C-level passes: in a steady state, none)
-            placements = result.placements
-            not_kept = map(operator.not_, map(kept.__contains__, map(_INSTANCE_ID, placements)))
-            waiting = itertools.compress(placements, not_kept)
-        for p in waiting:
-            iid = p.instance_id
-            reason = moved_reason.get(iid, "new")
-            known = old_starts.get(iid)
-            if known is not None and known[0] is p and known[1] == reason:
-                action = known[2]
-            else:
-                action = Action(
-                    "start",
-                    iid,
-                    p.item_id,
-                    p.subject_id,
-                    p.index,
-                    p.version,
-                    p.node_id,
-                    p.runtime_id,
-                    reason,
-                )
-            starts_now[iid] = (p, reason, action)
-            starts.append(action)
-        m._starts = starts_now
-        last = m._sorted
-        if last is not None and _identical(last[0], stops) and _identical(last[1], starts):
-            stops, starts = last[2], last[3]  # the same actions in the same order: sorted alike
-        else:
-            unsorted_stops, unsorted_starts = stops, starts
-            stops = sorted(stops, key=_by_node_and_id)
-            starts = sorted(starts, key=_by_node_and_id)
-            m._sorted = (unsorted_stops, unsorted_starts, stops, starts)
 
-        by_node: dict[str, tuple[list[Action], list[Action]]] = {}
-        for a in stops:
-            by_node.setdefault(a.node_id, ([], []))[0].append(a)
-        for a in starts:
-            by_node.setdefault(a.node_id, ([], []))[1].append(a)
-        patches: dict[str, tuple[dict[str, Any], ...]] = {}
-        old_patches = m._patches
-        patches_now: dict[str, _NodePatch] = {}
-        none: tuple[list[Action], list[Action]] = ([], [])
-        built = 0
-        every = set(nodes)
-        every.update(actual, by_node)
-        look_at: Iterable[str] = m._node_order
-        patched_from: tuple[Mapping[str, Any], Iterable[str]] | None = None
-        if every != m._node_ids:  # else the same ids, sorted last call
-            m._node_ids, m._node_order = every, sorted(every)
-            look_at = m._node_order
-        elif remember and len(m._patch_map) == len(every):
-            # the same nodes: a node's patch can differ only where its document is not the last
-            # call's object or it has actions now or had some then (C-level passes over the ids)
-            order = m._node_order
-            docs_now, docs_then = map(actual.get, order), map(m._docs.get, order)
-            look_at = set(itertools.compress(order, map(operator.is_not, docs_now, docs_then)))
-            look_at.update(by_node, m._active)
-            patches = dict(m._patch_map)  # (the same keys in the same order: values replaced)
-            patches_now = dict(old_patches)
-            patched_from = (m._patch_map, look_at)
-        for node_id in look_at:
-            actual_doc = actual.get(node_id)
-            revision = actual_doc.revision if actual_doc else 0
-            node_stops, node_starts = by_node.get(node_id, none)
-            ips = tuple([addresses.get(a.instance_id) for a in node_starts]) if addresses else ()
-            was_patch = old_patches.get(node_id)
-            if (
-                was_patch is not None
-                and was_patch[0] == revision
-                and _identical(was_patch[1], node_stops)
-                and _identical(was_patch[2], node_starts)
-                and was_patch[4] == ips
-            ):
-                ops_tuple = was_patch[3]
-            else:
-                built += 1
-                ops: list[dict[str, Any]] = [{"op": "test", "path": "/revision", "value": revision}]
-                ops += [
-                    {"op": "remove", "path": _instance_pointer(a.instance_id)} for a in node_stops
-                ]
-                ops += [
-                    {
-                        "op": "add",
-                        "path": _instance_pointer(a.instance_id),
-                        "value": started_record(desired[a.instance_id], ip),
-                    }
-                    for a, ip in zip(node_starts, ips or repeat(None), strict=False)
-                ]
-                ops_tuple = tuple(ops)
-            patches_now[node_id] = (revision, node_stops, node_starts, ops_tuple, ips)
-            patches[node_id] = ops_tuple
-        m._patches = patches_now
-        m.patches_built = built
-        if remember:
-            m._docs, m._active, m._patch_map = dict(actual), set(by_node), patches
-        m._patched_from = patched_from if remember else None
-        return Plan(fingerprint, tuple(stops + starts), result.failures, patches)
+def action_piece(a: Action) -> bytes:
+    """An action as an item of the plan document's ``actions`` array."""
+    return item(fragment(a.to_json(), 2), 1)
 
-    def _full_matches(
-        self, actual: Mapping[str, ActualState], get: Any, remember: bool
-    ) -> tuple[set[str], list[tuple[str, str, ActualInstance]]]:
-        """Every node's instances as they are placed (kept: an id matches on the node it is placed
-        on only) and the others, in node id order, reusing a node's match from the last call while
-        its document and the placements it names are the same objects. ``remember`` fills the
-        memo, the delta path's index included (see :func:`_delta_matches`)."""
-        m = self
-        kept: set[str] = set()
-        running: list[tuple[str, str, ActualInstance]] = []
-        old_matches = m._matches
-        matches_now: dict[str, _Match] = {}
-        others_now: dict[str, list[tuple[str, ActualInstance]]] = {}
-        order = sorted(actual)
-        for node_id in order:
-            doc = actual[node_id]
-            got = old_matches.get(node_id)
-            placed = tuple(map(get, doc.instances)) if remember else ()
-            if got is not None and got[0] is doc and got[1] == placed:
-                matched, others = got[2], got[3]
-                matches_now[node_id] = got
-            else:
-                matched, others = _match(node_id, doc, get)
-                if remember:
-                    matches_now[node_id] = (doc, placed, matched, others)
-            kept.update(matched)  # (an id matches on the node it is placed on only)
-            if others:
-                others_now[node_id] = others
-                running += [(node_id, iid, inst) for iid, inst in others]
-        m._matches = matches_now
-        m._listing = None
-        if remember:
-            listing: dict[str, str] = {}
-            listed = 0
-            for node_id in order:
-                ids = actual[node_id].instances
-                listed += len(ids)
-                listing.update(dict.fromkeys(ids, node_id))
-            if listed == len(listing):  # no instance listed by two documents
-                m._listing, m._kept, m._others, m._actual_order = listing, kept, others_now, order
-        return kept, running
 
-    def _delta_matches(
-        self, result: BalanceResult, actual: Mapping[str, ActualState], get: Any
-    ) -> tuple[set[str], list[tuple[str, str, ActualInstance]], set[str]] | None:
-        """:func:`_full_matches` from the last call's, when ``result`` names what changed since the
-        last call's result (:attr:`BalanceResult.changes`), the same nodes have actual documents and
-        no instance was listed by two of them: only the nodes whose document is not the last
-        call's object, or that list a named id, are matched again. Also returns the ids that can
-        be waiting to start (the last call's, the named ones and those no longer kept). None: take
-        the full pass (which is what this gives, the running list in node id order)."""
-        m = self
-        listing, named = m._listing, result.changed_since(m._result)
-        if listing is None or named is None:
-            return None
-        docs_then = m._docs
-        if len(actual) != len(docs_then) or actual.keys() != docs_then.keys():
-            return None
-        order = m._actual_order
-        docs_now = map(actual.__getitem__, order)
-        edited = list(
-            itertools.compress(order, map(operator.is_not, docs_now, map(docs_then.get, order)))
-        )
-        touched = {listing[iid] for iid in named if iid in listing}
-        touched.update(edited)
-        old_matches = m._matches
-        matches_now = old_matches
-        kept, others_now = m._kept, m._others
-        left: set[str] = set()
-        redone: list[list[str]] = []
-        if edited:  # the documents list other ids: check first that no id is listed twice
-            listing = dict(listing)
-            for node_id in edited:  # (each id the last documents list is in the index once)
-                for iid in docs_then[node_id].instances:
-                    del listing[iid]
-            for node_id in edited:
-                for iid in actual[node_id].instances:
-                    if listing.setdefault(iid, node_id) != node_id:
-                        return None
-        for node_id in sorted(touched):
-            doc = actual[node_id]
-            got = old_matches[node_id]
-            placed = tuple(map(get, doc.instances))
-            if got[0] is doc and got[1] == placed:
-                continue
-            if matches_now is old_matches:
-                matches_now, kept, others_now = dict(old_matches), set(kept), dict(others_now)
-            matched, others = _match(node_id, doc, get)
-            matches_now[node_id] = (doc, placed, matched, others)
-            kept.difference_update(got[2])
-            left.update(got[2])
-            redone.append(matched)
-            if others:
-                others_now[node_id] = others
-            else:
-                others_now.pop(node_id, None)
-        for matched in redone:  # (after every removal: an id may move from one to another)
-            kept.update(matched)
-        running = [
-            (node_id, iid, inst)
-            for node_id in sorted(others_now)
-            for iid, inst in others_now[node_id]
-        ]
-        waiting = set(m._starts)
-        waiting.update(named, left)
-        m._matches, m._listing, m._kept, m._others = matches_now, listing, kept, others_now
-        m.rematched = len(redone)
-        return kept, running, waiting
-
-    def plan_bytes(self, plan: Plan, inputs: Mapping[str, Any]) -> bytes:
-        """``pretty_json(doc)`` of the plan document ``doc = plan.to_json()`` with ``inputs`` as
-        its ``inputs``, put together from the fragments of the actions and node patches the memo
-        holds while they are the same objects (the planner reuses them for what did not change)."""
-        old_actions, old_nodes = self._action_fragments, self._node_fragments
-        actions: dict[int, tuple[Action, bytes]] = {}
-        action_frags = []
-        for a in plan.actions:
-            got = old_actions.get(id(a))
-            if got is None or got[0] is not a:
-                got = (a, item(fragment(a.to_json(), 2), 1))
-            actions[id(a)] = got
-            action_frags.append(got[1])
-        nodes: dict[str, tuple[tuple[dict[str, Any], ...], bytes]]
-        since = self._patched_from
-        if since is not None and since[0] is self._pieces_for and plan.patches is self._patch_map:
-            # the planner made these patches from the last ones, looking at these nodes only:
-            # every other node's patch is the very object whose piece is kept
-            nodes, pieces, pos = dict(old_nodes), list(self._node_pieces), self._node_pos
-            for node_id in since[1]:
-                ops = plan.patches[node_id]
-                known = old_nodes.get(node_id)
-                if known is None or known[0] is not ops:
-                    known = nodes[node_id] = (ops, _node_piece(node_id, ops))
-                    pieces[pos[node_id]] = known[1]
-        else:
-            nodes = {}
-            for node_id, ops in plan.patches.items():
-                known = old_nodes.get(node_id)
-                if known is None or known[0] is not ops:
-                    known = (ops, _node_piece(node_id, ops))
-                nodes[node_id] = known
-            order = sorted(nodes)
-            pieces = [nodes[n][1] for n in order]
-            pos = {n: k for k, n in enumerate(order)}
-        self._action_fragments, self._node_fragments = actions, nodes
-        self._pieces_for, self._node_pieces, self._node_pos = plan.patches, pieces, pos
-        members = [
-            ("actions", self._actions_joined.array(action_frags, 1)),
-            ("changesPresent", fragment(plan.changes_present, 1)),
-            ("complete", fragment(plan.complete, 1)),
-            ("failures", fragment([failure_json(f) for f in plan.failures], 1)),
-            ("formatVersion", fragment(PLAN_FORMAT_VERSION, 1)),
-            ("inputs", fragment(dict(inputs), 1)),
-            ("nodes", self._nodes_joined.object(pieces, 1)),
-        ]
-        return document(members)
+def plan_document(
+    plan: Plan, inputs: Mapping[str, Any], actions_array: bytes, nodes_object: bytes
+) -> bytes:
+    """The plan document's bytes, given its ``actions`` array (joined :func:`action_piece`
+    items) and its ``nodes`` object (joined :func:`node_piece` members, by node id)."""
+    members = [
+        ("actions", actions_array),
+        ("changesPresent", fragment(plan.changes_present, 1)),
+        ("complete", fragment(plan.complete, 1)),
+        ("failures", fragment([failure_json(f) for f in plan.failures], 1)),
+        ("formatVersion", fragment(PLAN_FORMAT_VERSION, 1)),
+        ("inputs", fragment(dict(inputs), 1)),
+        ("nodes", nodes_object),
+    ]
+    return document(members)
 
 
 def make_plan(
@@ -648,13 +329,72 @@ def make_plan(
 ) -> Plan:
     """Diff ``result`` against ``actual`` (SPEC §10). ``nodes`` are the ids of the nodes that
     exist now; instances on any other node are lost with it. ``addresses``: per instance id,
-    its address in its network (SPEC §17), recorded by the start that adds it. A watcher plans
-    through a :class:`PlanMemo` instead (:meth:`PlanMemo.make_plan`): the same plan, at the cost
-    of what changed."""
-    return PlanMemo()._plan(result, actual, nodes, fingerprint, False, addresses or {})
+    its address in its network (SPEC §17), recorded by the start that adds it.
+
+    Every instance running where it is placed (:func:`match_node`) is kept; every other
+    running instance is stopped where it runs (:func:`stop_reason` says why); every placement
+    not running where it is placed is started, with the reason of its stop when it is moved
+    (else ``new``). Actions are sorted by node, then instance id; every node that exists,
+    has an actual document or has an action gets a patch (:func:`node_patch`).
+
+    This is the reference: a watcher plans through
+    :class:`reconciler.accel.plans.PlanMemo` instead, which gives the same plan at the cost of
+    what changed since its last one."""
+    desired = result.by_id
+    get = desired.get
+    kept: set[str] = set()
+    running: list[tuple[str, str, ActualInstance]] = []
+    for node_id in sorted(actual):
+        matched, others = match_node(node_id, actual[node_id], get)
+        kept.update(matched)  # (an id matches on the node it is placed on only)
+        running += [(node_id, iid, inst) for iid, inst in others]
+    unplaced = {f.instance_id: f.priority for f in result.failures}
+    arrived: list[Mapping[str, int]] = []
+
+    def arrivals_of() -> Mapping[str, int]:
+        if not arrived:
+            arrived.append(arrivals(result, actual))
+        return arrived[0]
+
+    stops: list[Action] = []
+    moved: dict[str, Reason] = {}
+    for node_id, iid, inst in running:
+        p = get(iid)
+        reason = stop_reason(node_id, inst, p, nodes, unplaced, arrivals_of, iid)
+        if p is not None and reason != "not-desired":
+            moved.setdefault(iid, reason)
+        stops.append(stop_action(node_id, iid, inst, reason))
+    starts = [
+        start_action(p, moved.get(p.instance_id, "new"))
+        for p in result.placements
+        if p.instance_id not in kept
+    ]
+    stops.sort(key=by_node_and_id)
+    starts.sort(key=by_node_and_id)
+    by_node: dict[str, tuple[list[Action], list[Action]]] = {}
+    for a in stops:
+        by_node.setdefault(a.node_id, ([], []))[0].append(a)
+    for a in starts:
+        by_node.setdefault(a.node_id, ([], []))[1].append(a)
+    patches: dict[str, tuple[dict[str, Any], ...]] = {}
+    addresses = addresses or {}
+    for node_id in sorted({*nodes, *actual, *by_node}):
+        doc = actual.get(node_id)
+        revision = doc.revision if doc else 0
+        acts = by_node.get(node_id)
+        if acts is None:  # (most nodes of a steady unit: the test alone)
+            patches[node_id] = ({"op": "test", "path": "/revision", "value": revision},)
+            continue
+        node_stops, node_starts = acts
+        ips = [addresses.get(a.instance_id) for a in node_starts] if addresses else []
+        patches[node_id] = node_patch(revision, node_stops, node_starts, desired, ips)
+    return Plan(fingerprint, tuple(stops + starts), result.failures, patches)
 
 
 def plan_bytes(plan: Plan, inputs: Mapping[str, Any]) -> bytes:
     """``pretty_json(doc)`` of the plan document ``doc = plan.to_json()`` with ``inputs`` as
-    its ``inputs`` (:meth:`PlanMemo.plan_bytes` reuses the last call's fragments)."""
-    return PlanMemo().plan_bytes(plan, inputs)
+    its ``inputs`` (:meth:`reconciler.accel.plans.PlanMemo.plan_bytes` gives the same bytes,
+    reusing the last call's pieces)."""
+    actions = join_array([action_piece(a) for a in plan.actions], 1)
+    nodes = join_object([node_piece(n, plan.patches[n]) for n in sorted(plan.patches)], 1)
+    return plan_document(plan, inputs, actions, nodes)

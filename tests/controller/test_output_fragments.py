@@ -12,6 +12,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from reconciler.accel.plans import PlanMemo
 from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
 from reconciler.controller.status import build_status
 from reconciler.model.jsonbytes import (
@@ -24,7 +25,7 @@ from reconciler.model.jsonbytes import (
     member,
     pretty_json,
 )
-from reconciler.planning.plans import PlanMemo, started_record
+from reconciler.planning.plans import started_record
 
 JSON = st.recursive(
     st.none()

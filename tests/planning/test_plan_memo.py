@@ -1,10 +1,12 @@
-"""The planner's memo (``PlanMemo``, issue 9's warm path): a sequence of plans made with one
-memo must equal the plans made without it, whatever changes between calls (placements moved,
-added, removed or replaced by equal new objects; actual documents edited, replaced, added or
-dropped; nodes lost), and a change on one node must rebuild that node's patch only."""
+"""The planner's memo (``PlanMemo``, the warm path): a sequence of plans made with one memo
+must equal the plans of the reference planner (``make_plan``, a separate implementation),
+whatever changes between calls (placements moved, added, removed, failed or replaced by equal
+new objects; actual documents edited, replaced, added or dropped; nodes lost), and a change on
+one node must rebuild that node's patch only."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import operator
 from typing import Any
@@ -13,10 +15,11 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from reconciler.accel.plans import PlanMemo
 from reconciler.model.documents import ActualState
 from reconciler.model.values import instance_id
-from reconciler.placement.instances import BalanceResult, Changes, Placement
-from reconciler.planning.plans import PlanMemo, make_plan, plan_bytes
+from reconciler.placement.instances import BalanceResult, Cause, Changes, Failure, Placement
+from reconciler.planning.plans import make_plan, plan_bytes
 from tests.support.plans import actual_doc, placement, record
 
 NODES = ["n1", "n2", "n3"]
@@ -52,13 +55,24 @@ def _records(
 
 
 def _placement(data: st.DataObject, item: str, index: int) -> Placement:
-    return placement(
+    p = placement(
         item,
         index,
         data.draw(st.sampled_from(NODES)),
         version=data.draw(st.sampled_from(["1.0.0", "2.0.0"])),
         devices=data.draw(st.sampled_from([(), (("gpu", ("g0",)),)])),
     )
+    # the priority a displaced instance's stop reason compares, and why it was last moved
+    priority = data.draw(st.sampled_from([0, 0, 5]), label="priority")
+    causes: list[Cause | None] = [None, None, "preempted", "rebalanced"]
+    cause = data.draw(st.sampled_from(causes), label="cause")
+    return dataclasses.replace(p, priority=priority, cause=cause)
+
+
+def _failure(item: str, index: int, priority: int) -> Failure:
+    iid = instance_id(item, "default", index)
+    label = f"{item}:default:{index}"
+    return Failure(iid, item, "default", index, "1.0.0", priority, "Cpu", label, (("Cpu", 1),))
 
 
 @settings(max_examples=400, deadline=None)
@@ -72,6 +86,7 @@ def test_a_memo_gives_the_plan_made_without_it(naming: bool, data: st.DataObject
     once = data.draw(st.booleans(), label="an instance listed by one document at most")
     actual: dict[str, ActualState] = {}
     placed: dict[tuple[str, int], Placement] = {}
+    failed: dict[tuple[str, int], Failure] = {}
     nodes = set(NODES)
     for step in range(data.draw(st.integers(1, 6), label="steps")):
         for node in [*NODES, "lost"]:
@@ -91,11 +106,15 @@ def test_a_memo_gives_the_plan_made_without_it(naming: bool, data: st.DataObject
             elif change == "drop":
                 actual.pop(node, None)
         for i, x in IDENTITIES:
-            change = data.draw(st.sampled_from(("keep", "keep", "new", "drop", "copy")))
+            change = data.draw(st.sampled_from(("keep", "keep", "new", "drop", "copy", "fail")))
+            failed.pop((i, x), None)
             if change == "new":
                 placed[(i, x)] = _placement(data, i, x)
             elif change == "drop":
                 placed.pop((i, x), None)
+            elif change == "fail":  # desired, without a place (stopped: displaced or not)
+                placed.pop((i, x), None)
+                failed[(i, x)] = _failure(i, x, data.draw(st.sampled_from([0, 3, 9])))
             elif change == "copy" and (i, x) in placed:
                 p = placed[(i, x)]  # an equal placement, another object
                 placed[(i, x)] = placement(
@@ -103,7 +122,7 @@ def test_a_memo_gives_the_plan_made_without_it(naming: bool, data: st.DataObject
                 )
         if data.draw(st.integers(0, 4), label="node lost") == 0:
             nodes = set(NODES) - {data.draw(st.sampled_from(NODES))}
-        result = _result(data, placed, last if naming else None)
+        result = _result(data, placed, failed, last if naming else None)
         got = memo.make_plan(result, dict(actual), nodes, fingerprint=f"f{step}")
         want = make_plan(result, dict(actual), nodes, fingerprint=f"f{step}")
         assert got == want, f"step {step}"
@@ -123,6 +142,7 @@ _REVISIONS = itertools.count(1000)
 def _result(
     data: st.DataObject,
     placed: dict[tuple[str, int], Placement],
+    failed: dict[tuple[str, int], Failure],
     last: BalanceResult | None,
 ) -> BalanceResult:
     """The placements as a result; given the last results, mostly one that names (as the
@@ -130,23 +150,27 @@ def _result(
     sometimes that very result again (nothing changed), or one naming its changes since
     another result (the planner must not take them as changes since its last)."""
     placements = tuple(placed[k] for k in sorted(placed))
+    failures = tuple(failed[k] for k in sorted(failed))
     if last is None:
-        return BalanceResult(placements, (), revision=next(_REVISIONS))
+        return BalanceResult(placements, failures, revision=next(_REVISIONS))
     how = data.draw(st.sampled_from(("since", "since", "since", "same", "stale", "none")))
     old = last.placements
-    if how == "same" and len(placements) == len(old) and all(map(operator.is_, placements, old)):
+    same = len(placements) == len(old) and all(map(operator.is_, placements, old))
+    if how == "same" and same and failures == last.failures:
         return last
     # stale: it names its changes since another result (here an equal copy of itself)
-    base = BalanceResult(placements, (), revision=next(_REVISIONS)) if how == "stale" else last
+    base = (
+        BalanceResult(placements, failures, revision=next(_REVISIONS)) if how == "stale" else last
+    )
     if how == "none":
-        return BalanceResult(placements, (), revision=next(_REVISIONS))
+        return BalanceResult(placements, failures, revision=next(_REVISIONS))
     now = {p.instance_id: p for p in placements}
     changed = {i for i in now.keys() | base.by_id.keys() if now.get(i) is not base.by_id.get(i)}
     every = [instance_id(i, "default", x) for i, x in IDENTITIES]
     extra = data.draw(st.lists(st.sampled_from(every), max_size=3), label="named too")
     assert base.revision is not None
     changes = Changes(base.revision, frozenset(changed | set(extra)))
-    return BalanceResult(placements, (), revision=next(_REVISIONS), changes=changes)
+    return BalanceResult(placements, failures, revision=next(_REVISIONS), changes=changes)
 
 
 def test_one_changed_node_rebuilds_its_patch_only() -> None:
