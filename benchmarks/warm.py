@@ -36,11 +36,11 @@ from typing import Any
 
 import reconciler.controller.reconcile as rec
 from reconciler.accel import BalanceMemo
+from reconciler.accel.ids import IdsMemo
 from reconciler.accel.plans import PlanMemo
 from reconciler.controller.configs import default_config_builder
 from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
 from reconciler.io.lastgood import LastGoodStore
-from reconciler.planning.checkpoint import IdsMemo
 
 from .reconcile import (
     _generate,

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.accel import BalanceMemo, balance
+from reconciler.accel.ids import IdsMemo
 from reconciler.accel.plans import PlanMemo
 from reconciler.controller.component_files import write_component_files
 from reconciler.controller.network_files import write_network_files
@@ -69,7 +70,6 @@ from reconciler.placement.instances import BalanceResult, Failure, Mode, placeme
 from reconciler.planning.checkpoint import (
     Checkpoint,
     CheckpointCache,
-    IdsMemo,
     assign_ids,
 )
 from reconciler.planning.network import NETWORK_FAILURE, NetworkResult, assign_networks

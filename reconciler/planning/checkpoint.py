@@ -16,10 +16,10 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from operator import attrgetter, is_
-from typing import Any, cast
+from operator import attrgetter
+from typing import Any
 
 from reconciler.model.documents import ActualState
 from reconciler.placement.instances import (
@@ -29,7 +29,6 @@ from reconciler.placement.instances import (
     Placement,
     PreviousAllocation,
     new_requested,
-    placement_order,
 )
 
 __all__ = [
@@ -41,14 +40,17 @@ __all__ = [
     "CheckpointCache",
     "CheckpointError",
     "CheckpointMemo",
-    "IdsMemo",
     "as_decoded",
+    "assign_gids",
     "assign_ids",
     "canonical",
+    "collect_allocations",
     "decode_cached",
     "decode_checkpoint",
     "encode_checkpoint",
     "next_generation",
+    "node_allocations",
+    "placements_by_node",
     "rebuild_from_actual",
 ]
 
@@ -733,222 +735,90 @@ def decode_cached(raw: bytes, expected: str | None, cache: CheckpointCache | Non
 # ----------------------------------------------------------------------------- uids and gids
 
 
-class IdsMemo:
-    """What :func:`assign_ids` made last call, per node: the node's placements (by identity)
-    and the allocation it gave each. A node whose placements are the very same objects, in the
-    same order, whose old allocations are the ones given last call, with the same gids, gets
-    the same allocations: its uids depend on nothing else (they are unique per node). A
-    long-running caller (``watch``) keeps one across runs; it belongs to one caller.
-
-    It also keeps the last call's result and the allocations it returned, when every placement
-    got one: a call whose result names that result in its ``since`` (see
-    :class:`~reconciler.placement.instances.BalanceResult`), whose old allocations are exactly the
-    ones returned (:meth:`given_last`) and whose gids are the same works on the nodes of the
-    instances ``since`` names only (an item added or removed since has all its instances named;
-    every other item must keep its gid)."""
-
-    def __init__(self) -> None:
-        self._gids: dict[str, int] | None = None
-        self._nodes: dict[str, tuple[list[Placement], list[Allocation]]] = {}
-        self._result: BalanceResult | None = None
-        self._out: dict[str, Allocation] | None = None  # None: the last call had errors
-        self.patched = False  # whether the last call worked on the named nodes only
-        self.since: tuple[Mapping[str, Allocation], frozenset[str]] | None = None
-        """After a patched call: the allocations the call before returned, and a superset of
-        the ids whose allocation differs in this call's (see :attr:`Checkpoint.since`)."""
-
-    def since_for(
-        self, allocations: Mapping[str, Allocation]
-    ) -> tuple[Mapping[str, Allocation], frozenset[str]] | None:
-        """:attr:`since`, when ``allocations`` is what the last call returned."""
-        return self.since if self.since is not None and allocations is self._out else None
-
-    def assign(
-        self,
-        result: BalanceResult,
-        old: Mapping[str, Allocation],
-        old_gids: Mapping[str, int],
-        *,
-        old_is_last: bool = False,
-    ) -> tuple[dict[str, Allocation], dict[str, int], list[str]]:
-        """:func:`assign_ids`, recomputing only the nodes whose placements changed since this
-        memo's last call. ``old_is_last``: ``old`` holds exactly the allocations the last call
-        returned (the very objects; see :meth:`given_last`)."""
-        return self._assign(result, old, old_gids, True, old_is_last=old_is_last)
-
-    def given_last(self, cp: Checkpoint) -> bool:
-        """Whether ``cp``'s allocations are exactly the ones the last call returned: the
-        checkpoint file written from them, read back through the :class:`CheckpointCache`
-        that wrote it (the very objects)."""
-        out = self._out
-        return out is not None and cp.memo is not None and cp.memo.decoded(out) is cp.allocations
-
-    def _assign(
-        self,
-        result: BalanceResult,
-        old: Mapping[str, Allocation],
-        old_gids: Mapping[str, int],
-        remember: bool,
-        *,
-        old_is_last: bool = False,
-    ) -> tuple[dict[str, Allocation], dict[str, int], list[str]]:
-        """Uids and gids for every placement (SPEC §9), deterministically.
-
-        A gid belongs to an item and is unique in the unit. A uid belongs to an instance identity
-        and is kept across versions; it is unique among the instances *of a node* (SPEC §9 asks for
-        5000-9999 per identity, which cannot be unit-wide at 20,000 instances): an instance keeps
-        its uid while no other instance on its node holds it, else it takes the smallest free one.
-        Returns the allocations (in placement order, but after a call the memo answered by
-        patching its last mapping, where the touched nodes' allocations come last: every caller
-        looks them up by id, and the checkpoint sorts them), the gids, and errors for instances
-        that found no free id (gids first, then uids in placement order). ``remember``: keep
-        this call's for the next (else the memo is a throwaway one);
-        ``old_is_last``: ``old`` holds exactly the allocations the memo's last call returned (the
-        very objects; see :meth:`IdsMemo.given_last`).
-        """
-        errors: list[str] = []
-        gids: dict[str, int] = {}
-        placements = result.placements
-        items = sorted(set(map(_ITEM_ID, placements)))
-        for item in items:
-            if item in old_gids and old_gids[item] in GID_RANGE:
-                gids[item] = old_gids[item]
-        used_gids = set(gids.values())
-        # the smallest free gid only grows as gids are given (none is given back here): one
-        # pass over the range for all the items, not one per item (20,000 items on 5,000 gids
-        # scanned the whole range for each of the 15,000 left without one)
-        free_gids = (g for g in GID_RANGE if g not in used_gids)
-        for item in items:
-            if item not in gids:
-                gid = next(free_gids, None)
-                if gid is None:
-                    errors.append(f"{item}: no free gid in {GID_RANGE.start}-{GID_RANGE.stop - 1}")
-                    continue
-                gids[item] = gid
-                used_gids.add(gid)
-        if remember:
-            self.since = None
-            patched = self._patched_ids(result, old, gids) if old_is_last and not errors else None
-            self.patched = patched is not None
-            if patched is not None:
-                return patched, gids, []
-        by_node: dict[str, list[Placement]] = {}
-        on_node = by_node.get
-        for p in placements:
-            ps = on_node(p.node_id)
-            if ps is None:
-                by_node[p.node_id] = [p]
-            else:
-                ps.append(p)
-        last = self._nodes if remember and self._gids == gids else {}
-        nodes_now: dict[str, tuple[list[Placement], list[Allocation]]] = {}
-        given: dict[str, Allocation | str | None] = {}
-        for node_id, ps in by_node.items():
-            ids = [p.instance_id for p in ps]
-            was = last.get(node_id)
-            if (
-                was is not None
-                and len(was[0]) == len(ps)
-                and all(map(is_, was[0], ps))
-                and all(map(is_, map(old.get, ids), was[1]))
-            ):
-                nodes_now[node_id] = was
-                given.update(zip(ids, was[1], strict=True))
+def assign_gids(
+    placements: Sequence[Placement], old_gids: Mapping[str, int]
+) -> tuple[dict[str, int], list[str]]:
+    """The gid of every placed item (SPEC §9): an item keeps its gid while it is placed, the
+    others take the smallest free one in item order. Returns the gids and an error for each
+    item that found none."""
+    errors: list[str] = []
+    gids: dict[str, int] = {}
+    items = sorted(set(map(_ITEM_ID, placements)))
+    for item in items:
+        if item in old_gids and old_gids[item] in GID_RANGE:
+            gids[item] = old_gids[item]
+    used_gids = set(gids.values())
+    # the smallest free gid only grows as gids are given (none is given back here): one
+    # pass over the range for all the items, not one per item (20,000 items on 5,000 gids
+    # scanned the whole range for each of the 15,000 left without one)
+    free_gids = (g for g in GID_RANGE if g not in used_gids)
+    for item in items:
+        if item not in gids:
+            gid = next(free_gids, None)
+            if gid is None:
+                errors.append(f"{item}: no free gid in {GID_RANGE.start}-{GID_RANGE.stop - 1}")
                 continue
-            made = _node_ids(ps, old, gids)
-            if all(type(a) is Allocation for a in made):
-                nodes_now[node_id] = (ps, cast(list[Allocation], made))
-            given.update(zip(ids, made, strict=True))
-        allocations: dict[str, Allocation] = {}
-        for p in placements:
-            got = given[p.instance_id]
-            if type(got) is Allocation:
-                allocations[p.instance_id] = got
-            elif isinstance(got, str):
-                errors.append(got)
-        if remember:
-            self._gids, self._nodes = gids, nodes_now
-            clean = not errors and len(allocations) == len(placements)
-            self._result, self._out = (result, allocations) if clean else (None, None)
-        return allocations, gids, errors
+            gids[item] = gid
+            used_gids.add(gid)
+    return gids, errors
 
-    def _patched_ids(
-        self,
-        result: BalanceResult,
-        old: Mapping[str, Allocation],
-        gids: dict[str, int],
-    ) -> dict[str, Allocation] | None:
-        """:func:`assign_ids`' allocations, made from this memo's last call for the nodes of the
-        instances ``result.changes`` names only (every other node has the very placements, old
-        allocations and gids of the last call, so the same allocations); None when that does not
-        apply or a node ran out of uids (the caller then makes them all)."""
-        last, out, last_gids = self._result, self._out, self._gids
-        if last is None or out is None or last_gids is None:
-            return None
-        # an item added or removed since has all its instances named; any other keeps its gid
-        if gids != last_gids and any(gids.get(item, gid) != gid for item, gid in last_gids.items()):
-            return None
-        named = result.changed_since(last)
-        if named is None:
-            return None
-        now_by_id, then_by_id = result.by_id, last.by_id
-        touched: dict[str, list[Placement]] = {}  # node -> its placements named by ``since``
-        for iid in named:
-            then = then_by_id.get(iid)
-            if then is not None:
-                touched.setdefault(then.node_id, [])
-            now = now_by_id.get(iid)
-            if now is not None:
-                touched.setdefault(now.node_id, []).append(now)
-        if not touched and len(out) == len(result.placements):
-            # every placement the last call's object, in its order: the very mapping it returned
-            # (so the checkpoint that holds it still reads as "given last")
-            self._gids, self._result, self.since = gids, result, (out, frozenset())
-            return out
-        nodes = dict(self._nodes)
-        given = dict(out)
-        staying: dict[str, list[Placement]] = {}
-        changed = set(named)  # the ids whose allocation may differ from the last call's
-        for node_id in touched:  # first every touched node's last allocations out (a moved
-            was = nodes.pop(node_id, None)  # instance's new node may come before its old one)
-            if was is not None:
-                for p in was[0]:
-                    del given[p.instance_id]
-                    changed.add(p.instance_id)
-                staying[node_id] = [p for p in was[0] if p.instance_id not in named]
-        for node_id, arrived in touched.items():
-            ps = staying.get(node_id, []) + arrived
-            if not ps:
-                continue
-            ps.sort(key=placement_order)  # as in the result
-            made = _node_ids(ps, old, gids)
-            if not all(type(a) is Allocation for a in made):
-                return None
-            allocs = cast(list[Allocation], made)
-            nodes[node_id] = (ps, allocs)
-            given.update(zip([p.instance_id for p in ps], allocs, strict=True))
-        if len(given) != len(result.placements) or given.keys() != result.by_id.keys():
-            return None  # (not expected: the nodes above hold every placement)
-        # the last mapping with the touched nodes' allocations taken out and put in again (at the
-        # end: not in placement order, see assign_ids; building it in that order costs 2-3 ms)
-        allocations = given
-        self._gids, self._nodes, self._result, self._out = gids, nodes, result, allocations
-        self.since = (out, frozenset(changed))
-        return allocations
+
+def placements_by_node(placements: Iterable[Placement]) -> dict[str, list[Placement]]:
+    """The placements of each node, in placement order."""
+    by_node: dict[str, list[Placement]] = {}
+    on_node = by_node.get
+    for p in placements:
+        ps = on_node(p.node_id)
+        if ps is None:
+            by_node[p.node_id] = [p]
+        else:
+            ps.append(p)
+    return by_node
+
+
+def collect_allocations(
+    placements: Iterable[Placement],
+    given: Mapping[str, Allocation | str | None],
+    errors: list[str],
+) -> dict[str, Allocation]:
+    """The allocations of :func:`node_allocations` in placement order; each uid error is
+    added to ``errors`` (in placement order)."""
+    allocations: dict[str, Allocation] = {}
+    for p in placements:
+        got = given[p.instance_id]
+        if type(got) is Allocation:
+            allocations[p.instance_id] = got
+        elif isinstance(got, str):
+            errors.append(got)
+    return allocations
 
 
 def assign_ids(
     result: BalanceResult, old: Mapping[str, Allocation], old_gids: Mapping[str, int]
 ) -> tuple[dict[str, Allocation], dict[str, int], list[str]]:
-    """Uids and gids for every placement (SPEC §9), deterministically; see :meth:`IdsMemo._assign`
-    (:meth:`IdsMemo.assign` gives the same, recomputing only the nodes that changed)."""
-    return IdsMemo()._assign(result, old, old_gids, False)
+    """Uids and gids for every placement (SPEC §9), deterministically.
+
+    A gid belongs to an item and is unique in the unit (:func:`assign_gids`). A uid belongs to
+    an instance identity and is kept across versions; it is unique among the instances *of a
+    node* (SPEC §9 asks for 5000-9999 per identity, which cannot be unit-wide at 20,000
+    instances): an instance keeps its uid while no other instance on its node holds it, else it
+    takes the smallest free one (:func:`node_allocations`). Returns the allocations (in
+    placement order), the gids, and errors for instances that found no free id (gids first,
+    then uids in placement order).
+
+    This is the reference: a watcher assigns through :class:`reconciler.accel.ids.IdsMemo`,
+    which gives the same, recomputing only the nodes whose placements changed."""
+    gids, errors = assign_gids(result.placements, old_gids)
+    given: dict[str, Allocation | str | None] = {}
+    for ps in placements_by_node(result.placements).values():
+        given.update(zip([p.instance_id for p in ps], node_allocations(ps, old, gids), strict=True))
+    return collect_allocations(result.placements, given, errors), gids, errors
 
 
 _ITEM_ID = attrgetter("item_id")
 
 
-def _node_ids(
+def node_allocations(
     ps: list[Placement], old: Mapping[str, Allocation], gids: Mapping[str, int]
 ) -> list[Allocation | str | None]:
     """Per placement of one node (in placement order): its allocation, the error when no uid

@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reconciler.accel import BalanceMemo, balance, node_states
+from reconciler.accel.ids import IdsMemo
 from reconciler.io.loader import load_state
 from reconciler.model.documents import Node, Service, UnitConfig
 from reconciler.model.values import instance_id
@@ -23,7 +24,6 @@ from reconciler.placement.nodestate import NodeSlot
 from reconciler.planning.checkpoint import (
     Checkpoint,
     CheckpointMemo,
-    IdsMemo,
     assign_ids,
     decode_checkpoint,
     encode_checkpoint,

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.strategies import DrawFn
 
 from benchmarks.statedir import bump_instances, write_state_dir
+from reconciler.accel.ids import IdsMemo
 from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
 from reconciler.io.checkpoint_files import (
     CURRENT,
@@ -42,7 +43,6 @@ from reconciler.planning.checkpoint import (
     Checkpoint,
     CheckpointCache,
     CheckpointMemo,
-    IdsMemo,
     assign_ids,
     canonical,
     decode_checkpoint,
