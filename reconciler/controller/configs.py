@@ -11,13 +11,13 @@ from operator import attrgetter, eq, is_, is_not, not_
 from pathlib import Path
 from typing import Any
 
+from reconciler.accel.build import BuildMemo
 from reconciler.controller.reconcile import ConfigBuilder
 from reconciler.io.fsio import FileReadError, read_bytes_at
 from reconciler.io.loader import StateView
 from reconciler.model.documents import Node, Service
 from reconciler.model.values import instance_ids, validate_id
 from reconciler.oci.builder import (
-    BuildMemo,
     BuildResult,
     BuiltConfig,
     ConfigJob,

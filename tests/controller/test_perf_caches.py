@@ -23,11 +23,12 @@ from typing import Any
 import yaml
 
 import reconciler.io.fsio
+from reconciler.accel.build import BuildMemo
 from reconciler.controller.configs import default_config_builder
 from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
 from reconciler.controller.status import NodeStatusCache, node_statuses
 from reconciler.io.loader import load_state
-from reconciler.oci.builder import BuildMemo, ConfigJob, DevicePolicy, build_all, config_json
+from reconciler.oci.builder import ConfigJob, DevicePolicy, build_all, config_json
 from reconciler.placement.instances import BalanceResult
 from reconciler.planning.checkpoint import (
     FORMAT_VERSION,

@@ -28,6 +28,7 @@ import reconciler.io.fsio
 import reconciler.oci.builder as oci
 import reconciler.oci.writer as oci_writer
 from benchmarks.statedir import bump_instances, write_state_dir
+from reconciler.accel.build import BuildMemo
 from reconciler.controller.configs import default_config_builder
 from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
 from reconciler.io.loader import StateView
@@ -35,7 +36,6 @@ from reconciler.model.documents import Node, Service
 from reconciler.model.jsonbytes import pretty_json
 from reconciler.model.values import instance_id
 from reconciler.oci.builder import (
-    BuildMemo,
     BuildResult,
     BuiltConfig,
     ConfigJob,
@@ -204,13 +204,13 @@ def test_a_job_passed_back_and_shared_host_answers_are_checked_once(
     # one asked tuple (two groups, two devices) for the 40 builds that asked the same questions
     assert len({id(e.asked) for e in memo._entries.values()}) == 1
     answered: list[object] = []
-    real_answer = oci._RunLookups.answer
+    real_answer = oci.RunLookups.answer
 
     def answer(self: Any, asked: Any) -> object:
         answered.append(asked)
         return real_answer(self, asked)
 
-    monkeypatch.setattr(oci._RunLookups, "answer", answer)
+    monkeypatch.setattr(oci.RunLookups, "answer", answer)
     second = memo.build_all(jobs(), groups=groups, devices=devices)
     assert (memo.built, memo.reused) == (0, 40)
     assert len(answered) == 4  # not 4 per instance
@@ -287,13 +287,13 @@ def spied_jobs(monkeypatch: pytest.MonkeyPatch) -> list[list[ConfigJob]]:
     """The jobs the builder of ``default_config_builder`` gives its memo's ``build_all``, per
     call."""
     calls: list[list[ConfigJob]] = []
-    real = oci.BuildMemo.build_all
+    real = BuildMemo.build_all
 
-    def spy(memo: oci.BuildMemo, jobs: list[ConfigJob], **kw: Any) -> BuildResult:
+    def spy(memo: BuildMemo, jobs: list[ConfigJob], **kw: Any) -> BuildResult:
         calls.append(list(jobs))
         return real(memo, jobs, **kw)
 
-    monkeypatch.setattr(oci.BuildMemo, "build_all", spy)
+    monkeypatch.setattr(BuildMemo, "build_all", spy)
     return calls
 
 
