@@ -68,8 +68,8 @@ class IdsMemo:
 
     def given_last(self, cp: Checkpoint) -> bool:
         """Whether ``cp``'s allocations are exactly the ones the last call returned: the
-        checkpoint file written from them, read back through the :class:`CheckpointCache`
-        that wrote it (the very objects)."""
+        checkpoint file written from them, read back through the decode cache that wrote it
+        (:class:`~reconciler.accel.checkpoint.CheckpointCache`: the very objects)."""
         out = self._out
         return out is not None and cp.memo is not None and cp.memo.decoded(out) is cp.allocations
 

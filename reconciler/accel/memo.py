@@ -91,7 +91,7 @@ class BalanceMemo:
         the instances of the services that changed since the last call when it can (see the
         class docstring). ``previous_since``: a mapping ``previous`` is a copy of and the ids
         at which it may differ from it (what the checkpoint's memo tells, see
-        :attr:`~reconciler.planning.checkpoint.CheckpointMemo.previous_since`), so that the
+        :attr:`~reconciler.accel.checkpoint.CheckpointMemo.previous_since`), so that the
         memo checks those only when that mapping is the one it checked last call."""
         with collector_paused():
             return self._balance(

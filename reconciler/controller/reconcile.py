@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.accel import BalanceMemo, balance
+from reconciler.accel.checkpoint import CheckpointCache
 from reconciler.accel.ids import IdsMemo
 from reconciler.accel.plans import PlanMemo
 from reconciler.controller.component_files import write_component_files
@@ -69,7 +70,6 @@ from reconciler.placement.alerts import AlertUpdate, observe
 from reconciler.placement.instances import BalanceResult, Failure, Mode, placement_order
 from reconciler.planning.checkpoint import (
     Checkpoint,
-    CheckpointCache,
     assign_ids,
 )
 from reconciler.planning.network import NETWORK_FAILURE, NetworkResult, assign_networks

@@ -26,9 +26,9 @@ from reconciler.io.fsio import FileReadError, WriteHook, atomic_write, fsync_dir
 from reconciler.model.documents import ActualState
 from reconciler.planning.checkpoint import (
     Checkpoint,
-    CheckpointCache,
+    CheckpointCodec,
     CheckpointError,
-    decode_cached,
+    decode_checkpoint,
     encode_checkpoint,
     rebuild_from_actual,
 )
@@ -90,7 +90,7 @@ def load_checkpoint(
     new_lineage: Callable[[], str] = lambda: str(uuid.uuid4()),
     stamp: Callable[[], str] = lambda: uuid.uuid4().hex[:12],
     quarantine: bool = True,
-    cache: CheckpointCache | None = None,
+    cache: CheckpointCodec | None = None,
 ) -> LoadReport:
     """Read the checkpoint directory; see the module docstring for the fallbacks.
 
@@ -105,7 +105,7 @@ def load_checkpoint(
         if raw is None:
             continue
         try:
-            cp = decode_cached(raw, expected, cache)
+            cp = _decode(raw, expected, cache)
         except CheckpointError as e:
             problems.append(f"{directory / name}: {e} ({e.reason})")
             if quarantine:
@@ -165,7 +165,7 @@ def save_checkpoint(
     cp: Checkpoint,
     *,
     hook: WriteHook | None = None,
-    cache: CheckpointCache | None = None,
+    cache: CheckpointCodec | None = None,
     current: bytes | None = None,
 ) -> Path:
     """Write ``cp`` as the current generation, keeping the current file as the previous one.
@@ -179,10 +179,14 @@ def save_checkpoint(
     raw = current if current is not None else _read(path)
     if raw:
         with contextlib.suppress(CheckpointError):  # never keep a bad file as the previous one
-            decode_cached(raw, cp.lineage, cache)
+            _decode(raw, cp.lineage, cache)
             _keep_as_previous(path, directory / PREVIOUS, raw, hook)
-    encoded = cache.memo.encode(cp) if cache is not None else encode_checkpoint(cp)
+    encoded = cache.encode(cp) if cache is not None else encode_checkpoint(cp)
     atomic_write(path, encoded, hook=hook)
     if cache is not None:
         cache.wrote(encoded, cp)
     return path
+
+
+def _decode(raw: bytes, expected: str | None, cache: CheckpointCodec | None) -> Checkpoint:
+    return cache.decode(raw, expected) if cache is not None else decode_checkpoint(raw, expected)

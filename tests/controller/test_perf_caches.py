@@ -24,6 +24,7 @@ import yaml
 
 import reconciler.io.fsio
 from reconciler.accel.build import BuildMemo
+from reconciler.accel.checkpoint import CheckpointCache
 from reconciler.controller.configs import default_config_builder
 from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
 from reconciler.controller.status import NodeStatusCache, node_statuses
@@ -34,7 +35,6 @@ from reconciler.planning.checkpoint import (
     FORMAT_VERSION,
     Allocation,
     Checkpoint,
-    CheckpointCache,
     as_decoded,
     canonical,
     decode_checkpoint,

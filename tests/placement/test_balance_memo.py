@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reconciler.accel import BalanceMemo, balance, node_states
+from reconciler.accel.checkpoint import CheckpointMemo
 from reconciler.accel.ids import IdsMemo
 from reconciler.io.loader import load_state
 from reconciler.model.documents import Node, Service, UnitConfig
@@ -23,7 +24,6 @@ from reconciler.placement.instances import BalanceResult, Cause, Mode, PreviousA
 from reconciler.placement.nodestate import NodeSlot
 from reconciler.planning.checkpoint import (
     Checkpoint,
-    CheckpointMemo,
     assign_ids,
     decode_checkpoint,
     encode_checkpoint,

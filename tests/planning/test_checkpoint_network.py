@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
+from reconciler.accel.checkpoint import CheckpointMemo
 from reconciler.planning.checkpoint import (
     Checkpoint,
-    CheckpointMemo,
     as_decoded,
     decode_checkpoint,
     encode_checkpoint,

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.strategies import DrawFn
 
 from benchmarks.statedir import bump_instances, write_state_dir
+from reconciler.accel.checkpoint import CheckpointCache, CheckpointMemo
 from reconciler.accel.ids import IdsMemo
 from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
 from reconciler.io.checkpoint_files import (
@@ -41,8 +42,6 @@ from reconciler.planning.checkpoint import (
     UID_RANGE,
     Allocation,
     Checkpoint,
-    CheckpointCache,
-    CheckpointMemo,
     assign_ids,
     canonical,
     decode_checkpoint,
