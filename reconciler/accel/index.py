@@ -46,7 +46,12 @@ from reconciler.placement.nodestate import (
     claim,
     take,
 )
-from reconciler.placement.pipeline import evaluate, static_drop, static_runtimes
+from reconciler.placement.pipeline import (
+    dynamic_drop,
+    static_drop,
+    static_runtime_verdict,
+    static_runtimes,
+)
 from reconciler.placement.search import all_charges, kept_devices
 from reconciler.placement.sharing import ShareRequest
 
@@ -201,6 +206,16 @@ class ClassIndex:
         group = self.group(ask.instance)
         known = self.charged.get(group)
         codes: dict[str, str | None]
+        # per class, its static runtime verdict for this ask: each node of a class passing the
+        # static node filters is then asked its dynamic filters only
+        verdicts: dict[int, tuple[tuple[int, ...], str | None]] = {}
+
+        def verdict(cid: int) -> tuple[tuple[int, ...], str | None]:
+            got = verdicts.get(cid)
+            if got is None:
+                got = verdicts[cid] = static_runtime_verdict(self.class_slot[cid], ask)
+            return got
+
         if known is None:
             codes = {}
             for cid, members in enumerate(self.members):
@@ -208,14 +223,17 @@ class ClassIndex:
                 if code is not None:
                     codes.update(dict.fromkeys(members, code))
                 else:
+                    static = verdict(cid)
                     for node_id in members:
-                        codes[node_id] = evaluate(run.slot(node_id), ask).dropped_by
+                        codes[node_id] = dynamic_drop(run.slot(node_id), ask, static)
         else:
             at, codes = known
+            class_of = self.class_of
             for node_id in set(self.moves[at:]):
                 code = codes[node_id]
                 if code is None or not _static_prefix(code):
-                    codes[node_id] = evaluate(run.slot(node_id), ask).dropped_by
+                    static = verdict(class_of[node_id])
+                    codes[node_id] = dynamic_drop(run.slot(node_id), ask, static)
         self.charged[group] = (len(self.moves), codes)
         return [code for code in codes.values() if code is not None]
 

@@ -16,9 +16,11 @@ __all__ = [
     "Verdict",
     "best_runtime",
     "choice_key",
+    "dynamic_drop",
     "evaluate",
     "failure",
     "static_drop",
+    "static_runtime_verdict",
     "static_runtimes",
     "summarize",
     "unresolvable",
@@ -56,6 +58,55 @@ def evaluate(slot: NodeSlot, ask: Ask) -> Verdict:
             return Verdict((), rf.name, why)
         alive = survivors
     return Verdict(tuple(alive), None)
+
+
+def _leading_static(fs: Iterable[filters.NodeFilter] | Iterable[filters.RuntimeFilter]) -> int:
+    """How many filters come first and are static; -1 when a static one follows a dynamic
+    one (then :func:`dynamic_drop` evaluates in full)."""
+    flags = [f.static for f in fs]
+    lead = flags.index(False) if False in flags else len(flags)
+    return lead if not any(flags[lead:]) else -1
+
+
+_NODE_LEAD = _leading_static(filters.NODE_FILTERS)
+_RUNTIME_LEAD = _leading_static(filters.RUNTIME_FILTERS)
+
+
+def static_runtime_verdict(slot: NodeSlot, ask: Ask) -> tuple[tuple[int, ...], str | None]:
+    """The runtimes of ``slot`` surviving the static runtime filters that come first, in
+    :func:`evaluate`'s order, and the code of the one that dropped the last runtime (None
+    while some survive, or when the node has no runtimes)."""
+    alive = list(range(len(slot.runtimes)))
+    for rf in filters.RUNTIME_FILTERS[: max(_RUNTIME_LEAD, 0)]:
+        alive = [i for i in alive if rf.check(slot, slot.runtimes[i], ask) is None]
+        if not alive and slot.runtimes:
+            return (), rf.name
+    return tuple(alive), None
+
+
+def dynamic_drop(
+    slot: NodeSlot, ask: Ask, static: tuple[tuple[int, ...], str | None]
+) -> str | None:
+    """``evaluate(slot, ask).dropped_by`` for a node that passes the static node filters that
+    come first, given its :func:`static_runtime_verdict` (the same for every node of a class:
+    the class index computes it once): only the dynamic filters are asked."""
+    if _NODE_LEAD < 0 or _RUNTIME_LEAD < 0:
+        return evaluate(slot, ask).dropped_by
+    for nf in filters.NODE_FILTERS[_NODE_LEAD:]:
+        if nf.check(slot, ask) is not None:
+            return nf.name
+    if not slot.runtimes:
+        return filters.RUNTIME_FILTERS[0].name
+    alive, code = static
+    if not alive:
+        return code
+    for rf in filters.RUNTIME_FILTERS[_RUNTIME_LEAD:]:
+        runtimes = slot.runtimes
+        survivors = [i for i in alive if rf.check(slot, runtimes[i], ask) is None]
+        if not survivors:
+            return rf.name
+        alive = tuple(survivors)
+    return None
 
 
 def static_runtimes(slot: NodeSlot, ask: Ask) -> tuple[int, ...]:

@@ -11,11 +11,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.synth import LATE_PREFIX, SHAPES, synth_unit
-from reconciler.accel import BalanceMemo, balance
+from reconciler.accel import BalanceMemo, balance, node_states
 from reconciler.placement import balancer
 from reconciler.placement.instances import BalanceResult
+from reconciler.placement.pipeline import (
+    dynamic_drop,
+    evaluate,
+    static_drop,
+    static_runtime_verdict,
+)
 from reconciler.placement.search import Exhaustive
 from tests.support.builders import make_node, make_service, previous_of
+from tests.support.filter_inputs import ask_of, slot_of
 
 SMALL = settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -136,3 +143,36 @@ def test_the_memo_charges_a_failing_service_again_on_the_nodes_an_edit_changed()
     assert memo.incremental
     assert [f.counts for f in got.failures] == [(("Ram", 3), ("Cpu", 1))]
     assert got == balance(None, nodes, now, previous_of(first), "stable")
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@SMALL
+@given(seed=st.integers(0, 10_000))
+def test_the_dynamic_charge_is_the_pipelines_on_every_shape(shape: str, seed: int) -> None:
+    """The index charges a node of a class passing the static node filters with its dynamic
+    filters only (``dynamic_drop``, given the class's static runtime verdict): the code the
+    whole pipeline gives, on node states with the unit's placements reserved."""
+    unit, nodes, services = synth_unit(40, 160, seed, shape)
+    result = balance(unit, nodes, services, mode="fresh")
+    slots = node_states(unit, nodes, services, result)
+    asked = 0
+    for service in services:
+        ask = ask_of(service)
+        for slot in slots.values():
+            if static_drop(slot, ask) is None:
+                static = static_runtime_verdict(slot, ask)
+                assert dynamic_drop(slot, ask, static) == evaluate(slot, ask).dropped_by
+                asked += 1
+    assert asked
+
+
+def test_the_dynamic_charge_of_a_node_whose_runtimes_all_fail_a_static_filter() -> None:
+    """A node passing the static node filters whose every runtime a static runtime filter
+    drops is charged that filter, as by the whole pipeline."""
+    node = make_node("n0")
+    slot = slot_of(node)
+    for ask in (ask_of(make_service("a", runtimes=["crun"])), ask_of(make_service("b"))):
+        assert static_drop(slot, ask) is None
+        static = static_runtime_verdict(slot, ask)
+        assert dynamic_drop(slot, ask, static) == evaluate(slot, ask).dropped_by
+    assert evaluate(slot, ask_of(make_service("a", runtimes=["crun"]))).dropped_by == "RuntimeType"
