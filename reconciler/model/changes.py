@@ -49,6 +49,20 @@ class InputChanges:
         """Whether no document changed."""
         return not (self.everything or self.unit or self.services or self.nodes or self.actual)
 
+    def then(self, later: InputChanges) -> InputChanges:
+        """These changes followed by ``later``: what changed from ``since`` to
+        ``later.revision`` (unknown when ``later`` does not count from this revision)."""
+        if later.since != self.revision or self.everything or later.everything:
+            return InputChanges.unknown(later.revision)
+        return InputChanges(
+            self.since,
+            later.revision,
+            self.unit or later.unit,
+            self.services | later.services,
+            self.nodes | later.nodes,
+            self.actual | later.actual,
+        )
+
     def with_nodes(self, ids: Iterable[str]) -> InputChanges:
         """These changes, with the nodes ``ids`` named as changed too (a node the caller
         changed on its way to the next stage: a stale report's mark, say)."""
