@@ -129,8 +129,8 @@ class BalanceMemo:
                 )
             except BaseException:
                 # (a call that did not end may have left its run and services half changed:
-                # the next one runs in full, and compares its services by equality)
-                self._run, self._seen = None, None
+                # the next one starts from nothing)
+                self._run, self._seen, self._expanded, self._order = None, None, {}, []
                 raise
 
     def _balance(
@@ -262,12 +262,12 @@ class BalanceMemo:
             differ: Iterable[Node] = (n for n in nodes if known.get(n.id) != n)
         else:
             differ = []
-            at = self._node_at
+            at, fresh = self._node_at, False
             for node_id in told.nodes:
                 i = at.get(node_id)
-                if i is None or i >= len(nodes) or nodes[i].id != node_id:
+                if not fresh and (i is None or i >= len(nodes) or nodes[i].id != node_id):
                     at = self._node_at = {n.id: i for i, n in enumerate(nodes)}
-                    i = at.get(node_id)
+                    i, fresh = at.get(node_id), True
                 if i is None:
                     if node_id in known:
                         return None  # removed
