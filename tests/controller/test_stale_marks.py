@@ -6,10 +6,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
 from reconciler.controller.reports import StaleMarks
 from reconciler.model.documents import Node
+from reconciler.placement.instances import BalanceResult
 from tests.support.builders import make_unit
 from tests.support.state_files import write
 
@@ -58,7 +62,9 @@ def test_the_marks_name_the_nodes_whose_mark_changed() -> None:
     assert marks.changed == {"b"}  # gone (the loader names it too)
 
 
-def test_a_watchers_run_moves_the_instances_of_a_node_gone_stale(tmp_path: Path) -> None:
+def test_a_watchers_run_moves_the_instances_of_a_node_gone_stale(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     state = tmp_path / "state"
     write(state, "unit.yaml", "apiVersion: reconciler/v1\nkind: UnitConfig\nversion: 1.0.0\n")
     write(state, "nodes/big.yaml", _node("big", T0, dmips=2000))  # the first choice
@@ -70,17 +76,28 @@ def test_a_watchers_run_moves_the_instances_of_a_node_gone_stale(tmp_path: Path)
         "runtimes: [runc]\nimage: {rootfs: /r}\nrequestedResources: {cpu: 100}\n",
     )
     cache = ReconcileCache()
+    told: list[bool] = []  # per balance: whether the memo was told what changed since its last
+    memo = cache.balance
+    plain = memo.balance
+
+    def spied(*args: Any, **kwargs: Any) -> BalanceResult:
+        inputs = kwargs.get("inputs")
+        told.append(inputs is not None and inputs.counts_from(memo._seen))  # (white box)
+        return plain(*args, **kwargs)
+
+    monkeypatch.setattr(memo, "balance", spied)
     first = reconcile(state, ReconcileOptions(clock=lambda: T0 + 10, cache=cache))
     assert {p.node_id for p in first.computed.result.placements} == {"big"}
-    # again, a little later: nothing changed, the memo answers
+    # again, a little later: nothing changed, the memo answers, told so
     again = reconcile(
         state, ReconcileOptions(clock=lambda: T0 + 20, cache=cache), first.computed.view
     )
-    assert cache.balance.incremental
+    assert cache.balance.incremental and told == [False, True]
     # then big's report is 5 minutes old: no file changed, but big fails NodeState
     late = ReconcileOptions(clock=lambda: T0 + 300, cache=cache)
     watched = reconcile(state, late, again.computed.view)
     assert watched.computed.view.changes is not None and watched.computed.view.changes.empty
+    assert told == [False, True, True]  # told: big's mark changed (the marks named it)
     fresh = reconcile(state, ReconcileOptions(clock=lambda: T0 + 300))  # a new process
     assert watched.computed.result == fresh.computed.result
     assert {p.node_id for p in watched.computed.result.placements} == {"small"}
