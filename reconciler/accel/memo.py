@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from itertools import chain, compress, count, groupby
-from operator import attrgetter, is_, is_not
+from operator import is_not
 
 from reconciler.accel.index import ClassIndex
+from reconciler.model.changes import InputChanges, ServiceKey
 from reconciler.model.documents import Node, Service, UnitConfig
 from reconciler.model.gcpause import collector_paused
 from reconciler.placement.balancer import Made, Overload, Run, always, passes, run_balance, twice
@@ -30,38 +31,51 @@ PreviousSince = tuple[Mapping[str, PreviousAllocation], frozenset[str]]
 """A mapping of previous placements and the ids at which another one (a copy of it, edited)
 may differ from it."""
 
-_NODE_ID = attrgetter("id")
-
 
 class BalanceMemo:
     """What a long-running caller (``watch``) carries from one :func:`balance` call to the
-    next: the last call's inputs (by identity: the loader hands out the same objects for
-    unchanged files), its instances per service, its result and the run in its final state.
+    next: the last call's inputs, its instances per service, its result and the run in its
+    final state.
 
-    A ``stable`` call whose unit and nodes are the memo's, whose ``previous`` is exactly the
-    memo's result (the checkpoint the last run wrote) and with no overload is answered from the
-    memo: the instances of the services that changed (edited, added, removed) are released,
-    those that had a place keep it (pass 1), and pass 2 and 3 run for every instance without a
-    place, in instance order. That is the full run's result: in a full run every unchanged
-    instance keeps its place (it fits beside every other reservation of the last result, so
-    beside any subset of them: the filters are monotone in what is reserved), and so pass 2 and
-    3 see the same instances on the same reservations. When a changed service's instance cannot
-    keep its place, the memo cannot tell what the full run's pass 1 would do, so the call runs
-    in full. Any other call runs in full and leaves its run in the memo (``fresh`` and
-    ``stable`` ones: a rebalance's run records a cause with its placements).
+    Which services and nodes changed since the last call is told by the caller, as the loader
+    tells it (``inputs``: :class:`~reconciler.model.changes.InputChanges` counted from the
+    revision of the last call's inputs); without it, or when it counts from another revision,
+    the memo compares the services and nodes with its last call's, key by key, by equality. A
+    service or node equal to the memo's (told unchanged, or found equal) is taken as the
+    memo's: its instances and their groups in the class index are kept.
+
+    A ``stable`` call whose unit and nodes are the memo's (but for nodes whose measured usage
+    alone changed), whose ``previous`` is exactly the memo's result (the checkpoint the last
+    run wrote) and with no overload is answered from the memo: the instances of the services
+    that changed (edited, added, removed) are released, those that had a place keep it (pass
+    1), and pass 2 and 3 run for every instance without a place, in instance order. That is the
+    full run's result: in a full run every unchanged instance keeps its place (it fits beside
+    every other reservation of the last result, so beside any subset of them: the filters are
+    monotone in what is reserved), and so pass 2 and 3 see the same instances on the same
+    reservations. When a changed service's instance cannot keep its place, the memo cannot
+    tell what the full run's pass 1 would do, so the call runs in full. Any other call runs in
+    full and leaves its run in the memo (``fresh`` and ``stable`` ones: a rebalance's run
+    records a cause with its placements).
 
     The memo's run is mutated by the next call: a memo belongs to one caller."""
 
     def __init__(self) -> None:
         self._unit: UnitConfig | None = None
-        self._nodes: dict[str, Node] = {}
-        self._services: dict[tuple[str, str], Service] = {}
-        self._expanded: dict[tuple[str, str], tuple[Service, list[Instance]]] = {}
+        self._nodes: dict[str, Node] = {}  # the nodes of the call that left ``_run``
+        self._node_at: dict[str, int] = {}
+        """Where each node was in a ``nodes`` given (a guess: checked before it is used)."""
+        self._service_at: dict[ServiceKey, int] = {}
+        """Where each service was in a ``services`` given (a guess: checked before use)."""
+        self._seen: int | None = None
+        """The revision of the last call's inputs (``InputChanges.revision``); None: not told,
+        or the call did not end."""
+        self._expanded: dict[ServiceKey, tuple[Service, list[Instance]]] = {}
+        """The last call's services, in instance order, each with its instances."""
         self._run: Run | None = None
         self._result: BalanceResult | None = None
         self._made: Made = {}
-        self._order: list[tuple[str, str]] = []  # the services' keys in instance order
-        self._segments: dict[tuple[str, str], tuple[Placement, ...]] = {}
+        self._order: list[ServiceKey] = []  # the services' keys in instance order
+        self._segments: dict[ServiceKey, tuple[Placement, ...]] = {}
         """Per service, its placements in the memo's result (consecutive there, in instance
         order); empty until an incremental call needs them."""
         self._validated: dict[str, PreviousAllocation] | None = None
@@ -70,8 +84,6 @@ class BalanceMemo:
         self._validated_from: Mapping[str, PreviousAllocation] | None = None
         """The mapping ``_validated`` is a copy of (what a ``previous_since`` names)."""
         self._dirty: set[str] = set()
-        self._node_list: list[Node] = []  # the nodes of the call that set _nodes, in order
-        self._service_list: list[Service] = []  # the services of the call that set _services
         self.incremental = False  # whether the last call was answered from the memo
         self.replaced = 0  # instances the last call released and placed again (incremental)
 
@@ -86,17 +98,40 @@ class BalanceMemo:
         *,
         exhaustive: bool = False,
         previous_since: PreviousSince | None = None,
+        inputs: InputChanges | None = None,
     ) -> BalanceResult:
         """:func:`reconciler.accel.balance` for these inputs: the same result, re-placing only
         the instances of the services that changed since the last call when it can (see the
-        class docstring). ``previous_since``: a mapping ``previous`` is a copy of and the ids
-        at which it may differ from it (what the checkpoint's memo tells, see
+        class docstring).
+
+        ``inputs``: what changed in the unit, services and nodes since the last call's inputs
+        (counted from their revision: the loader's :attr:`StateView.changes`, with the nodes
+        the caller changed on the way), and the revision of these. Trusted: a service or node
+        it does not name is taken as the last call's, whatever object is passed. Changes that
+        count from another revision are not used (the memo compares by equality).
+
+        ``previous_since``: a mapping ``previous`` is a copy of and the ids at which it may
+        differ from it (what the checkpoint's memo tells, see
         :attr:`~reconciler.accel.checkpoint.CheckpointMemo.previous_since`), so that the
         memo checks those only when that mapping is the one it checked last call."""
         with collector_paused():
-            return self._balance(
-                unit, nodes, services, previous, mode, overload, exhaustive, previous_since
-            )
+            try:
+                return self._balance(
+                    unit,
+                    nodes,
+                    services,
+                    previous,
+                    mode,
+                    overload,
+                    exhaustive,
+                    previous_since,
+                    inputs,
+                )
+            except BaseException:
+                # (a call that did not end may have left its run and services half changed:
+                # the next one starts from nothing)
+                self._run, self._seen, self._expanded, self._order = None, None, {}, []
+                raise
 
     def _balance(
         self,
@@ -108,18 +143,22 @@ class BalanceMemo:
         overload: Overload | None,
         exhaustive: bool,
         previous_since: PreviousSince | None,
+        inputs: InputChanges | None,
     ) -> BalanceResult:
         if mode is None:
             mode = unit.placement if unit is not None else "stable"
-        by_key, changed = self._keyed(services)
-        if len(by_key) != len(services):
-            raise ValueError(twice(services))
+        seen, self._seen = self._seen, None  # (set again when this call ends)
+        told = inputs if inputs is not None and inputs.counts_from(seen) else None
+        edits = self._edits(services, told)
+        was = {k: self._expanded.get(k) for k in edits}  # (what the run holds of them)
+        self._expand(edits)
+        revision = inputs.revision if inputs is not None else None
         if mode == "stable" and not overload and not exhaustive:
-            got = self._incremental(unit, nodes, by_key, previous or {}, changed, previous_since)
+            got = self._incremental(unit, nodes, edits, was, previous or {}, previous_since, told)
             if got is not None:
-                self._service_list = list(services)
+                self._seen = revision
                 return got
-        instances = self._instances(by_key)
+        instances = self._flat()
         made: Made = {}
         search = Exhaustive if exhaustive else ClassIndex
         result, run = run_balance(
@@ -127,78 +166,124 @@ class BalanceMemo:
         )
         self.incremental = False
         self.replaced = len(instances)
+        self._seen = revision  # (``_expanded`` holds these services)
         if mode == "rebalance" or overload or exhaustive or result.held:
             # not a state the next stable call may start from (a held instance tries its
             # current spec in every full run)
             self._run = None
             return result
         result = _numbered(result)
-        self._unit, self._nodes, self._services = unit, {n.id: n for n in nodes}, by_key
-        self._node_list, self._service_list = list(nodes), list(services)
+        self._unit, self._nodes = unit, {n.id: n for n in nodes}
+        self._node_at = dict(zip(self._nodes, range(len(nodes)), strict=False))
         self._run, self._result, self._made = run, result, made
         self._segments = {}
         self._validated = self._validated_from = None
         return result
 
-    def _keyed(
-        self, services: Sequence[Service]
-    ) -> tuple[dict[tuple[str, str], Service], set[tuple[str, str]] | None]:
-        """The services by key, and the keys whose service is not the memo's object (None:
-        not known). When ``services`` are the memo's last ones position by position but for
-        a few, each with the same key there (no key added, removed or repeated), the memo's
-        mapping is copied and those few put in: no pass over every service's key."""
-        last, old = self._service_list, self._services
-        if last and len(services) == len(last) and len(old) == len(last):
-            differ = list(compress(range(len(last)), map(is_not, services, last)))
-            if 8 * len(differ) <= len(last):
-                by_key = dict(old)
-                changed: set[tuple[str, str]] = set()
-                for k in differ:
-                    key = services[k].key
-                    if key != last[k].key:
-                        break
-                    by_key[key] = services[k]
-                    changed.add(key)
-                else:
-                    return by_key, changed
-        return {s.key: s for s in services}, None
-
-    def _instances(self, by_key: Mapping[tuple[str, str], Service]) -> list[Instance]:
-        """Every instance in instance order (the instances of one service are consecutive),
-        each service's expanded once while it is the same object."""
-        self._expand(by_key)
-        return self._flat()
-
-    def _expand(
-        self,
-        by_key: Mapping[tuple[str, str], Service],
-        changed: set[tuple[str, str]] | None = None,
-    ) -> None:
-        """``_expanded`` and ``_order`` for these services. ``changed``: the keys whose
-        service is not the one in ``_expanded`` (every other is the same object); when none of
-        them was added, removed or given another priority, the order is the last one."""
+    def _edits(
+        self, services: Sequence[Service], told: InputChanges | None
+    ) -> dict[ServiceKey, Service | None]:
+        """The services that differ from the last call's (``_expanded``), by key: the new one,
+        or None for one removed. ``told``: changes that count from the last call's inputs;
+        the services they name are looked up in ``services`` where they were last time (no
+        pass over every service) when none was added or removed. Without them, every service
+        is compared with the last call's by equality."""
         old = self._expanded
-        if changed is not None and all(
-            k in old and k in by_key and old[k][0].priority == by_key[k].priority for k in changed
-        ):
-            patched = dict(old)
-            for k in changed:
-                patched[k] = (by_key[k], expand_instances([by_key[k]]))
-            self._expanded = patched
+        n = len(services)
+        if told is not None:
+            keys = told.services
+            at = self._service_at
+            if n == len(old) and all(k in old for k in keys):
+                edits: dict[ServiceKey, Service | None] = {}
+                for k in keys:
+                    i = at.get(k)
+                    if i is None or i >= n or services[i].key != k:
+                        break
+                    edits[k] = services[i]
+                else:
+                    return edits  # as many as before, none removed: none added
+        by_key = {s.key: s for s in services}
+        if len(by_key) != n:
+            raise ValueError(twice(services))
+        self._service_at = dict(zip(by_key, range(n), strict=True))
+        if told is not None:
+            edits = {k: by_key.get(k) for k in told.services if k in by_key or k in old}
+            added = sum(1 for k in edits if k not in old)
+            removed = sum(1 for s in edits.values() if s is None)
+            if len(by_key) == len(old) + added - removed:
+                return edits
+            # (else the changes do not describe these services: compared below)
+        edits = {}
+        for k, s in by_key.items():
+            was = old.get(k)
+            if was is None or was[0] != s:
+                edits[k] = s
+        for k in old:
+            if k not in by_key:
+                edits[k] = None
+        return edits
+
+    def _expand(self, edits: Mapping[ServiceKey, Service | None]) -> None:
+        """``_expanded`` and ``_order`` with ``edits`` (see :meth:`_edits`) put in; when none
+        of them was added, removed or given another priority, the order is the last one."""
+        if not edits:
             return
-        expanded: dict[tuple[str, str], tuple[Service, list[Instance]]] = {}
-        for service in sorted(by_key.values(), key=service_order):
-            key = service.key
-            got = old.get(key)
-            if got is None or got[0] is not service:
-                got = (service, expand_instances([service]))
-            expanded[key] = got
-        self._expanded = expanded
-        self._order = list(expanded)
+        expanded = self._expanded
+        if all(
+            s is not None and k in expanded and expanded[k][0].priority == s.priority
+            for k, s in edits.items()
+        ):
+            for k, s in edits.items():
+                assert s is not None
+                expanded[k] = (s, expand_instances([s]))
+            return
+        for k, s in edits.items():
+            if s is None:
+                expanded.pop(k, None)
+            else:
+                expanded[k] = (s, expand_instances([s]))
+        order = sorted(expanded, key=lambda k: service_order(expanded[k][0]))
+        self._expanded = {k: expanded[k] for k in order}
+        self._order = order
 
     def _flat(self) -> list[Instance]:
         expanded = self._expanded
         return list(chain.from_iterable(expanded[key][1] for key in self._order))
+
+    def _renewed(self, nodes: Sequence[Node], told: InputChanges | None) -> list[Node] | None:
+        """The nodes that differ from the memo's in their measured usage alone (``usage``,
+        ``reportedAt``); None when another node differs otherwise, or was added or removed.
+        ``told``: changes that count from the last call's inputs (their nodes are looked up
+        where they were last time); without them, every node is compared by equality."""
+        known = self._nodes
+        if len(nodes) != len(known):
+            return None
+        if told is None:
+            differ: Iterable[Node] = (n for n in nodes if known.get(n.id) != n)
+        else:
+            differ = []
+            at, fresh = self._node_at, False
+            for node_id in told.nodes:
+                i = at.get(node_id)
+                if not fresh and (i is None or i >= len(nodes) or nodes[i].id != node_id):
+                    at = self._node_at = {n.id: i for i, n in enumerate(nodes)}
+                    i, fresh = at.get(node_id), True
+                if i is None:
+                    if node_id in known:
+                        return None  # removed
+                    continue  # (added and removed since)
+                differ.append(nodes[i])
+        renewed: list[Node] = []
+        for node in differ:
+            before = known.get(node.id)
+            if before is None:
+                return None  # added
+            if before == node:
+                continue  # (named, but equal)
+            if not _usage_only(before, node):
+                return None
+            renewed.append(node)
+        return renewed
 
     def _previous_is_result(
         self,
@@ -247,25 +332,23 @@ class BalanceMemo:
         self,
         unit: UnitConfig | None,
         nodes: Sequence[Node],
-        by_key: Mapping[tuple[str, str], Service],
+        edits: Mapping[ServiceKey, Service | None],
+        was: Mapping[ServiceKey, tuple[Service, list[Instance]] | None],
         previous: Mapping[str, PreviousAllocation],
-        changed_keys: set[tuple[str, str]] | None = None,
-        previous_since: PreviousSince | None = None,
+        previous_since: PreviousSince | None,
+        told: InputChanges | None,
     ) -> BalanceResult | None:
+        """The answer from the memo's run, or None (see the class docstring). ``edits``:
+        the services that changed (put in ``_expanded`` already), ``was``: what ``_expanded``
+        held of them before (what the run reserved for)."""
         run, result = self._run, self._result
         if run is None or result is None or run.cause is not None:
             return None
-        if not (unit is self._unit or unit == self._unit) or len(nodes) != len(self._nodes):
+        if (told is None or told.unit) and unit != self._unit:
             return None
-        listed = self._node_list
-        renewed: list[Node] = []  # nodes whose measured usage alone changed
-        if len(nodes) != len(listed) or not all(map(is_, nodes, listed)):
-            known = self._nodes  # (the same nodes in another order will do)
-            for node in compress(nodes, map(is_not, map(known.get, map(_NODE_ID, nodes)), nodes)):
-                before = known.get(node.id)
-                if before is None or not _usage_only(before, node):
-                    return None
-                renewed.append(node)
+        renewed = self._renewed(nodes, told)
+        if renewed is None:
+            return None
         if not self._previous_is_result(result, previous, previous_since):
             return None
         if renewed:
@@ -275,13 +358,7 @@ class BalanceMemo:
             self._run = run
             for node in renewed:
                 self._nodes[node.id] = node
-            self._node_list = list(nodes)
-        old = self._services
-        if changed_keys is not None:
-            changed = changed_keys
-        else:
-            changed = {k for k, s in by_key.items() if old.get(k) is not s}
-            changed.update(k for k in old if k not in by_key)
+        changed = set(edits)
         if not changed and not result.failures:
             # the full run keeps every instance where it is (pass 1) and evicts nobody
             self.incremental, self.replaced = True, 0
@@ -302,10 +379,10 @@ class BalanceMemo:
         made = self._made
         segments = self._segments or _segments_of(result)
         for key in sorted(changed):  # the same order every time (device pools keep holders)
-            got = self._expanded.get(key)
+            got = was.get(key)
             if got is None:
                 continue
-            gone.add(id(got[0]))
+            gone.add(id(got[0]))  # (the class index knows a service by its object)
             for inst in got[1]:
                 made.pop(inst.id, None)
                 slot = where.get(inst.id)
@@ -315,10 +392,9 @@ class BalanceMemo:
         assert isinstance(index, ClassIndex)  # (a memo keeps no exhaustive run)
         index.forget_services(gone)
         index.freed()
-        self._expand(by_key, changed)
         expanded = self._expanded
         # pass 1 for the services as they are now
-        for key in sorted(k for k in changed if k in by_key):
+        for key in sorted(k for k, s in edits.items() if s is not None):
             for inst in expanded[key][1]:
                 replaced += 1
                 prev = previous.get(inst.id)
@@ -342,9 +418,9 @@ class BalanceMemo:
         affected.update((f.item_id, f.subject_id) for f in result.failures)
         old_by_id = result.by_id
         for iid in preempted:
-            was = old_by_id.get(iid)
-            if was is not None:
-                affected.add((was.item_id, was.subject_id))
+            placed = old_by_id.get(iid)
+            if placed is not None:
+                affected.add((placed.item_id, placed.subject_id))
         parts: list[tuple[Placement, ...]] = []
         new_segments: dict[tuple[str, str], tuple[Placement, ...]] = {}
         by_id = dict(old_by_id)
@@ -382,7 +458,7 @@ class BalanceMemo:
             revision=next(_REVISIONS),
             changes=_changes(result, frozenset(dirty)),
         )
-        self._services, self._run, self._result = dict(by_key), run, result
+        self._run, self._result = run, result
         self._segments = new_segments
         self.incremental, self.replaced = True, replaced
         return result

@@ -56,6 +56,7 @@ from reconciler.io.loader import (
     mass_deletion_guard,
 )
 from reconciler.io.lock import StateLock
+from reconciler.model.changes import InputChanges
 from reconciler.model.gcpause import collector_paused
 from reconciler.model.jsonbytes import pretty_json
 from reconciler.model.values import validate_id
@@ -229,10 +230,12 @@ def compute_once(
     *,
     read_only: bool = False,
     changed: frozenset[str] | None = None,
+    carried: InputChanges | None = None,
 ) -> Computed:
     """Load, recover, balance, assign ids and plan; writes nothing except, when not
     ``read_only``, moving a corrupt checkpoint to quarantine. ``changed``: see
-    :attr:`ReconcileOptions.changed` (the caller runs the full pass after)."""
+    :attr:`ReconcileOptions.changed` (the caller runs the full pass after). ``carried``: what
+    changed from the view of the last balance to ``previous_view`` (a recheck's load)."""
     stage = opts.on_stage or (lambda _text: None)
     stage("loading inputs")
     last_good = LastGoodStore(state_dir / "checkpoint" / LAST_GOOD)
@@ -280,6 +283,8 @@ def compute_once(
             overload,
             # (the checkpoint memo's: this mapping is the last one it handed out but at these ids)
             previous_since=cp.memo.previous_since if cp.memo is not None else None,
+            # what changed since the last balance: the loader's, and the nodes marked stale or not
+            inputs=_inputs(carried, view.changes, marks.changed),
         )
     # the network phase after placement (SPEC §17): failures leave the placements
     network = assign_networks(view.unit, view.services, result, cp.network)
@@ -654,8 +659,9 @@ def reconcile(
         cp_written = False
         problems: list[str] = []
         hint = opts.changed if previous_view is not None else None
+        carried: InputChanges | None = None  # see compute_once
         for n in range(1, opts.max_passes + 1):
-            c = compute_once(state_dir, opts, previous_view, changed=hint)
+            c = compute_once(state_dir, opts, previous_view, changed=hint, carried=carried)
             problems.extend(c.loaded.problems)
             if c.alerts is not None:
                 for event in c.alerts.events:
@@ -699,12 +705,22 @@ def reconcile(
                     n, c, tuple(written), cp_written, tuple(problems), status, _since(started)
                 )
             log.info("inputs changed during the run; reconciling again")
-            previous_view = after
+            previous_view, carried = after, after.changes
             hint = None
         log.warning("inputs kept changing for %d passes; stopping here", opts.max_passes)
         return ReconcileReport(
             opts.max_passes, c, tuple(written), cp_written, tuple(problems), status, _since(started)
         )
+
+
+def _inputs(
+    carried: InputChanges | None, loaded: InputChanges | None, marked: frozenset[str]
+) -> InputChanges | None:
+    """What the balancer's memo is told changed since its last call."""
+    if loaded is None:
+        return None
+    changes = carried.then(loaded) if carried is not None else loaded
+    return changes.with_nodes(marked)
 
 
 def _since(started: float) -> float:

@@ -4,8 +4,9 @@ not reported for longer than unit.yaml's ``nodeTimeout`` fails ``NodeState`` ("n
 
 :class:`StaleMarks` gives the balancer the nodes with the stale ones replaced by disconnected
 copies. A long-running caller keeps one: the copy of a node stays the same object while its
-document and the whole minutes of its age do not change, so the balancer's memo sees the same
-nodes from one run to the next."""
+document and the whole minutes of its age do not change, and :attr:`StaleMarks.changed` names
+the nodes whose mark changed since the last call (the balancer's memo is told them with the
+loader's changes)."""
 
 from __future__ import annotations
 
@@ -34,11 +35,16 @@ class StaleMarks:
 
     def __init__(self) -> None:
         self._copies: dict[str, tuple[Node, str, Node]] = {}
+        self.changed: frozenset[str] = frozenset()
+        """The nodes whose mark the last :meth:`apply` changed: marked, unmarked, or marked
+        with another reason than by the call before."""
 
     def apply(self, unit: UnitConfig | None, nodes: Iterable[Node], now: float) -> list[Node]:
         timeout = unit.nodeTimeout if unit is not None else DEFAULT_NODE_TIMEOUT
         out: list[Node] = []
         copies: dict[str, tuple[Node, str, Node]] = {}
+        before = self._copies
+        changed: set[str] = set()
         for node in nodes:
             at = node.reportedAt
             age = now - at.timestamp() if at is not None else 0.0
@@ -46,10 +52,14 @@ class StaleMarks:
                 out.append(node)
                 continue
             why = f"no report for {age_text(age)}"
-            got = self._copies.get(node.id)
+            got = before.get(node.id)
+            if got is None or got[1] != why:
+                changed.add(node.id)
             if got is None or got[0] is not node or got[1] != why:
                 got = (node, why, node.marked_stale(why))
             copies[node.id] = got
             out.append(got[2])
+        changed.update(node_id for node_id in before if node_id not in copies)
         self._copies = copies
+        self.changed = frozenset(changed)
         return out

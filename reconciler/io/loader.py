@@ -10,6 +10,12 @@
   is unchanged is not parsed again. A stat key is only trusted when the file had been quiet for a
   couple of seconds when it was read (:func:`~reconciler.io.fsio.settled_key`): a same-size rewrite
   within one timestamp tick would otherwise go unseen.
+
+A view names its documents by a revision and says what changed since the view its load started
+from (:class:`~reconciler.model.changes.InputChanges`): the services, nodes and actual states
+whose object is not that view's (edited, added, removed), and whether unit.yaml's is. A file
+parsed again to an equal document keeps its object, so it is not named; an invalid edit keeps
+the last good object, so it is not named either (nothing the later stages read changed).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -38,6 +44,7 @@ from reconciler.io.fsio import (
 )
 from reconciler.io.resources import ResourcesFileError, parse_resources_json
 from reconciler.io.yamlsafe import DEFAULT_MAX_BYTES, Parsed, YamlRejected, parse_yaml
+from reconciler.model.changes import InputChanges, ServiceKey
 from reconciler.model.documents import (
     DEFAULT_UNIT_MAX_INSTANCES,
     ActualState,
@@ -119,6 +126,12 @@ class LoadOptions:
     """Consulted when a directory cannot be read, for its files no view has."""
 
 
+_REVISIONS = itertools.count(1)
+"""The revisions of views: unique in this process."""
+
+_K = TypeVar("_K")
+
+
 @dataclass(frozen=True)
 class StateView:
     """Everything the controller reads, as typed objects."""
@@ -139,6 +152,13 @@ class StateView:
     """The input directories that could not be read (relative paths ending in ``/``; each
     has a record in ``files`` that carries its error): their files keep their last good
     versions."""
+    revision: int = field(default_factory=lambda: next(_REVISIONS), compare=False, repr=False)
+    """Names the documents the view hands out (``unit``, ``services``, ``nodes``, ``actual``):
+    a load that changes none of them keeps the revision of the view it started from; any other
+    gets a new one (unique in this process)."""
+    changes: InputChanges | None = field(default=None, compare=False, repr=False)
+    """What changed since the view the load started from (its revision is ``changes.since``);
+    None for a view no load made (nothing is known of what came before)."""
 
     def services_sorted(self) -> list[Service]:
         return [self.services[k] for k in sorted(self.services)]
@@ -344,7 +364,7 @@ def _load_one(
         line, col = _position_of(raw, "nodeId", opts.max_bytes)
         return FileRecord(real_key, sha, (), keep(), (Diagnostic(display, line, col, msg),))
     if prev is not None and prev.good is not None and prev.good == obj:
-        obj = prev.good  # the same object for the same content: later stages compare by identity
+        obj = prev.good  # the same object for the same content: not a change (see _differ)
     return FileRecord(real_key, sha, deps, obj, tuple(diags), True, deps_sha)
 
 
@@ -399,7 +419,9 @@ def load_state(
         # (C-level passes over every record: a warm run's few diagnostics)
         with_any = filter(None, map(_DIAGNOSTICS, files.values()))
         return patched, list(itertools.chain.from_iterable(with_any))
-    return _assembled(root, files)
+    return _assembled(
+        root, files, previous if previous is not None and previous.root == root else None
+    )
 
 
 def _all_files(
@@ -556,10 +578,13 @@ def _hash_line(rel: str, rec: FileRecord) -> bytes:
     return f"{rel}\0{rec.sha256}\0{rec.deps_sha256}\0".encode()
 
 
-def _assembled(root: Path, files: dict[str, FileRecord]) -> tuple[StateView, list[Diagnostic]]:
+def _assembled(
+    root: Path, files: dict[str, FileRecord], previous: StateView | None = None
+) -> tuple[StateView, list[Diagnostic]]:
     """The view of ``files`` (sorted by path), built from nothing, and every file's
     diagnostics in path order; a service defined twice is taken from the first file and the
-    second is reported."""
+    second is reported. ``previous`` (a view of the same root): what the view's changes
+    count from (else they are unknown)."""
     diagnostics: list[Diagnostic] = []
     duplicates = 0
     unit: UnitConfig | None = None
@@ -594,10 +619,56 @@ def _assembled(root: Path, files: dict[str, FileRecord]) -> tuple[StateView, lis
     lines = tuple(_hash_line(rel, rec) for rel, rec in files.items())
     digest = hashlib.sha256(b"".join(lines)).hexdigest()
     unreadable = tuple(rel for rel in files if rel.endswith("/"))
+    if previous is None:
+        revision = next(_REVISIONS)
+        changes = InputChanges.unknown(revision)
+    else:
+        revision, changes = _counted(
+            previous,
+            unit is not previous.unit,
+            _differ(services, previous.services),
+            _differ(nodes, previous.nodes),
+            _differ(actual, previous.actual),
+        )
     view = StateView(
-        root, unit, services, nodes, actual, files, digest, lines, duplicates, unreadable
+        root,
+        unit,
+        services,
+        nodes,
+        actual,
+        files,
+        digest,
+        lines,
+        duplicates,
+        unreadable,
+        revision,
+        changes,
     )
     return view, diagnostics
+
+
+def _differ(now: Mapping[_K, object], before: Mapping[_K, object]) -> frozenset[_K]:
+    """The keys whose object is not the one ``before`` held (the loader hands out the same
+    object for a file whose content did not change, and the object a file last held while it
+    is invalid): edited, added or removed, and some rewritten with the same meaning."""
+    get = before.get
+    differ = {k for k, v in now.items() if get(k) is not v}
+    differ.update(k for k in before if k not in now)
+    return frozenset(differ)
+
+
+def _counted(
+    previous: StateView,
+    unit: bool,
+    services: frozenset[ServiceKey],
+    nodes: frozenset[str],
+    actual: frozenset[str],
+) -> tuple[int, InputChanges]:
+    """The revision of a view loaded from ``previous`` with these changes (``previous``'s
+    when nothing changed), and the changes counted from ``previous``."""
+    changed = unit or services or nodes or actual
+    revision = next(_REVISIONS) if changed else previous.revision
+    return revision, InputChanges(previous.revision, revision, unit, services, nodes, actual)
 
 
 def _patched(previous: StateView, files: dict[str, FileRecord]) -> StateView | None:
@@ -618,7 +689,8 @@ def _patched(previous: StateView, files: dict[str, FileRecord]) -> StateView | N
     if len(lines) != len(files) or previous.duplicates:
         return None  # a service defined twice: the full assembly reports it
     if not changed:
-        return replace(previous, files=files)
+        same = previous.revision
+        return replace(previous, files=files, changes=InputChanges(same, same))
     unit = previous.unit
     services: dict[tuple[str, str], Service] = {}
     nodes: dict[str, Node] = {}
@@ -641,6 +713,15 @@ def _patched(previous: StateView, files: dict[str, FileRecord]) -> StateView | N
         else:
             return None
     digest = hashlib.sha256(b"".join(lines)).hexdigest()
+    # (each file holds one object, and the same object before and after: what changed is the
+    # objects put in above)
+    revision, changes = _counted(
+        previous,
+        unit is not previous.unit,
+        frozenset(services),
+        frozenset(nodes),
+        frozenset(actual),
+    )
     return StateView(
         previous.root,
         unit,
@@ -651,6 +732,8 @@ def _patched(previous: StateView, files: dict[str, FileRecord]) -> StateView | N
         digest,
         tuple(lines),
         unreadable=previous.unreadable,  # the same paths: the same directories
+        revision=revision,
+        changes=changes,
     )
 
 

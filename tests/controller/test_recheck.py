@@ -4,11 +4,22 @@ stat pass (``recheck=False``) because its file watcher reports the edit and it r
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
+from typing import Any
 
-from reconciler.controller.reconcile import ReconcileOptions, ReconcileReport, reconcile
+import pytest
+
+from reconciler.controller.reconcile import (
+    ReconcileCache,
+    ReconcileOptions,
+    ReconcileReport,
+    reconcile,
+)
 from reconciler.controller.watch import WatchOptions, watch_loop
+from reconciler.model.changes import InputChanges
+from reconciler.placement.instances import BalanceResult
 
 LOGGER = Path("desired") / "apps" / "logger.yaml"
 
@@ -66,3 +77,30 @@ def test_watch_runs_again_for_an_edit_made_during_its_run(demo_copy: Path) -> No
     assert done
     first = reports[0]
     assert first is not None and first.passes == 1 and _logger_starts(first) == 3
+
+
+def test_the_second_pass_tells_the_memo_what_changed_since_the_first(
+    demo_copy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second pass loads from the view the recheck read, so the loader's changes count
+    from that view; the run adds the recheck's own (an edit since the first pass), and the
+    balancer's memo is told everything since its last call: it uses them rather than
+    comparing every service and node."""
+    done, opts = _editing_once(demo_copy)
+    cache = ReconcileCache()
+    told: list[tuple[int | None, InputChanges | None]] = []
+    memo = cache.balance
+    plain = memo.balance
+
+    def spied(*args: Any, **kwargs: Any) -> BalanceResult:
+        told.append((memo._seen, kwargs.get("inputs")))  # white box: the memo's last revision
+        return plain(*args, **kwargs)
+
+    monkeypatch.setattr(memo, "balance", spied)
+    report = reconcile(demo_copy, dataclasses.replace(opts, cache=cache))
+    assert done and report.passes == 2 and _logger_starts(report) == 1
+    (_, first), (seen, second) = told
+    assert first is not None and first.everything  # no previous view
+    assert second is not None and second.counts_from(seen)
+    assert ("com.example.logger", "default") in second.services
+    assert cache.balance.incremental

@@ -330,9 +330,10 @@ def test_an_unchanged_call_after_an_eviction_evicts_nobody(n_nodes: int) -> None
 
 
 def test_the_loader_hands_out_the_same_node_for_the_same_content(demo_copy: Path) -> None:
-    """The memo recognises unchanged inputs by identity: a node whose resourcesFile was read
-    while it was too new to trust its stat key is parsed again, and must come out as the same
-    object when its content is the same."""
+    """The loader names a node whose object changed (``StateView.changes``), and the memo is
+    told so: a node whose resourcesFile was read while it was too new to trust its stat key
+    is parsed again, and must come out as the same object, not named, when its content is the
+    same."""
     view, _ = load_state(demo_copy)
     again, _ = load_state(demo_copy, view)
     assert any(r.deps for r in view.files.values())  # the demo has a node with a resourcesFile
@@ -340,6 +341,8 @@ def test_the_loader_hands_out_the_same_node_for_the_same_content(demo_copy: Path
         assert again.nodes[node_id] is node
     for key, service in view.services.items():
         assert again.services[key] is service
+    assert again.changes is not None and again.changes.empty
+    assert again.revision == view.revision
 
 
 def test_a_stale_previous_of_an_evicted_instance_runs_in_full() -> None:

@@ -1,0 +1,103 @@
+"""A node whose report grows too old between two runs, its file unchanged: the loader names no
+change, but the stale mark does (``StaleMarks.changed``), and a watcher's run (the balancer's
+memo told what changed) moves what ran there, as a fresh process does."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
+from reconciler.controller.reports import StaleMarks
+from reconciler.model.documents import Node
+from reconciler.placement.instances import BalanceResult
+from tests.support.builders import make_unit
+from tests.support.state_files import write
+
+T0 = 1_800_000_000
+
+
+def _node(node_id: str, at: float, dmips: int = 1000) -> str:
+    return (
+        "apiVersion: reconciler/v1\nkind: Node\n"
+        f"id: {node_id}\ntype: edge\nmaxDMIPS: {dmips}\ntotalRAM: 1Gi\n"
+        "runtimes: [{id: runc, type: runc, platform: {architecture: x86_64}}]\n"
+        f"reportedAt: '{datetime.fromtimestamp(at, UTC).isoformat()}'\n"
+    )
+
+
+def _reported(node_id: str, at: float) -> Node:
+    return Node.model_validate(
+        {
+            "apiVersion": "reconciler/v1",
+            "kind": "Node",
+            "id": node_id,
+            "type": "edge",
+            "maxDMIPS": 1000,
+            "totalRAM": "1Gi",
+            "reportedAt": datetime.fromtimestamp(at, UTC).isoformat(),
+        }
+    )
+
+
+def test_the_marks_name_the_nodes_whose_mark_changed() -> None:
+    unit = make_unit()  # nodeTimeout 60 s
+    a, b = _reported("a", 1_000), _reported("b", 1_100)
+    marks = StaleMarks()
+    marks.apply(unit, [a, b], 1_050)
+    assert marks.changed == frozenset()  # nothing stale, nothing was
+    marks.apply(unit, [a, b], 1_000 + 120)
+    assert marks.changed == {"a"}  # a marked ("no report for 2m")
+    marks.apply(unit, [a, b], 1_000 + 150)
+    assert marks.changed == frozenset()  # the same reason: the same copy
+    marks.apply(unit, [a, b], 1_000 + 185)
+    assert marks.changed == {"a", "b"}  # a: "3m" now; b marked
+    fresh_a = _reported("a", 1_180)
+    marks.apply(unit, [fresh_a, b], 1_000 + 190)
+    assert marks.changed == {"a"}  # unmarked
+    marks.apply(unit, [fresh_a], 1_000 + 190)
+    assert marks.changed == {"b"}  # gone (the loader names it too)
+
+
+def test_a_watchers_run_moves_the_instances_of_a_node_gone_stale(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = tmp_path / "state"
+    write(state, "unit.yaml", "apiVersion: reconciler/v1\nkind: UnitConfig\nversion: 1.0.0\n")
+    write(state, "nodes/big.yaml", _node("big", T0, dmips=2000))  # the first choice
+    write(state, "nodes/small.yaml", _node("small", T0 + 10_000))  # reports in the future
+    write(
+        state,
+        "desired/s.yaml",
+        "apiVersion: reconciler/v1\nkind: Service\nid: s\nversion: 1.0.0\ninstances: 2\n"
+        "runtimes: [runc]\nimage: {rootfs: /r}\nrequestedResources: {cpu: 100}\n",
+    )
+    cache = ReconcileCache()
+    told: list[bool] = []  # per balance: whether the memo was told what changed since its last
+    memo = cache.balance
+    plain = memo.balance
+
+    def spied(*args: Any, **kwargs: Any) -> BalanceResult:
+        inputs = kwargs.get("inputs")
+        told.append(inputs is not None and inputs.counts_from(memo._seen))  # (white box)
+        return plain(*args, **kwargs)
+
+    monkeypatch.setattr(memo, "balance", spied)
+    first = reconcile(state, ReconcileOptions(clock=lambda: T0 + 10, cache=cache))
+    assert {p.node_id for p in first.computed.result.placements} == {"big"}
+    # again, a little later: nothing changed, the memo answers, told so
+    again = reconcile(
+        state, ReconcileOptions(clock=lambda: T0 + 20, cache=cache), first.computed.view
+    )
+    assert cache.balance.incremental and told == [False, True]
+    # then big's report is 5 minutes old: no file changed, but big fails NodeState
+    late = ReconcileOptions(clock=lambda: T0 + 300, cache=cache)
+    watched = reconcile(state, late, again.computed.view)
+    assert watched.computed.view.changes is not None and watched.computed.view.changes.empty
+    assert told == [False, True, True]  # told: big's mark changed (the marks named it)
+    fresh = reconcile(state, ReconcileOptions(clock=lambda: T0 + 300))  # a new process
+    assert watched.computed.result == fresh.computed.result
+    assert {p.node_id for p in watched.computed.result.placements} == {"small"}
