@@ -125,8 +125,9 @@ def write_state_dir(
     n_files = 1
     services = [runnable(svc, k) for k, svc in enumerate(services)]
     for svc in services:
-        data = _person_yaml(svc, f"service {svc['id']}")
-        n_bytes += _write(root / "desired" / f"{svc['id']}.yaml", data)
+        name = svc["id"] if "subject" not in svc else f"{svc['id']}.{svc['subject']}"
+        data = _person_yaml(svc, f"service {name}")
+        n_bytes += _write(root / "desired" / f"{name}.yaml", data)
         n_files += 1
     n_actual = 0
     for i, node in enumerate(nodes):

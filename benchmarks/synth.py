@@ -134,6 +134,12 @@ def _homogeneous(
             "apiVersion": "reconciler/v1",
             "kind": "Service",
             "id": f"svc-{k:05d}",
+        }
+        if shape == "many-small":
+            # five subjects per item: 4,000 items (a gid each, of the 5,000 gids there are)
+            # for 20,000 services, as a fleet of many tenants of a few apps is
+            svc["id"], svc["subject"] = f"svc-{k // 5:05d}", f"s{k % 5}"
+        svc |= {
             "version": "1.0.0",
             "priority": rng.choice([0, 10, 50, 100]),
             "instances": count,
