@@ -22,6 +22,7 @@ from reconciler.oci.builder import (
     RunLookups,
     build_job,
     same_placement_inputs,
+    same_service_inputs,
 )
 
 __all__ = ["BuildMemo"]
@@ -62,7 +63,7 @@ class _Memoized:
             and old.gid == job.gid
             and old.hosts_path == job.hosts_path
             and old.network == job.network
-            and _same(old.service, job.service)
+            and same_service_inputs(old.service, job.service)
             and _same(old.node, job.node)
         ):
             return False
@@ -185,6 +186,8 @@ class BuildMemo:
             job, iid, entry = todo[k], iids[k], olds[k]
             if entry is not _ABSENT and entry.holds_for(job, policy, lookups, checked):
                 reused += 1
+                if entry.job is not job:  # an equal input: the next call finds it by identity
+                    entry = _Memoized(job, policy, entry.asked, entry.outcome)
             else:
                 outcome = build_job(job, lookups, policy)
                 asked = tuple(lookups.asked)

@@ -37,6 +37,7 @@ __all__ = [
     "NEVER_THROUGH",
     "OCI_VERSION",
     "RESTART_POLICY_ANNOTATION",
+    "SERVICE_FIELDS_NOT_BUILT",
     "Asked",
     "BuildResult",
     "BuiltConfig",
@@ -63,6 +64,7 @@ __all__ = [
     "is_under",
     "parse_device_string",
     "same_placement_inputs",
+    "same_service_inputs",
 ]
 
 OCI_VERSION = "1.0.2"
@@ -844,6 +846,31 @@ class RunLookups:
 
 Asked = tuple[Literal["group", "device"], str, object]
 """A host lookup a build made: (kind, group name or host device path, the answer)."""
+
+
+SERVICE_FIELDS_NOT_BUILT = frozenset(
+    {"instances", "priority", "labels", "nodeId", "balancingPolicy"}
+)
+"""The fields of a service that :func:`build_config` never reads: where and how many instances
+are placed (a test checks the build reads none of them)."""
+
+
+def same_service_inputs(a: Service, b: Service) -> bool:
+    """Whether two services are the same input to :func:`build_config`: equal but for
+    :data:`SERVICE_FIELDS_NOT_BUILT` (an edit of a service's instance count or priority
+    changes none of its instances' configs)."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    mine, theirs = a.__dict__, b.__dict__
+    if mine.keys() != theirs.keys():
+        return False
+    return all(
+        mine[k] is theirs[k] or mine[k] == theirs[k]
+        for k in mine
+        if k not in SERVICE_FIELDS_NOT_BUILT
+    )
 
 
 def same_placement_inputs(a: Placement, b: Placement) -> bool:

@@ -36,6 +36,7 @@ from reconciler.model.documents import Node, Service
 from reconciler.model.jsonbytes import pretty_json
 from reconciler.model.values import instance_id
 from reconciler.oci.builder import (
+    SERVICE_FIELDS_NOT_BUILT,
     BuildResult,
     BuiltConfig,
     ConfigJob,
@@ -45,6 +46,7 @@ from reconciler.oci.builder import (
     config_json,
     content_digest,
     same_placement_inputs,
+    same_service_inputs,
 )
 from reconciler.oci.writer import WriteMemo, WriteReport, write_instance_outputs
 from reconciler.placement.instances import BalanceResult, Placement
@@ -277,6 +279,92 @@ def test_the_build_reads_only_the_placement_fields_that_are_compared() -> None:
         if f.name not in compared:
             changed = replace(p, **cast(dict[str, Any], {f.name: marker}))
             assert changed != p and same_placement_inputs(p, changed), f.name
+
+
+def _full_service(**over: Any) -> Service:
+    """A service that sets every field the builder could read."""
+    return make_service(
+        **{
+            "resources": [{"name": "gpu0"}],
+            "hostname": "nav",
+            "sysctl": {"net.ipv4.ip_forward": "1"},
+            "restartPolicy": "on-failure",
+            "quotas": {"cpuDMIPSLimit": 1000, "ramLimit": "64Mi", "pidsLimit": 10},
+            "labels": ["gpu"],
+            "priority": 5,
+            "instances": 3,
+            "balancingPolicy": "disabled",
+            **over,
+        }
+    )
+
+
+class _RecordingService:
+    """A service that records the fields read from it."""
+
+    def __init__(self, real: Service, read: set[str]) -> None:
+        self._real, self._read = real, read
+
+    def __getattr__(self, name: str) -> object:
+        self._read.add(name)
+        return getattr(self._real, name)
+
+
+def test_the_build_reads_no_service_field_said_not_built() -> None:
+    svc = _full_service()
+    node = make_node(resources=[GPU0], pools=[POOL])
+    p = make_placement(svc, node, 1, [("example.com/gpu", ["g0"])])
+    read: set[str] = set()
+    build_config(
+        cast(Service, _RecordingService(svc, read)),
+        p,
+        node,
+        rootfs="/srv/rootfs",
+        uid=1,
+        gid=1,
+        hosts_path="/h/hosts",
+        groups=FakeGroups(),
+        devices=_devices(),
+    )
+    assert read and not read & SERVICE_FIELDS_NOT_BUILT
+
+
+def test_a_service_is_the_same_input_but_for_the_fields_not_built() -> None:
+    svc = _full_service()
+    for name, value in {"instances": 9, "priority": 0, "labels": [], "nodeId": "n9"}.items():
+        assert same_service_inputs(svc, _full_service(**{name: value})), name
+    assert same_service_inputs(svc, _full_service(balancingPolicy="enabled"))
+    for name, value in {
+        "hostname": "other",
+        "restartPolicy": "always",
+        "version": "9.9.9",
+        "sysctl": {},
+        "quotas": {"cpuDMIPSLimit": 500},
+        "image": {"cmd": ["true"]},
+    }.items():
+        assert not same_service_inputs(svc, _full_service(**{name: value})), name
+
+
+def test_an_edit_of_the_instance_count_rebuilds_no_config() -> None:
+    node = make_node(resources=[GPU0], pools=[POOL])
+    groups, devices, memo = FakeGroups(), _devices(), BuildMemo()
+
+    def jobs(svc: Service) -> list[ConfigJob]:
+        return [
+            ConfigJob(svc, make_placement(svc, node, k, []), node, "/srv/rootfs", 5000, 5000, "/h")
+            for k in range(3)
+        ]
+
+    first = memo.build_all(jobs(_full_service()), groups=groups, devices=devices)
+    edited = _full_service(instances=4, priority=50)
+    second = memo.build_all(jobs(edited), groups=groups, devices=devices)
+    assert (memo.built, memo.reused) == (0, 3)
+    assert second == build_all(jobs(edited), groups=groups, devices=devices) == first
+    # the kept entries hold the new jobs: the next call finds them by identity
+    again = jobs(edited)
+    assert all(memo.job(j.placement.instance_id) is not None for j in again)
+    memo.build_all(jobs(_full_service(hostname="other")), groups=groups, devices=devices)
+    assert memo.built == 3
 
 
 # ---------------------------------------------------------------- default_config_builder
