@@ -121,3 +121,27 @@ def test_validate_and_plan_of_clean_files_load_no_rich_nor_ruamel(command: str) 
     assert "reconciler.io.loader" in mods  # it did run
     assert _loaded(mods, ("rich",)) == []
     assert _loaded(mods, ("ruamel",)) == []
+
+
+def test_the_program_leaves_its_heap_to_the_os_at_exit() -> None:
+    """As the program (no argv), main() ends by freezing the objects it holds, so the
+    interpreter's last collection does not walk and free the whole heap; called in-process
+    with argv (as the tests do), it leaves the collector alone."""
+    script = (
+        "import contextlib, gc, io, sys\n"
+        "from reconciler.cli import main\n"
+        f"sys.argv = ['reconciler', 'validate', '--state', {str(DEMO)!r}]\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    assert main(['validate', '--state', {str(DEMO)!r}]) == 0\n"
+        "in_process = gc.get_freeze_count()\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    assert main() == 0\n"
+        "print(in_process, gc.get_freeze_count(), gc.isenabled())"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    )
+    in_process, as_program, enabled = proc.stdout.split()
+    assert int(in_process) == 0
+    assert int(as_program) > 10_000  # the loaded modules, classes and schemas
+    assert enabled == "True"  # the collector still runs (for what is allocated after)
