@@ -30,6 +30,7 @@ from reconciler.cli.agent_report import node_report_options
 from reconciler.cli.agentopts import uplink_option
 from reconciler.cli.logformat import LOG_FORMATS, LogFormat, configure_logging
 from reconciler.cli.observe import metrics_addr_option
+from reconciler.cli.program import one_shot
 from reconciler.cli.statusopts import status_filter, status_filter_options
 
 if TYPE_CHECKING:  # the rest is imported where used: `reconciler --help` loads none of it
@@ -256,6 +257,7 @@ def cli(verbose: int, log_format: LogFormat) -> None:
 @state_option
 @snapshot_store_option(_INPUT_SCOPES)
 @json_option
+@one_shot
 def validate(state_dir: Path, as_json: bool) -> int:
     """Check every input file of the state directory.
 
@@ -403,6 +405,7 @@ def _report_diagnostics(diags: Sequence[Diagnostic]) -> None:
     help="Print the table of every placement even on a large unit (by default only when the "
     "unit has at most 100 instances).",
 )
+@one_shot
 def plan(
     state_dir: Path,
     as_json: bool,

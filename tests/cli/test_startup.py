@@ -123,25 +123,44 @@ def test_validate_and_plan_of_clean_files_load_no_rich_nor_ruamel(command: str) 
     assert _loaded(mods, ("ruamel",)) == []
 
 
-def test_the_program_leaves_its_heap_to_the_os_at_exit() -> None:
-    """As the program (no argv), main() ends by freezing the objects it holds, so the
-    interpreter's last collection does not walk and free the whole heap; called in-process
-    with argv (as the tests do), it leaves the collector alone."""
+def _program_then(argv: list[str], in_process: list[str]) -> tuple[int, bool, int, bool]:
+    """In a fresh interpreter: ``main(in_process)`` as a test calls it, then ``main()`` on
+    ``argv`` as the program runs; the freeze count and whether the collector runs after each."""
     script = (
         "import contextlib, gc, io, sys\n"
         "from reconciler.cli import main\n"
-        f"sys.argv = ['reconciler', 'validate', '--state', {str(DEMO)!r}]\n"
+        f"sys.argv = ['reconciler', *{argv!r}]\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
-        f"    assert main(['validate', '--state', {str(DEMO)!r}]) == 0\n"
-        "in_process = gc.get_freeze_count()\n"
+        f"    main({in_process!r})\n"
+        "first = (gc.get_freeze_count(), gc.isenabled())\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
-        "    assert main() == 0\n"
-        "print(in_process, gc.get_freeze_count(), gc.isenabled())"
+        "    main()\n"
+        "print(*first, gc.get_freeze_count(), gc.isenabled())"
     )
     proc = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
     )
-    in_process, as_program, enabled = proc.stdout.split()
-    assert int(in_process) == 0
-    assert int(as_program) > 10_000  # the loaded modules, classes and schemas
-    assert enabled == "True"  # the collector still runs (for what is allocated after)
+    frozen, enabled, frozen_after, enabled_after = proc.stdout.split()
+    return int(frozen), enabled == "True", int(frozen_after), enabled_after == "True"
+
+
+@pytest.mark.parametrize("command", ["validate", "plan"])
+def test_a_one_shot_command_as_the_program_runs_without_the_collector(command: str) -> None:
+    """As the program (main() without argv), plan and validate run with the cyclic collector
+    off (their imports and reads make no garbage cycles), and main() ends by freezing what it
+    holds, so the interpreter's last collection does not walk and free the whole heap; called
+    with argv in a process that goes on (as the tests do), neither happens."""
+    argv = [command, "--state", str(DEMO)]
+    frozen, enabled, frozen_after, enabled_after = _program_then(argv, argv)
+    assert (frozen, enabled) == (0, True)
+    assert frozen_after > 10_000  # the loaded modules, classes and schemas
+    assert not enabled_after
+
+
+def test_other_commands_keep_the_collector() -> None:
+    """Any other command (here --version; watch and agent run long) keeps the collector on as
+    the program; only the exit's freeze applies."""
+    frozen, enabled, frozen_after, enabled_after = _program_then(["--version"], ["--version"])
+    assert (frozen, enabled) == (0, True)
+    assert frozen_after > 0
+    assert enabled_after
