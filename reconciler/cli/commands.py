@@ -30,11 +30,13 @@ from reconciler.cli.agent_report import node_report_options
 from reconciler.cli.agentopts import uplink_option
 from reconciler.cli.logformat import LOG_FORMATS, LogFormat, configure_logging
 from reconciler.cli.observe import metrics_addr_option
+from reconciler.cli.program import one_shot
 from reconciler.cli.statusopts import status_filter, status_filter_options
 
 if TYPE_CHECKING:  # the rest is imported where used: `reconciler --help` loads none of it
     from rich.console import Console
 
+    from reconciler.cli.plainconsole import TextConsole
     from reconciler.controller.reconcile import ReconcileOptions, ReconcileReport
     from reconciler.io.loader import Diagnostic
     from reconciler.io.lock import StateLock
@@ -56,6 +58,9 @@ log = logging.getLogger("reconciler")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+_PIPED_WIDTH = 240
+
+
 def _console() -> Console:
     """stdout: colors only on a terminal (rich honors NO_COLOR); wide when piped (unless
     COLUMNS says how wide)."""
@@ -63,8 +68,16 @@ def _console() -> Console:
 
     console = Console(highlight=False, soft_wrap=True)
     if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
-        console = Console(highlight=False, soft_wrap=True, width=max(console.width, 240))
+        console = Console(highlight=False, soft_wrap=True, width=max(console.width, _PIPED_WIDTH))
     return console
+
+
+def _text_console() -> TextConsole:
+    """:func:`_console` for the text views (.textout), without loading rich when stdout is
+    no terminal (the same width, no colors: the same bytes)."""
+    from reconciler.cli.plainconsole import plain_console
+
+    return plain_console(_PIPED_WIDTH) or _console()
 
 
 def _err_console() -> Console:
@@ -244,6 +257,7 @@ def cli(verbose: int, log_format: LogFormat) -> None:
 @state_option
 @snapshot_store_option(_INPUT_SCOPES)
 @json_option
+@one_shot
 def validate(state_dir: Path, as_json: bool) -> int:
     """Check every input file of the state directory.
 
@@ -391,6 +405,7 @@ def _report_diagnostics(diags: Sequence[Diagnostic]) -> None:
     help="Print the table of every placement even on a large unit (by default only when the "
     "unit has at most 100 instances).",
 )
+@one_shot
 def plan(
     state_dir: Path,
     as_json: bool,
@@ -456,7 +471,7 @@ def plan(
             doc["complete"] = doc["complete"] and not invalid
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     elif not gated:
-        console = _console()
+        console = _text_console()
         if show_placements or len(comp.result.placements) <= SMALL_UNIT:
             render_placements(console, comp.result)
             console.print()
@@ -481,6 +496,11 @@ def _plan_exit(p: Plan) -> int:
 def _progress() -> Iterator[Callable[[str], None] | None]:
     """A spinner with the current stage and the time spent in it on stderr, only when stderr
     is a terminal: a long stage (placing a large unit) shows it is moving."""
+    from reconciler.cli.plainconsole import no_terminal
+
+    if no_terminal(sys.stderr):  # (known without loading rich)
+        yield None
+        return
     console = _err_console()
     if not console.is_terminal:
         yield None

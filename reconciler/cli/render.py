@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 from reconciler.cli.textout import (
     Cell,
@@ -17,6 +17,9 @@ from reconciler.placement.balancer import Explanation
 from reconciler.placement.instances import BalanceResult, Failure
 from reconciler.planning.plans import Action, Plan
 
+if TYPE_CHECKING:
+    from reconciler.cli.plainconsole import TextConsole
+
 __all__ = ["SMALL_UNIT", "render_explanation", "render_placements", "render_plan"]
 
 _ACTION_STYLE = {"start": ("+", "green"), "stop": ("-", "red")}
@@ -26,7 +29,7 @@ SMALL_UNIT = 100
 """Up to this many instances a view lists every one by default (above: only when asked)."""
 
 
-def render_placements(console: Console, result: BalanceResult) -> None:
+def render_placements(console: TextConsole, result: BalanceResult) -> None:
     if not result.placements:
         console.print("No instance is placed.")
         return
@@ -67,7 +70,7 @@ def _bytes(n: int) -> str:
     return str(n)
 
 
-def render_plan(console: Console, plan: Plan) -> None:
+def render_plan(console: TextConsole, plan: Plan) -> None:
     """The actions grouped by node, then by service (ITEM:SUBJECT), each instance on a line of
     its own; then the unplaceable instances grouped by service; then the totals."""
     paint = Painter(console)
@@ -114,7 +117,7 @@ def _action_order(a: Action) -> tuple[int, bool, str]:
     return (a.index, a.action != "stop", a.instance_id)
 
 
-def render_explanation(console: Console, exp: Explanation) -> None:
+def render_explanation(console: TextConsole, exp: Explanation) -> None:
     paint = Painter(console)
     width = console.width
     inst = exp.instance

@@ -11,10 +11,12 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from rich.color import ColorSystem
-from rich.console import Console
-from rich.style import Style
+if TYPE_CHECKING:  # rich is imported only to paint: plain output does without it
+    from rich.color import ColorSystem
+
+    from reconciler.cli.plainconsole import TextConsole
 
 __all__ = ["Cell", "Column", "Painter", "TextTable", "wrap", "wrap_marked", "write_lines"]
 
@@ -22,20 +24,24 @@ Cell = str | tuple[str, str]
 """A cell's text, or (text, rich style name)."""
 
 
-_SYSTEMS = {
-    "standard": ColorSystem.STANDARD,
-    "256": ColorSystem.EIGHT_BIT,
-    "truecolor": ColorSystem.TRUECOLOR,
-    "windows": ColorSystem.WINDOWS,
-}
+def _color_system(name: str) -> ColorSystem | None:
+    from rich.color import ColorSystem
+
+    systems = {
+        "standard": ColorSystem.STANDARD,
+        "256": ColorSystem.EIGHT_BIT,
+        "truecolor": ColorSystem.TRUECOLOR,
+        "windows": ColorSystem.WINDOWS,
+    }
+    return systems.get(name)
 
 
 class Painter:
     """Styles text for one console: ANSI codes when it shows colors, the bare text when not."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: TextConsole) -> None:
         name = console.color_system if not console.no_color else None
-        self._system = _SYSTEMS.get(name) if name is not None else None
+        self._system = _color_system(name) if name is not None else None
         self._styles: dict[str, tuple[str, str]] = {}
 
     @property
@@ -47,13 +53,15 @@ class Painter:
             return text
         codes = self._styles.get(style)
         if codes is None:
+            from rich.style import Style
+
             marked = Style.parse(style).render("\0", color_system=self._system)
             before, _, after = marked.partition("\0")
             codes = self._styles[style] = (before, after)
         return f"{codes[0]}{text}{codes[1]}"
 
 
-def write_lines(console: Console, lines: Sequence[str]) -> None:
+def write_lines(console: TextConsole, lines: Sequence[str]) -> None:
     """The lines to the console's file at once (no markup, no wrapping: already laid out)."""
     if not lines:
         return

@@ -265,17 +265,23 @@ def _validate(display: str, raw: bytes, dir_kind: str, max_bytes: int) -> Doc | 
 
 
 def _resolve_resources_file(
-    root: Path, node: Node, display: str, parsed_pos: tuple[int, int], max_bytes: int
+    root: Path,
+    node: Node,
+    display: str,
+    position: Callable[[], tuple[int, int]],
+    max_bytes: int,
 ) -> tuple[Node | None, list[Diagnostic], tuple[tuple[str, StatKey | None], ...], str]:
-    """Load a node's resourcesFile into ``resources``; None when the file is invalid."""
+    """Load a node's resourcesFile into ``resources``; None when the file is invalid.
+    ``position``: where the node file names it, asked only for a message about it (finding
+    it parses the node file again, with the pure-Python parser)."""
     assert node.resourcesFile is not None
     target = Path(node.resourcesFile)
     if not target.is_absolute():
         target = root / target
-    line, col = parsed_pos
     try:
         raw, key = read_bytes_at(target, max_bytes)
     except FileReadError as e:
+        line, col = position()
         if not target.exists() and not target.is_symlink():
             warn = Diagnostic(
                 display, line, col, f"resourcesFile {target} is missing: no resources", "warning"
@@ -352,9 +358,12 @@ def _load_one(
             diag = Diagnostic(display, line, col, msg)
             return FileRecord(real_key, sha, (), keep(), (diag,))
         if obj.resourcesFile is not None:
-            pos = _position_of(raw, "resourcesFile", opts.max_bytes)
             node, diags, deps, deps_sha = _resolve_resources_file(
-                root, obj, display, pos, opts.max_bytes
+                root,
+                obj,
+                display,
+                lambda: _position_of(raw, "resourcesFile", opts.max_bytes),
+                opts.max_bytes,
             )
             if node is None:
                 return FileRecord(real_key, sha, deps, keep(), tuple(diags), False, deps_sha)

@@ -17,9 +17,6 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Literal
 
-from ruamel.yaml import YAML
-from ruamel.yaml.error import MarkedYAMLError, YAMLError
-
 from reconciler.model.human import human_bytes
 from reconciler.model.values import INT64_MAX, INT64_MIN
 
@@ -230,6 +227,8 @@ def parse_yaml(
         if data is _LOOK_CLOSER:  # not plainly acceptable: the reference composer says why
             data = _compose_libyaml(text)
         return Parsed(data, source=raw)  # positions are found again only if an error needs them
+    from ruamel.yaml.error import MarkedYAMLError, YAMLError  # (only here: start-up)
+
     value_pos: dict[Path, tuple[int, int]] = {}
     key_pos: dict[Path, tuple[int, int]] = {}
     data = _compose(text, _ruamel_events(text), MarkedYAMLError, YAMLError, (value_pos, key_pos))
@@ -299,6 +298,10 @@ def _parse_json(text: str) -> Any:
 
 
 def _ruamel_events(text: str) -> Iterator[Any]:
+    # ruamel.yaml is imported where used: a unit's clean YAML never needs it (libyaml reads
+    # it), and importing it costs a command's start-up ~10 ms
+    from ruamel.yaml import YAML
+
     yield from YAML(typ="rt", pure=True).parse(text)
 
 
@@ -626,6 +629,9 @@ def _unclosed(lines: list[str], noticed: _Pos, quote_at: _Pos | None) -> tuple[_
 
 def _tokens_until(lines: list[str], noticed: _Pos) -> Iterator[Any]:
     """ruamel's tokens of the text that start before ``noticed``, up to the scanner's error."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import YAMLError
+
     tokens = YAML(typ="rt", pure=True).scan("\n".join(lines))
     try:
         for token in tokens:
