@@ -31,7 +31,7 @@ from reconciler.agent.network import NodeNetwork, bridge_name, vlan_name
 from reconciler.controller.configs import default_config_builder
 from reconciler.controller.reconcile import ReconcileOptions, reconcile
 from reconciler.model.values import instance_id
-from tests.support.e2e import runtime_architecture
+from tests.support.e2e import runc_node
 
 NODE = "vlan-n1"
 IID = instance_id("web", "default", 0)
@@ -87,17 +87,7 @@ def _state(root: Path) -> Path:
         "apiVersion: reconciler/v1\nkind: UnitConfig\nversion: 1.0.0\n"
         "network: {subnets: [10.232.1.0/24], vlan: true}\n"
     )
-    node = {
-        "apiVersion": "reconciler/v1",
-        "kind": "Node",
-        "id": NODE,
-        "type": "edge",
-        "maxDMIPS": 100000,
-        "totalRAM": "8Gi",
-        "runtimes": [
-            {"id": "runc", "type": "runc", "platform": {"architecture": runtime_architecture()}}
-        ],
-    }
+    node = runc_node(NODE)
     (state / "nodes" / f"{NODE}.yaml").write_text(json.dumps(node))
     (state / "desired" / "web.yaml").write_text(
         "apiVersion: reconciler/v1\nkind: Service\nid: web\nversion: 1.0.0\n"

@@ -239,9 +239,9 @@ def test_interned_answers_do_not_pile_up() -> None:
 
 
 class _Recording:
-    """A placement that records the fields read from it."""
+    """A placement or a service that records the fields read from it."""
 
-    def __init__(self, real: Placement, read: set[str]) -> None:
+    def __init__(self, real: object, read: set[str]) -> None:
         self._real, self._read = real, read
 
     def __getattr__(self, name: str) -> object:
@@ -299,24 +299,13 @@ def _full_service(**over: Any) -> Service:
     )
 
 
-class _RecordingService:
-    """A service that records the fields read from it."""
-
-    def __init__(self, real: Service, read: set[str]) -> None:
-        self._real, self._read = real, read
-
-    def __getattr__(self, name: str) -> object:
-        self._read.add(name)
-        return getattr(self._real, name)
-
-
 def test_the_build_reads_no_service_field_said_not_built() -> None:
     svc = _full_service()
     node = make_node(resources=[GPU0], pools=[POOL])
     p = make_placement(svc, node, 1, [("example.com/gpu", ["g0"])])
     read: set[str] = set()
     build_config(
-        cast(Service, _RecordingService(svc, read)),
+        cast(Service, _Recording(svc, read)),
         p,
         node,
         rootfs="/srv/rootfs",

@@ -10,6 +10,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,6 +37,21 @@ def make_e2e_rootfs(rootfs: Path, busybox: str) -> None:
 def runtime_architecture() -> str:
     machine = platform.machine()
     return {"aarch64": "arm64"}.get(machine, machine)
+
+
+def runc_node(node_id: str) -> dict[str, Any]:
+    """A node document with one runc runtime of this machine's architecture."""
+    return {
+        "apiVersion": "reconciler/v1",
+        "kind": "Node",
+        "id": node_id,
+        "type": "edge",
+        "maxDMIPS": 100000,
+        "totalRAM": "8Gi",
+        "runtimes": [
+            {"id": "runc", "type": "runc", "platform": {"architecture": runtime_architecture()}}
+        ],
+    }
 
 
 def skip_unless_runc_works(tmp_path: Path, busybox: str) -> None:

@@ -31,7 +31,7 @@ from reconciler.controller.configs import default_config_builder
 from reconciler.controller.reconcile import ReconcileOptions, ReconcileReport, reconcile
 from reconciler.model.values import instance_id
 from tests.support.busybox import make_busybox_rootfs
-from tests.support.e2e import runtime_architecture, skip_unless_runc_works
+from tests.support.e2e import runc_node, skip_unless_runc_works
 from tests.support.runc import require_runc_and_busybox
 
 pytestmark = pytest.mark.slow
@@ -141,17 +141,7 @@ def net(tmp_path: Path) -> Iterator[Net]:
         "apiVersion: reconciler/v1\nkind: UnitConfig\nversion: 1.0.0\n"
         "network: {subnets: [10.231.1.0/24, 10.231.2.0/24, 10.231.3.0/24]}\n"
     )
-    node = {
-        "apiVersion": "reconciler/v1",
-        "kind": "Node",
-        "id": NODE,
-        "type": "edge",
-        "maxDMIPS": 100000,
-        "totalRAM": "8Gi",
-        "runtimes": [
-            {"id": "runc", "type": "runc", "platform": {"architecture": runtime_architecture()}}
-        ],
-    }
+    node = runc_node(NODE)
     (state / "nodes" / f"{NODE}.yaml").write_text(json.dumps(node))
     host_netns = f"rctest-{uuid.uuid4().hex[:8]}"
     subprocess.run(["ip", "netns", "add", host_netns], check=True, timeout=30)
