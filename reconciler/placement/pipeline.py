@@ -3,6 +3,7 @@ summaries (§7.7): what every candidate search answers with."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -157,9 +158,7 @@ def best_runtime(slot: NodeSlot, verdict: Verdict) -> int:
 
 
 def summarize(instance: Instance, n_nodes: int, charges: Iterable[str]) -> Failure:
-    counts: dict[str, int] = {}
-    for code in charges:
-        counts[code] = counts.get(code, 0) + 1
+    counts = Counter(charges)  # (counted in C: a charge per node of the unit)
     ordered = tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
     reason = max(counts, key=filters.FILTER_CODES.index) if counts else NO_NODES
     return failure(instance, n_nodes, reason, ordered)
