@@ -16,7 +16,7 @@ import operator
 import os
 import stat
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,7 @@ from reconciler.io.loader import (
 )
 from reconciler.io.lock import StateLock
 from reconciler.model.changes import InputChanges
+from reconciler.model.documents import Node
 from reconciler.model.gcpause import collector_paused
 from reconciler.model.jsonbytes import pretty_json
 from reconciler.model.values import validate_id
@@ -185,6 +186,9 @@ class Computed:
         default=None, repr=False, compare=False
     )  # see BuildResult.since
     network: NetworkResult | None = None  # the network phase (SPEC §17)
+    nodes: Sequence[Node] | None = None
+    """The nodes as the balancer saw them (a stale report's node marked disconnected), for the
+    status report; None: the view's."""
 
     def plan_inputs(self) -> dict[str, Any]:
         """``out/plan.json``'s ``inputs``: the fingerprint, and the mode asked for (so that
@@ -350,6 +354,7 @@ def compute_once(
         requested,
         built_since,
         network if network.state else None,
+        nodes,
     )
 
 
@@ -557,7 +562,13 @@ def _write_outputs(
     raised = c.alerts.raised if c.alerts is not None else []
     status_cache = opts.cache.status if opts.cache is not None else NodeStatusCache()
     status = status_bytes(
-        c.view, c.result, c.diagnostics, alerts=raised, uids=uids, cache=status_cache
+        c.view,
+        c.result,
+        c.diagnostics,
+        alerts=raised,
+        uids=uids,
+        cache=status_cache,
+        nodes=c.nodes,
     )
     status_ident = content_key(status)
     put(out / "status.json", status, ident=status_ident)

@@ -156,13 +156,18 @@ class NodeStatusCache:
 
 
 def node_statuses(
-    view: StateView, result: BalanceResult, cache: NodeStatusCache | None = None
+    view: StateView,
+    result: BalanceResult,
+    cache: NodeStatusCache | None = None,
+    nodes: Sequence[Node] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The ``nodes`` section of the status: every node's inventories with the result's
     placements reserved, by node id. With ``cache``, only the nodes whose inputs changed since
-    the cache's last call are replayed."""
+    the cache's last call are replayed. ``nodes``: the nodes as the balancer saw them (one
+    whose report is too old marked disconnected), else the view's."""
+    every = list(view.nodes.values()) if nodes is None else list(nodes)
     if cache is None:
-        slots = node_states(view.unit, list(view.nodes.values()), view.services_sorted(), result)
+        slots = node_states(view.unit, every, view.services_sorted(), result)
         return {node_id: _node_status(slots[node_id]) for node_id in sorted(slots)}
     services = {s.key: s for s in view.services.values()}
     on_node: dict[str, list[Placement]] = {}
@@ -170,7 +175,7 @@ def node_statuses(
         on_node.setdefault(p.node_id, []).append(p)
     keys: dict[str, _NodeKey] = {}
     stale: list[Node] = []
-    for node in view.nodes.values():
+    for node in every:
         placed = tuple(on_node.get(node.id, ()))
         key: _NodeKey = (
             view.unit,
@@ -295,14 +300,16 @@ def status_bytes(
     alerts: Sequence[Mapping[str, Any]] = (),
     uids: Mapping[str, tuple[int, int]] | None = None,
     cache: NodeStatusCache,
+    nodes: Sequence[Node] | None = None,
 ) -> bytes:
     """``pretty_json(build_status(view, result, None, diagnostics, ...))``, put together from
     the pieces (:func:`jsonio.member`) of the nodes and instances ``cache`` holds while their
-    inputs are the same (a node's entry object, an instance's placement object, state, ids)."""
-    nodes = node_statuses(view, result, cache)
+    inputs are the same (a node's entry object, an instance's placement object, state, ids).
+    ``nodes``: see :func:`node_statuses`."""
+    entries = node_statuses(view, result, cache, nodes)
     old_nodes, old_instances = cache._node_fragments, cache._instance_fragments
     node_frags: dict[str, tuple[dict[str, Any], bytes]] = {}
-    for node_id, entry in nodes.items():
+    for node_id, entry in entries.items():
         got = old_nodes.get(node_id)
         if got is None or got[0] is not entry:
             got = (entry, member(node_id, fragment(entry, 2), 1))

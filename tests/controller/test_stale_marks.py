@@ -4,6 +4,7 @@ memo told what changed) moves what ran there, as a fresh process does."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -101,3 +102,30 @@ def test_a_watchers_run_moves_the_instances_of_a_node_gone_stale(
     fresh = reconcile(state, ReconcileOptions(clock=lambda: T0 + 300))  # a new process
     assert watched.computed.result == fresh.computed.result
     assert {p.node_id for p in watched.computed.result.placements} == {"small"}
+
+
+def test_the_status_report_shows_a_node_with_a_stale_report_disconnected(tmp_path: Path) -> None:
+    """The report shows the nodes as the balancer saw them: one whose report is too old is
+    disconnected there too (its file still says connected), and again connected once it
+    reports."""
+    state = tmp_path / "state"
+    write(state, "unit.yaml", "apiVersion: reconciler/v1\nkind: UnitConfig\nversion: 1.0.0\n")
+    write(state, "nodes/big.yaml", _node("big", T0))
+    write(state, "nodes/small.yaml", _node("small", T0 + 10_000))
+    cache = ReconcileCache()
+
+    def connected(at: float, view: Any = None) -> tuple[dict[str, bool], Any]:
+        report = reconcile(state, ReconcileOptions(clock=lambda: at, cache=cache), view)
+        status = json.loads((state / "out" / "status.json").read_bytes())
+        return {n: e["connected"] for n, e in status["nodes"].items()}, report.computed.view
+
+    now, view = connected(T0 + 10)
+    assert now == {"big": True, "small": True}
+    now, view = connected(T0 + 300, view)  # big's report is 5 minutes old
+    assert now == {"big": False, "small": True}
+    reconcile(state, ReconcileOptions(clock=lambda: T0 + 300))  # a new process: the same
+    fresh = json.loads((state / "out" / "status.json").read_bytes())
+    assert {n: e["connected"] for n, e in fresh["nodes"].items()} == now
+    write(state, "nodes/big.yaml", _node("big", T0 + 290))  # big reports again
+    now, view = connected(T0 + 300, view)
+    assert now == {"big": True, "small": True}
