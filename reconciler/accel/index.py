@@ -23,7 +23,6 @@ import weakref
 from bisect import bisect_left, insort
 from collections.abc import Hashable, Mapping, Sequence
 from heapq import heappop, heappush, heapreplace
-from itertools import takewhile
 from typing import TYPE_CHECKING
 
 from reconciler.accel.classes import (
@@ -34,7 +33,6 @@ from reconciler.accel.classes import (
     class_key,
     shape_of,
 )
-from reconciler.placement import filters
 from reconciler.placement.ask import Ask, ask_for
 from reconciler.placement.instances import Cause, Instance, PreviousAllocation, Requested
 from reconciler.placement.nodestate import (
@@ -47,6 +45,7 @@ from reconciler.placement.nodestate import (
     take,
 )
 from reconciler.placement.pipeline import (
+    STATIC_NODE_PREFIX,
     dynamic_drop,
     static_drop,
     static_runtime_verdict,
@@ -231,7 +230,7 @@ class ClassIndex:
             class_of = self.class_of
             for node_id in set(self.moves[at:]):
                 code = codes[node_id]
-                if code is None or not _static_prefix(code):
+                if code not in STATIC_NODE_PREFIX:
                     static = verdict(class_of[node_id])
                     codes[node_id] = dynamic_drop(run.slot(node_id), ask, static)
         self.charged[group] = (len(self.moves), codes)
@@ -561,12 +560,3 @@ class ClassIndex:
         if touched:
             self.moves += [by_rank[rank] for rank in touched]
         return failed
-
-
-_STATIC_PREFIX = frozenset([f.name for f in takewhile(lambda f: f.static, filters.NODE_FILTERS)])
-
-
-def _static_prefix(code: str) -> bool:
-    """Whether ``code`` names one of the static node filters that come before any dynamic
-    one: a node such a filter drops stays dropped whatever is reserved there."""
-    return code in _STATIC_PREFIX

@@ -4,7 +4,7 @@ summaries (§7.7): what every candidate search answers with."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from reconciler.placement import filters
@@ -14,6 +14,7 @@ from reconciler.placement.instances import Failure, Instance
 from reconciler.placement.nodestate import NodeSlot
 
 __all__ = [
+    "STATIC_NODE_PREFIX",
     "Verdict",
     "best_runtime",
     "choice_key",
@@ -61,16 +62,24 @@ def evaluate(slot: NodeSlot, ask: Ask) -> Verdict:
     return Verdict(tuple(alive), None)
 
 
-def _leading_static(fs: Iterable[filters.NodeFilter] | Iterable[filters.RuntimeFilter]) -> int:
-    """How many filters come first and are static; -1 when a static one follows a dynamic
-    one (then :func:`dynamic_drop` evaluates in full)."""
-    flags = [f.static for f in fs]
-    lead = flags.index(False) if False in flags else len(flags)
-    return lead if not any(flags[lead:]) else -1
+def _leading_static(fs: Sequence[filters.NodeFilter] | Sequence[filters.RuntimeFilter]) -> int:
+    """How many filters come first and are static."""
+    lead = 0
+    while lead < len(fs) and fs[lead].static:
+        lead += 1
+    return lead
 
 
 _NODE_LEAD = _leading_static(filters.NODE_FILTERS)
 _RUNTIME_LEAD = _leading_static(filters.RUNTIME_FILTERS)
+_STATICS_FIRST = not any(f.static for f in filters.NODE_FILTERS[_NODE_LEAD:]) and not any(
+    f.static for f in filters.RUNTIME_FILTERS[_RUNTIME_LEAD:]
+)
+"""Whether every static filter comes before every dynamic one (else :func:`dynamic_drop`
+evaluates in full)."""
+STATIC_NODE_PREFIX = frozenset([f.name for f in filters.NODE_FILTERS[:_NODE_LEAD]])
+"""The static node filters that come before any dynamic one: a node such a filter drops stays
+dropped whatever is reserved there (:func:`static_drop` asks them)."""
 
 
 def static_runtime_verdict(slot: NodeSlot, ask: Ask) -> tuple[tuple[int, ...], str | None]:
@@ -78,7 +87,7 @@ def static_runtime_verdict(slot: NodeSlot, ask: Ask) -> tuple[tuple[int, ...], s
     :func:`evaluate`'s order, and the code of the one that dropped the last runtime (None
     while some survive, or when the node has no runtimes)."""
     alive = list(range(len(slot.runtimes)))
-    for rf in filters.RUNTIME_FILTERS[: max(_RUNTIME_LEAD, 0)]:
+    for rf in filters.RUNTIME_FILTERS[:_RUNTIME_LEAD]:
         alive = [i for i in alive if rf.check(slot, slot.runtimes[i], ask) is None]
         if not alive and slot.runtimes:
             return (), rf.name
@@ -91,7 +100,7 @@ def dynamic_drop(
     """``evaluate(slot, ask).dropped_by`` for a node that passes the static node filters that
     come first, given its :func:`static_runtime_verdict` (the same for every node of a class:
     the class index computes it once): only the dynamic filters are asked."""
-    if _NODE_LEAD < 0 or _RUNTIME_LEAD < 0:
+    if not _STATICS_FIRST:
         return evaluate(slot, ask).dropped_by
     for nf in filters.NODE_FILTERS[_NODE_LEAD:]:
         if nf.check(slot, ask) is not None:
@@ -126,11 +135,9 @@ def static_runtimes(slot: NodeSlot, ask: Ask) -> tuple[int, ...]:
 
 def static_drop(slot: NodeSlot, ask: Ask) -> str | None:
     """The code of the first node filter dropping ``slot`` for ``ask`` among the static ones
-    that come before any dynamic one: what :func:`evaluate` charges there whatever is
-    reserved. None when they all pass."""
-    for nf in filters.NODE_FILTERS:
-        if not nf.static:
-            return None
+    that come before any dynamic one (:data:`STATIC_NODE_PREFIX`): what :func:`evaluate`
+    charges there whatever is reserved. None when they all pass."""
+    for nf in filters.NODE_FILTERS[:_NODE_LEAD]:
         if nf.check(slot, ask) is not None:
             return nf.name
     return None
