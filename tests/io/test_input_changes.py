@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from reconciler.io.loader import StateView, load_state
 from reconciler.model.changes import InputChanges
-from tests.support.state_files import ACTUAL, NODE, SERVICE, UNIT, write
+from tests.support.state_files import ACTUAL, NODE, SERVICE, UNIT, seed_three, write
 
 _UNIT = UNIT + "version: 1.0.0\n"
 
@@ -32,10 +32,7 @@ def _bump(p: Path) -> None:
 
 
 def _seed(root: Path) -> StateView:
-    for i in range(3):
-        write(root, f"desired/s{i}.yaml", SERVICE.format(id=f"s{i}", version="1.0.0"))
-        write(root, f"nodes/n{i}.yaml", NODE.format(id=f"n{i}"))
-        write(root, f"actual/n{i}.yaml", ACTUAL.format(id=f"n{i}", rev=0))
+    seed_three(root)
     write(root, "unit.yaml", _UNIT.format(mode="stable"))
     view, diags = load_state(root)
     assert diags == []

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from reconciler.controller.reconcile import ReconcileOptions, reconcile
 from reconciler.controller.watch import changed_inputs
 from reconciler.io.loader import Diagnostic, StateView, load_state
-from tests.support.state_files import ACTUAL, NODE, SERVICE, UNIT, write
+from tests.support.state_files import ACTUAL, NODE, SERVICE, UNIT, seed_three, write
 
 
 def _projection(view: StateView, diags: list[Diagnostic]) -> dict[str, Any]:
@@ -134,10 +134,7 @@ _EDITS = st.lists(
 
 
 def _seed(root: Path) -> None:
-    for i in range(3):
-        write(root, f"desired/s{i}.yaml", SERVICE.format(id=f"s{i}", version="1.0.0"))
-        write(root, f"nodes/n{i}.yaml", NODE.format(id=f"n{i}"))
-        write(root, f"actual/n{i}.yaml", ACTUAL.format(id=f"n{i}", rev=0))
+    seed_three(root)
 
 
 class TestHintedLoad:

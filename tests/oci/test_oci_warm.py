@@ -249,14 +249,12 @@ class _Recording:
         return getattr(self._real, name)
 
 
-def test_the_build_reads_only_the_placement_fields_that_are_compared() -> None:
-    svc = make_service(resources=[{"name": "gpu0"}])
-    node = make_node(resources=[GPU0], pools=[POOL])
-    p = make_placement(svc, node, 1, [("example.com/gpu", ["g0"])])
+def _reads(svc: Service, p: Placement, node: Node, *, of_placement: bool) -> set[str]:
+    """The fields a build reads of the placement (or of the service)."""
     read: set[str] = set()
     build_config(
-        svc,
-        cast(Placement, _Recording(p, read)),
+        svc if of_placement else cast(Service, _Recording(svc, read)),
+        cast(Placement, _Recording(p, read)) if of_placement else p,
         node,
         rootfs="/srv/rootfs",
         uid=1,
@@ -265,6 +263,14 @@ def test_the_build_reads_only_the_placement_fields_that_are_compared() -> None:
         groups=FakeGroups(),
         devices=_devices(),
     )
+    return read
+
+
+def test_the_build_reads_only_the_placement_fields_that_are_compared() -> None:
+    svc = make_service(resources=[{"name": "gpu0"}])
+    node = make_node(resources=[GPU0], pools=[POOL])
+    p = make_placement(svc, node, 1, [("example.com/gpu", ["g0"])])
+    read = _reads(svc, p, node, of_placement=True)
     compared = {"instance_id", "node_id", "index", "item_id", "subject_id", "devices"}
     label = {"item_id", "subject_id", "index"}  # Placement.label is made of these
     assert read - {"label"} <= compared and ("label" not in read or label <= compared)
@@ -303,18 +309,7 @@ def test_the_build_reads_no_service_field_said_not_built() -> None:
     svc = _full_service()
     node = make_node(resources=[GPU0], pools=[POOL])
     p = make_placement(svc, node, 1, [("example.com/gpu", ["g0"])])
-    read: set[str] = set()
-    build_config(
-        cast(Service, _Recording(svc, read)),
-        p,
-        node,
-        rootfs="/srv/rootfs",
-        uid=1,
-        gid=1,
-        hosts_path="/h/hosts",
-        groups=FakeGroups(),
-        devices=_devices(),
-    )
+    read = _reads(svc, p, node, of_placement=False)
     assert read and not read & SERVICE_FIELDS_NOT_BUILT
 
 

@@ -55,3 +55,11 @@ UNIT = """apiVersion: reconciler/v1
 kind: UnitConfig
 placement: {mode}
 """
+
+
+def seed_three(root: Path) -> None:
+    """Services s0-s2, nodes n0-n2 and their actual documents (revision 0)."""
+    for i in range(3):
+        write(root, f"desired/s{i}.yaml", SERVICE.format(id=f"s{i}", version="1.0.0"))
+        write(root, f"nodes/n{i}.yaml", NODE.format(id=f"n{i}"))
+        write(root, f"actual/n{i}.yaml", ACTUAL.format(id=f"n{i}", rev=0))
