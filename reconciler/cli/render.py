@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from reconciler.cli.textout import (
     Cell,
@@ -14,13 +16,19 @@ from reconciler.cli.textout import (
     write_lines,
 )
 from reconciler.placement.balancer import Explanation
-from reconciler.placement.instances import BalanceResult, Failure
+from reconciler.placement.instances import BalanceResult
 from reconciler.planning.plans import Action, Plan
 
 if TYPE_CHECKING:
     from reconciler.cli.plainconsole import TextConsole
 
-__all__ = ["SMALL_UNIT", "render_explanation", "render_placements", "render_plan"]
+__all__ = [
+    "SMALL_UNIT",
+    "render_explanation",
+    "render_placements",
+    "render_plan",
+    "render_plan_document",
+]
 
 _ACTION_STYLE = {"start": ("+", "green"), "stop": ("-", "red")}
 
@@ -70,14 +78,66 @@ def _bytes(n: int) -> str:
     return str(n)
 
 
+class FailureRow(Protocol):
+    """What the plan's text shows of an unplaceable instance (a :class:`Failure`, or one read
+    back from a plan document)."""
+
+    @property
+    def item_id(self) -> str: ...
+    @property
+    def subject_id(self) -> str: ...
+    @property
+    def index(self) -> int: ...
+    @property
+    def summary(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class _SavedFailure:
+    item_id: str
+    subject_id: str
+    index: int
+    summary: str
+
+
 def render_plan(console: TextConsole, plan: Plan) -> None:
     """The actions grouped by node, then by service (ITEM:SUBJECT), each instance on a line of
     its own; then the unplaceable instances grouped by service; then the totals."""
+    _render_actions(console, plan.actions, plan.failures)
+
+
+def render_plan_document(console: TextConsole, doc: Mapping[str, Any]) -> None:
+    """:func:`render_plan` of a plan document (out/plan.json, ``plan --json``): the same
+    lines as for the plan it was made of."""
+    actions = [
+        Action(
+            a["action"],
+            a["instanceId"],
+            a["itemId"],
+            a["subjectId"],
+            a["index"],
+            a["version"],
+            a["nodeId"],
+            a["runtimeId"],
+            a["reason"],
+        )
+        for a in doc["actions"]
+    ]
+    failures = [
+        _SavedFailure(f["itemId"], f["subjectId"], f["index"], f["summary"])
+        for f in doc["failures"]
+    ]
+    _render_actions(console, actions, failures)
+
+
+def _render_actions(
+    console: TextConsole, actions: Sequence[Action], failures: Sequence[FailureRow]
+) -> None:
     paint = Painter(console)
     width = console.width
     lines: list[str] = []
     by_node: dict[str, dict[tuple[str, str], list[Action]]] = {}
-    for a in plan.actions:
+    for a in actions:
         by_node.setdefault(a.node_id, {}).setdefault((a.item_id, a.subject_id), []).append(a)
     for node_id in sorted(by_node):
         lines.append(paint(node_id, "bold"))
@@ -90,23 +150,24 @@ def render_plan(console: TextConsole, plan: Plan) -> None:
                     f"    {paint(f'{sign} {a.action}', style)} {a.index} {a.version} on "
                     f"{a.runtime_id} {paint(f'({a.reason})', 'dim')}"
                 )
-    if plan.failures:
+    if failures:
         lines.append(paint("Unplaceable", "bold"))
-        grouped: dict[tuple[str, str], list[Failure]] = {}
-        for f in plan.failures:
+        grouped: dict[tuple[str, str], list[FailureRow]] = {}
+        for f in failures:
             grouped.setdefault((f.item_id, f.subject_id), []).append(f)
         for item, subject in sorted(grouped):
             lines.append(f"  {item}:{subject}")
             for f in sorted(grouped[(item, subject)], key=lambda f: f.index):
                 lines.extend(wrap_marked(paint, f"! {f.summary}", width, "    ", "!", "yellow"))
-    starts, stops = len(plan.starts()), len(plan.stops())
-    if not plan.actions:
-        tail = f" {len(plan.failures)} unplaceable." if plan.failures else ""
+    starts = sum(1 for a in actions if a.action == "start")
+    stops = len(actions) - starts
+    if not actions:
+        tail = f" {len(failures)} unplaceable." if failures else ""
         lines.extend(wrap(f"No changes.{tail}", width))
     else:
         lines.extend(
             wrap(
-                f"Plan: {starts} to start, {stops} to stop; {len(plan.failures)} unplaceable.",
+                f"Plan: {starts} to start, {stops} to stop; {len(failures)} unplaceable.",
                 width,
             )
         )

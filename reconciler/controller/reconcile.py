@@ -27,6 +27,7 @@ from reconciler.accel.ids import IdsMemo
 from reconciler.accel.plans import PlanMemo
 from reconciler.controller.component_files import write_component_files
 from reconciler.controller.network_files import write_network_files
+from reconciler.controller.planbasis import BASIS_FILE, basis_bytes
 from reconciler.controller.reports import StaleMarks
 from reconciler.controller.status import NodeStatusCache, cached_status, status_bytes
 from reconciler.controller.statuspage import PageMemo, page_source, render_status_page
@@ -447,11 +448,12 @@ def _changed(
 
 
 def _write_outputs(
-    state_dir: Path, c: Computed, opts: ReconcileOptions
+    state_dir: Path, c: Computed, opts: ReconcileOptions, checkpoint: bytes | None
 ) -> tuple[list[str], Callable[[], dict[str, Any]]]:
     """Write out/ in dependency order, each group as one batch (SPEC §2, §10, §11, §12):
     instance configs first (a patch never names a config that is not there), then the node
-    patches with the plan, then the status report."""
+    patches with the plan, then the status report and what the plan was computed from
+    (``out/plan.basis.json``; ``checkpoint``: the checkpoint file's bytes after the run)."""
     out = state_dir / "out"
     ensure_dir(out)
     ensure_dir(out / "nodes")
@@ -533,7 +535,9 @@ def _write_outputs(
         put(path, data, 0o644)
     memo = opts.cache.plan if opts.cache is not None else None
     make_bytes = memo.plan_bytes if memo is not None else plan_bytes
-    put(out / "plan.json", make_bytes(c.plan, c.plan_inputs()))
+    plan_data = make_bytes(c.plan, c.plan_inputs())
+    plan_ident = content_key(plan_data)
+    put(out / "plan.json", plan_data, ident=plan_ident)
     flush()
     if trusted:  # the patch files on disk are the ones the last run left
         names = sorted(f"{n}.json" for n in trusted.keys() - c.plan.patches.keys())
@@ -583,6 +587,13 @@ def _write_outputs(
     if page is not None:
         at = len(written) - (1 if written and written[-1] == "out/status.json" else 0)
         written.insert(at, "out/status.html")
+    if checkpoint is not None:  # (None: no checkpoint file, and nothing to reuse)
+        plan_digest = "sha256:" + (
+            plan_ident[1].hex()
+            if isinstance(plan_ident, tuple)
+            else hashlib.sha256(plan_data).hexdigest()
+        )
+        put(out / BASIS_FILE, basis_bytes(c, opts.mode, checkpoint, plan_digest))
     if manifest is not None:  # the configs' own record (see PendingManifest): after the plan
         batch.append((manifest.path, manifest.data(), 0o600))
     flush()
@@ -688,10 +699,11 @@ def reconcile(
                 opts.write_hook,
                 memo=opts.cache.last_good if opts.cache is not None else None,
             )
+            cp_bytes = c.loaded.current  # the checkpoint file's bytes after this run
             if c.checkpoint.generation != c.loaded.checkpoint.generation or (
                 c.loaded.source != "current"
             ):
-                save_checkpoint(
+                cp_bytes = save_checkpoint(
                     state_dir / "checkpoint",
                     c.checkpoint,
                     hook=opts.write_hook,
@@ -699,7 +711,7 @@ def reconcile(
                     current=c.loaded.current,  # read under this lock: not read again
                 )
                 cp_written = True
-            more, status = _write_outputs(state_dir, c, opts)
+            more, status = _write_outputs(state_dir, c, opts, cp_bytes)
             written += more
             if not opts.recheck and hint is None:
                 return ReconcileReport(

@@ -167,10 +167,11 @@ def save_checkpoint(
     hook: WriteHook | None = None,
     cache: CheckpointCodec | None = None,
     current: bytes | None = None,
-) -> Path:
-    """Write ``cp`` as the current generation, keeping the current file as the previous one.
-    ``current``: the current file's bytes as :func:`load_checkpoint` read them under the same
-    lock (:attr:`LoadReport.current`), so that they are not read again; None: read them."""
+) -> bytes:
+    """Write ``cp`` as the current generation, keeping the current file as the previous one;
+    returns the bytes written. ``current``: the current file's bytes as
+    :func:`load_checkpoint` read them under the same lock (:attr:`LoadReport.current`), so
+    that they are not read again; None: read them."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     lineage_path = directory / LINEAGE
     if not lineage_path.exists():
@@ -185,7 +186,7 @@ def save_checkpoint(
     atomic_write(path, encoded, hook=hook)
     if cache is not None:
         cache.wrote(encoded, cp)
-    return path
+    return encoded
 
 
 def _decode(raw: bytes, expected: str | None, cache: CheckpointCodec | None) -> Checkpoint:

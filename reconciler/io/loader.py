@@ -26,7 +26,7 @@ import operator
 import os
 import stat
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -64,9 +64,11 @@ __all__ = [
     "LoadOptions",
     "StateView",
     "format_validation_error",
+    "input_hash_of",
     "instance_limit_guard",
     "load_state",
     "mass_deletion_guard",
+    "resources_files",
 ]
 
 Severity = Literal["error", "warning"]
@@ -585,6 +587,63 @@ def _hash_line(rel: str, rec: FileRecord) -> bytes:
     # contents only (SPEC §10): never a path or a stat key, which differ between copies and
     # over time for the same bytes
     return f"{rel}\0{rec.sha256}\0{rec.deps_sha256}\0".encode()
+
+
+def resources_files(view: StateView) -> dict[str, list[str]]:
+    """Per input file that read another (a node's ``resourcesFile``), the paths it read: what
+    :func:`input_hash_of` needs to give the view's :attr:`StateView.input_hash` again."""
+    return {rel: [path for path, _key in rec.deps] for rel, rec in view.files.items() if rec.deps}
+
+
+def input_hash_of(
+    root: Path, deps: Mapping[str, Sequence[str]], max_bytes: int = DEFAULT_MAX_BYTES
+) -> str | None:
+    """The :attr:`StateView.input_hash` a load of ``root`` gives now, from the files' bytes
+    alone (nothing parsed), when every input file is a readable regular file within
+    ``max_bytes``; None when one is not (only a load can tell what its record holds then).
+
+    ``deps`` is :func:`resources_files` of an earlier view: a file whose bytes are the same as
+    then read the same other files; a file whose bytes changed changes the hash whatever its
+    dependencies are, so the answer is exact either way."""
+    lines: list[bytes] = []
+    unreadable: list[Unreadable] = []
+
+    def line(rel: str, path: Path) -> bytes | None:
+        try:
+            raw, _key = read_bytes_at(path, max_bytes)
+        except FileReadError:
+            return None
+        if len(raw) > max_bytes:
+            return None
+        deps_sha = ""
+        for dep in deps.get(rel, ()):
+            try:
+                dep_raw, _dep_key = read_bytes_at(dep, max_bytes)
+            except FileReadError:
+                return None
+            deps_sha = hashlib.sha256(dep_raw).hexdigest()
+        return f"{rel}\0{hashlib.sha256(raw).hexdigest()}\0{deps_sha}\0".encode()
+
+    for dir_kind, recursive in _INPUT_DIRS:
+        for found in iter_files(
+            root / dir_kind, YAML_SUFFIXES, recursive=recursive, unreadable=unreadable
+        ):
+            if found.key is None:
+                return None
+            rel = f"{dir_kind}/{found.rel}"
+            got = line(rel, root / rel)
+            if got is None:
+                return None
+            lines.append(got)
+        if unreadable:
+            return None
+    unit_path = root / "unit.yaml"
+    if unit_path.exists() or unit_path.is_symlink():
+        got = line("unit.yaml", unit_path)
+        if got is None:
+            return None
+        lines.append(got)
+    return hashlib.sha256(b"".join(lines)).hexdigest()
 
 
 def _assembled(
