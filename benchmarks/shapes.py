@@ -7,7 +7,8 @@ For each shape (``benchmarks.synth.SHAPES``, all by default) it runs, each in a 
 that no memory or cache carries over:
 
 - ``benchmarks.balancer --json``: fresh and stable balance, instances per second (placed and
-  failed);
+  failed), and again at a tenth of the nodes and instances: the time's ratio (10x the
+  instances, target <= 11x);
 - ``benchmarks.warm --json`` with ``--edit placeable`` and, when the shape has unplaceable
   instances, ``--edit unplaceable``: a warm ``watch`` run after one desired-file edit, the
   median time until ``plan.json`` is written (the debounce excluded);
@@ -15,8 +16,10 @@ that no memory or cache carries over:
   writing out/, the checkpoint and the status) against the C loader's parse of the same inputs,
   its writes against the filesystem floor, and the peak RSS;
 - on a state directory of the shape: ``reconciler plan DIR --json`` in a fresh process
-  (interpreter start-up included) against the parse floor, and ``reconciler explain`` of one
-  unplaceable instance (else the first instance).
+  (interpreter start-up included) against the parse floor, ``reconciler explain`` of one
+  unplaceable instance (else the first instance), then a ``reconciler reconcile`` in a fresh
+  process (the oneshot a user runs: its own peak RSS) and ``reconciler plan`` after it (the
+  controller's plan, shown).
 
 The targets (the last column) are the ones docs/performance.md states. Figures are this
 machine's, now: compare runs taken together.
@@ -76,7 +79,27 @@ def _cold_cli(root: Path) -> dict[str, Any]:
         actions = doc.get("actions") or []
         target = actions[0]["instanceId"] if actions else None
     explain = _cli("explain", target, "--state", str(root)) if target else None
-    return {"parse_floor_s": floor, "plan_json_s": plan, "explain_s": explain}
+    # the oneshot a user runs (a fresh process, no cache): its own peak RSS
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reconciler", "reconcile", "--state", str(root)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _pid, _status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = 0  # (reaped by wait4)
+    oneshot_s = time.perf_counter() - t0
+    # then `plan` again: the controller's plan of these inputs, shown
+    shown = min(_cli("plan", "--state", str(root)) for _ in range(2))
+    return {
+        "parse_floor_s": floor,
+        "plan_json_s": plan,
+        "explain_s": explain,
+        "oneshot_rss_mib": usage.ru_maxrss / 1024,
+        "oneshot_s": oneshot_s,
+        "plan_shown_s": shown,
+    }
 
 
 def measure(
@@ -87,6 +110,11 @@ def measure(
     bal = _run_json("balancer", *size)
     row["fresh_per_s"] = bal["fresh"]["instances_per_s"]
     row["stable_per_s"] = bal["stable"]["instances_per_s"]
+    # 10x the instances (and nodes) against the tenth: the time's ratio (target <= 11)
+    tenth = ["--nodes", str(max(1, n_nodes // 10)), "--instances", str(max(1, n_instances // 10))]
+    small = _run_json("balancer", *tenth, "--shape", shape)
+    row["scaling_fresh_x"] = bal["fresh"]["seconds"] / small["fresh"]["seconds"]
+    row["scaling_stable_x"] = bal["stable"]["seconds"] / small["stable"]["seconds"]
     row["failed"] = bal["stable"]["failed"]
     row["preempted"] = bal["stable"].get("preempted", 0)
     kinds = ["placeable", "unplaceable"] if row["failed"] else ["placeable"]
@@ -110,6 +138,8 @@ def measure(
         cli = _cold_cli(root)
     row["plan_json_x"] = cli["plan_json_s"] / cli["parse_floor_s"]
     row["explain_s"] = cli["explain_s"]
+    row["oneshot_rss_mib"] = cli["oneshot_rss_mib"]
+    row["plan_shown_s"] = cli["plan_shown_s"]
     return row
 
 
@@ -122,8 +152,12 @@ _COLUMNS = [
     ("plan_json_x", "cold plan x parse", "{:.2f}"),
     ("cold_before_write_x", "cold before writes x parse", "{:.2f}"),
     ("cold_writes_x", "writes x fs floor", "{:.2f}"),
+    ("plan_shown_s", "plan shown s", "{:.2f}"),
     ("explain_s", "explain s", "{:.2f}"),
-    ("peak_rss_mib", "peak RSS MiB", "{:.0f}"),
+    ("oneshot_rss_mib", "oneshot RSS MiB", "{:.0f}"),
+    ("peak_rss_mib", "benchmark RSS MiB", "{:.0f}"),
+    ("scaling_fresh_x", "10x fresh", "{:.1f}"),
+    ("scaling_stable_x", "10x stable", "{:.1f}"),
 ]
 
 
