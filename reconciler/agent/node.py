@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import signal
 import threading
@@ -913,7 +914,18 @@ def agent_watch(
         if on_run is not None:
             on_run(report)
 
+    plan_path = nodes_dir / target
+    plan_seen: list[tuple[int, int, int] | None] = [None]  # the plan file as the last run began
+
+    def plan_key() -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(plan_path, follow_symlinks=False)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
     def run(reason: str) -> None:
+        plan_seen[0] = plan_key()  # before the run: a plan written during it is seen after
         run_agent_logged(
             node_id,
             reason,
@@ -964,7 +976,9 @@ def agent_watch(
             ):
                 if stop.is_set():
                     break
-                if changes:
+                # a plan written before the watch began (or whose event was lost) is seen
+                # at the next tick: the file's stat is not the one the last run began with
+                if changes or plan_key() != plan_seen[0]:
                     run("plan changed")
                     last = time.monotonic()
                 elif due():
@@ -974,5 +988,12 @@ def agent_watch(
                     break  # the directory went away: watch it again once it is back
         except (FileNotFoundError, RuntimeError) as e:  # removed under the watcher
             log.warning("%s: watching %s failed: %s", node_id, nodes_dir, e)
-            stop.wait(tick)
+            if stop.wait(tick):
+                break
+            if plan_key() != plan_seen[0]:  # (no watcher: the plan's stat alone)
+                run("plan changed")
+                last = time.monotonic()
+            elif due():
+                run("periodic resync or a back-off's end")
+                last = time.monotonic()
     log.info("%s: agent stopped", node_id)

@@ -1155,3 +1155,41 @@ def test_watch_runs_again_when_a_back_off_ends(state: Path) -> None:
         stop.set()
         thread.join(timeout=10)
     assert not thread.is_alive()
+
+
+def test_watch_sees_a_plan_whose_event_never_came(
+    state: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan written between the start's run and the file watcher's start (or whose event is
+    lost) is applied at the next tick, not at the next resync: the plan file's stat is not the
+    one the last run began with."""
+
+    def deaf_watch(*_args: Any, stop_event: threading.Event, **_kwargs: Any) -> Iterator[set[Any]]:
+        while not stop_event.wait(0.05):
+            yield set()  # timeouts only: no event ever arrives
+
+    monkeypatch.setattr("reconciler.agent.node.watchfiles.watch", deaf_watch)
+    runc = FakeRunc()
+    runs: list[AgentReport | None] = []
+    stop = threading.Event()
+    declare_node(state)
+    make_bundle(state, A0)
+    write_patch(state, 0, add={A0: RECORDS[A0]})
+    thread = threading.Thread(
+        target=agent_watch,
+        args=(state, NODE, runc, stop),
+        kwargs={"resync": 3600, "debounce": 0.05, "on_run": runs.append},
+    )
+    thread.start()
+    try:
+        _wait_for(lambda: (state / "actual" / f"{NODE}.yaml").exists())
+        runc.containers[cid(A0)].status = "stopped"
+        write_patch(state, 1)
+        _wait_for(lambda: read_actual(state).instances[A0].restartCount == 1, timeout=20)
+        _wait_for(lambda: len(runs) == 2)  # the start's run and this one (told once done)
+        time.sleep(0.5)
+        assert len(runs) == 2  # an unchanged plan file runs nothing more
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert not thread.is_alive()
