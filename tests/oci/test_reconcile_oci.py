@@ -105,8 +105,9 @@ def test_outputs_are_published_in_dependency_order(
     demo_copy: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Configs before the node patches that name them; the patches with plan.json in one
-    batch; status.json last, in a batch with the configs' manifest (a record for the next
-    writer, not an output anyone waits for), so the plan waits for neither."""
+    batch; status.json last, in a batch with what the plan was computed from and the
+    configs' manifest (records for the next reader and writer, not outputs anyone waits
+    for), so the plan waits for none of them."""
     from reconciler.controller import reconcile as reconcile_module
     from reconciler.io.fsio import atomic_write_many as real_many
     from reconciler.oci.writer import write_instance_outputs as real_outputs
@@ -128,4 +129,11 @@ def test_outputs_are_published_in_dependency_order(
     assert out[0] == ["configs"]
     assert "out/plan.json" in out[1] and any(p.startswith("out/nodes/") for p in out[1])
     # the page just before the report it shows (a report on disk always has its page)
-    assert out[2:] == [["out/status.html", "out/status.json", "out/instances/.manifest.json"]]
+    assert out[2:] == [
+        [
+            "out/status.html",
+            "out/status.json",
+            "out/plan.basis.json",
+            "out/instances/.manifest.json",
+        ]
+    ]
