@@ -491,12 +491,15 @@ def plan(
         _report_diagnostics(comp.diagnostics)
     for problem in comp.loaded.problems:
         log.error("checkpoint: %s", problem)
-    if as_json:
+    if as_json and not comp.diagnostics:  # exactly the bytes out/plan.json would hold
+        from reconciler.planning.plans import plan_bytes
+
+        sys.stdout.write(plan_bytes(comp.plan, comp.plan_inputs()).decode())
+    elif as_json:
         doc = comp.plan_document()
-        if comp.diagnostics:  # else exactly the document out/plan.json would hold
-            doc["invalidFiles"] = invalid
-            doc["invalidInputs"] = [d.to_json() for d in comp.diagnostics]
-            doc["complete"] = doc["complete"] and not invalid
+        doc["invalidFiles"] = invalid
+        doc["invalidInputs"] = [d.to_json() for d in comp.diagnostics]
+        doc["complete"] = doc["complete"] and not invalid
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     elif not gated:
         console = _text_console()
