@@ -1314,13 +1314,9 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
         s.networked for s in services
     )
     if networked and exp.placement is not None and exp.failure is None:
-        placed = balance(
-            view.unit,
-            nodes,
-            services,
-            loaded.checkpoint.previous(),
-            _mode(mode),
-        )
+        placed = exp.result
+        if placed is None:
+            placed = balance(view.unit, nodes, services, loaded.checkpoint.previous(), _mode(mode))
         net_why, net = explain_network(view.unit, services, placed, loaded.checkpoint.network, iid)
     if net_why is not None:
         i = exp.instance

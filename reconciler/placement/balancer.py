@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from reconciler.model.documents import (
     DeviceRequest,
@@ -828,6 +828,8 @@ class Explanation:
     runtime_filters: tuple[str, ...] = ()
     runtimes: tuple[tuple[str, tuple[tuple[str, tuple[str | None, ...]], ...]], ...] = ()
     # per node: (node id, per runtime: (runtime id, per runtime filter None=pass or why not))
+    result: BalanceResult | None = field(default=None, compare=False, repr=False)
+    """The balance the matrix was evaluated after (for the phases after placement)."""
 
 
 def explain(
@@ -871,4 +873,5 @@ def explain(
         failure,
         tuple(f.name for f in filters.RUNTIME_FILTERS),
         tuple(per_runtime),
+        result,
     )

@@ -239,6 +239,29 @@ def test_network_failures_in_status_plan_and_explain(
     assert main(["plan", "--state", str(state)]) == 3
 
 
+def test_explain_on_a_networked_unit_balances_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The network phase after placement reads the balance the explanation was made after,
+    not a second one of its own."""
+    from reconciler.placement import balancer
+
+    state = unit(tmp_path)
+    run(state)
+    calls: list[int] = []
+    real = balancer.balance
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(balancer, "balance", counted)
+    assert main(["explain", "web:0", "--state", str(state), "--json"]) == 0
+    exp = json.loads(capsys.readouterr().out)
+    assert exp["network"]["ip"] == "172.18.0.2"
+    assert len(calls) == 1
+
+
 def test_the_node_patch_records_each_instance_address(tmp_path: Path) -> None:
     """A start adds the instance's record with its ``ip`` (the one its network.json holds), so
     the actual document the patch makes names it; an instance without a network has none."""
