@@ -130,7 +130,7 @@ def measure(
     writes = stages.get("write", 0.0) + stages.get("status", 0.0)
     before = rec["rows_s"]["cold reconcile"] - writes
     row["cold_before_write_x"] = before / parse
-    row["cold_writes_x"] = writes / floors["floor: filesystem, out/ created once"]
+    row["cold_writes_x"] = writes / floors["floor: filesystem, out/ and checkpoint/ created once"]
     row["peak_rss_mib"] = max(rec["peak_rss_mib"].values())
     with tempfile.TemporaryDirectory(prefix=f"shape-{shape}-") as tmp:
         root = Path(tmp) / "state"
