@@ -46,7 +46,10 @@ from reconciler.placement.nodestate import (
 )
 from reconciler.placement.pipeline import (
     STATIC_NODE_PREFIX,
+    Bound,
+    dynamic_bound,
     dynamic_drop,
+    most_room,
     static_drop,
     static_runtime_verdict,
     static_runtimes,
@@ -146,6 +149,12 @@ class ClassIndex:
         # charges of a group computed at some length of it must look at again (see charges)
         self.moves: list[str] = []
         self.charged: dict[Group, tuple[int, dict[str, str | None]]] = {}
+        # per (class, runtime filter), the largest room it declares per runtime on the class's
+        # nodes (pipeline.most_room): what bounds an ask's charges there (see charges)
+        self.rooms: dict[tuple[int, int], list[int]] = {}
+        # per dynamic node filter and what it reads of an ask (its declaration), whether each
+        # node it was asked of refuses, while no node moves (at that length of moves)
+        self.refusals: dict[tuple[str, tuple[object, ...]], tuple[int, dict[str, bool]]] = {}
 
     def _built(self, slot: NodeSlot) -> None:
         slot.order_base = self.order_base[slot.id]
@@ -221,10 +230,19 @@ class ClassIndex:
                 code = static_drop(self.class_slot[cid], ask)
                 if code is not None:
                     codes.update(dict.fromkeys(members, code))
-                else:
-                    static = verdict(cid)
+                    continue
+                static = verdict(cid)
+                # what the filters' declarations tell of every node of the class whatever is
+                # reserved (an ask more than any of its nodes could ever give, say): then only
+                # the dynamic node filters the ask needs are asked node by node, if any
+                bound = self._bound(cid, ask, static)
+                if bound is None:
                     for node_id in members:
                         codes[node_id] = dynamic_drop(run.slot(node_id), ask, static)
+                elif not bound[0]:
+                    codes.update(dict.fromkeys(members, bound[1]))
+                else:
+                    self._bounded_charges(members, ask, bound, codes)
         else:
             at, codes = known
             class_of = self.class_of
@@ -235,6 +253,51 @@ class ClassIndex:
                     codes[node_id] = dynamic_drop(run.slot(node_id), ask, static)
         self.charged[group] = (len(self.moves), codes)
         return [code for code in codes.values() if code is not None]
+
+    def _bounded_charges(
+        self, members: list[str], ask: Ask, bound: Bound, codes: dict[str, str | None]
+    ) -> None:
+        """``pipeline.bounded_drop`` on each of ``members``, into ``codes``: the node filters it
+        asks, each once per node and what the filter reads of an ask while no node moves
+        (failing asks alike in what it reads share its answers)."""
+        asked, code = bound
+        run = self.run
+        at = len(self.moves)
+        answers = []
+        for nf in asked:
+            key = (nf.name, tuple([getattr(ask, name) for name in nf.reads_ask]))
+            got = self.refusals.get(key)
+            if got is None or got[0] != at:
+                got = self.refusals[key] = (at, {})
+            answers.append((nf, got[1]))
+        for node_id in members:
+            charge = code
+            for nf, refuses in answers:
+                refused = refuses.get(node_id)
+                if refused is None:
+                    refused = refuses[node_id] = nf.check(run.slot(node_id), ask) is not None
+                if refused:
+                    charge = nf.name
+                    break
+            codes[node_id] = charge
+
+    def _bound(
+        self, cid: int, ask: Ask, static: tuple[tuple[int, ...], str | None]
+    ) -> Bound | None:
+        """``pipeline.dynamic_bound`` for class ``cid``, with the largest rooms of its nodes."""
+        rooms = self.rooms
+        members = self.members[cid]
+        rep = self.class_slot[cid]
+
+        def room(k: int, i: int) -> int:
+            most = rooms.get((cid, k))
+            if most is None:
+                run = self.run
+                slots = [run.slot(node_id) for node_id in members]
+                most = rooms[cid, k] = most_room(slots, k, len(rep.runtimes))
+            return most[i]
+
+        return dynamic_bound(rep, ask, static, room)
 
     def forget_services(self, services: set[int]) -> None:
         """Forget the groups of the services (by ``id``) that are gone or edited."""
@@ -299,6 +362,7 @@ class ClassIndex:
         _, cpu, ram, _ = basics
         if cpu > self.cpu_top or ram > self.ram_top:
             return False
+        self.rooms.clear()  # (capacities change)
         self.index_valid = False
         self.stale.clear()
         return True
