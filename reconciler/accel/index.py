@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import weakref
 from bisect import bisect_left, insort
-from collections.abc import Hashable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from heapq import heappop, heappush, heapreplace
 from typing import TYPE_CHECKING
 
@@ -63,6 +64,14 @@ if TYPE_CHECKING:
 __all__ = ["ClassIndex"]
 
 _STALE_MAX = 256  # nodes moved since the index was built beyond which it is built again
+
+_PER_NODE = "(per node)"
+"""In a group's charges, the class entry of a class whose nodes each have their own."""
+
+Charged = tuple[int, list[str | None], dict[str, str | None], "Counter[str]"]
+"""A group's failure charges at some length of ``ClassIndex.moves``: per class, the charge of
+every node of the class (or ``_PER_NODE``); per node of the other classes (and per node moved
+since), its own; and how many nodes each code charges."""
 
 
 class ClassIndex:
@@ -148,7 +157,7 @@ class ClassIndex:
         # the nodes reserved on or released from, in order (with repeats): what the failure
         # charges of a group computed at some length of it must look at again (see charges)
         self.moves: list[str] = []
-        self.charged: dict[Group, tuple[int, dict[str, str | None]]] = {}
+        self.charged: dict[Group, Charged] = {}
         # per (class, runtime filter), the largest room it declares per runtime on the class's
         # nodes (pipeline.most_room): what bounds an ask's charges there (see charges)
         self.rooms: dict[tuple[int, int], list[int]] = {}
@@ -201,19 +210,21 @@ class ClassIndex:
         """The group: instances of one shape are answered alike by every filter."""
         return self.group(instance)
 
-    def charges(self, ask: Ask) -> list[str]:
+    def charges(self, ask: Ask) -> Mapping[str, int]:
         """As the exhaustive search's, with the static node filters that come first answered
         once per class (their answer is the class's: the class key holds what they read, but
-        a node's id, so a service naming its node is charged node by node). Each node's charge
-        is kept per group, and computed again only for the nodes reserved on or released
-        from since (the charge depends on the node's state and the ask's shape only): a
-        watcher's run after an edit charges its failing services on the nodes it changed."""
+        a node's id, so a service naming its node is charged node by node), and the dynamic
+        ones too where the filters' declarations bound them whatever is reserved
+        (``pipeline.dynamic_bound``). Each node's charge is kept per group (a class's when it
+        is the same on all its nodes), and computed again only for the nodes reserved on or
+        released from since (the charge depends on the node's state and the ask's shape
+        only): a watcher's run after an edit charges its failing services on the nodes it
+        changed. The counts returned are the index's: read them before the next call."""
         run = self.run
         if ask.node_id is not None:
-            return all_charges(run.all_slots(), ask)
+            return Counter(all_charges(run.all_slots(), ask))
         group = self.group(ask.instance)
         known = self.charged.get(group)
-        codes: dict[str, str | None]
         # per class, its static runtime verdict for this ask: each node of a class passing the
         # static node filters is then asked its dynamic filters only
         verdicts: dict[int, tuple[tuple[int, ...], str | None]] = {}
@@ -225,12 +236,39 @@ class ClassIndex:
             return got
 
         if known is None:
-            codes = {}
-            for cid, members in enumerate(self.members):
-                code = static_drop(self.class_slot[cid], ask)
-                if code is not None:
-                    codes.update(dict.fromkeys(members, code))
+            known = self._charge_classes(ask, verdict)
+        else:
+            at, uniform, own, counts = known
+            class_of = self.class_of
+            for node_id in set(self.moves[at:]):
+                cid = class_of[node_id]
+                old = own[node_id] if node_id in own else uniform[cid]
+                if old in STATIC_NODE_PREFIX:
                     continue
+                new = own[node_id] = dynamic_drop(run.slot(node_id), ask, verdict(cid))
+                if new != old:
+                    if old is not None:
+                        counts[old] -= 1
+                        if not counts[old]:
+                            del counts[old]
+                    if new is not None:
+                        counts[new] += 1
+            known = (len(self.moves), uniform, own, counts)
+        self.charged[group] = known
+        return known[3]
+
+    def _charge_classes(
+        self, ask: Ask, verdict: Callable[[int], tuple[tuple[int, ...], str | None]]
+    ) -> Charged:
+        """Every node's charge for ``ask`` now, class by class: the class's own when it is the
+        same for all its nodes, else each node's."""
+        run = self.run
+        uniform: list[str | None] = []  # per class: its nodes' charge (_PER_NODE: see own)
+        own: dict[str, str | None] = {}  # per node of the others, its charge
+        counts: Counter[str] = Counter()
+        for cid, members in enumerate(self.members):
+            code = static_drop(self.class_slot[cid], ask)
+            if code is None:
                 static = verdict(cid)
                 # what the filters' declarations tell of every node of the class whatever is
                 # reserved (an ask more than any of its nodes could ever give, say): then only
@@ -238,21 +276,18 @@ class ClassIndex:
                 bound = self._bound(cid, ask, static)
                 if bound is None:
                     for node_id in members:
-                        codes[node_id] = dynamic_drop(run.slot(node_id), ask, static)
-                elif not bound[0]:
-                    codes.update(dict.fromkeys(members, bound[1]))
+                        own[node_id] = dynamic_drop(run.slot(node_id), ask, static)
+                    code = _PER_NODE
+                elif bound[0]:
+                    self._bounded_charges(members, ask, bound, own)
+                    code = _PER_NODE
                 else:
-                    self._bounded_charges(members, ask, bound, codes)
-        else:
-            at, codes = known
-            class_of = self.class_of
-            for node_id in set(self.moves[at:]):
-                code = codes[node_id]
-                if code not in STATIC_NODE_PREFIX:
-                    static = verdict(class_of[node_id])
-                    codes[node_id] = dynamic_drop(run.slot(node_id), ask, static)
-        self.charged[group] = (len(self.moves), codes)
-        return [code for code in codes.values() if code is not None]
+                    code = bound[1]
+            uniform.append(code)
+            if code is not None and code is not _PER_NODE:
+                counts[code] += len(members)
+        counts.update([code for code in own.values() if code is not None])
+        return (len(self.moves), uniform, own, counts)
 
     def _bounded_charges(
         self, members: list[str], ask: Ask, bound: Bound, codes: dict[str, str | None]

@@ -74,6 +74,7 @@ from reconciler.placement.pipeline import (
     evaluate,
     failure,
     summarize,
+    summarize_counts,
     unresolvable,
 )
 from reconciler.placement.search import Exhaustive, SearchFactory
@@ -386,7 +387,7 @@ class Run:
             alike = search.alike(inst)
             known = charged.get(alike)
             if known is None:
-                f = summarize(inst, n, search.charges(self.ask(inst)))
+                f = summarize_counts(inst, n, search.charges(self.ask(inst)))
                 charged[alike] = (f.reason, f.counts)
             else:
                 f = failure(inst, n, *known)

@@ -4,7 +4,7 @@ summaries (§7.7): what every candidate search answers with."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from reconciler.placement import filters
@@ -29,6 +29,7 @@ __all__ = [
     "static_runtime_verdict",
     "static_runtimes",
     "summarize",
+    "summarize_counts",
     "unresolvable",
 ]
 
@@ -248,7 +249,12 @@ def best_runtime(slot: NodeSlot, verdict: Verdict) -> int:
 
 
 def summarize(instance: Instance, n_nodes: int, charges: Iterable[str]) -> Failure:
-    counts = Counter(charges)  # (counted in C: a charge per node of the unit)
+    """The failure of ``instance``, charged the code of the filter dropping each node."""
+    return summarize_counts(instance, n_nodes, Counter(charges))
+
+
+def summarize_counts(instance: Instance, n_nodes: int, counts: Mapping[str, int]) -> Failure:
+    """The failure of ``instance`` from how many nodes each filter drops (no zero counts)."""
     ordered = tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
     reason = max(counts, key=filters.FILTER_CODES.index) if counts else NO_NODES
     return failure(instance, n_nodes, reason, ordered)

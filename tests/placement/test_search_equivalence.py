@@ -244,3 +244,21 @@ def test_a_named_resource_taken_between_two_runs_of_a_watcher_is_charged_anew() 
     assert got == balance(None, nodes, now, previous_of(first), "stable")
     counts = {f.item_id: f.counts for f in got.failures}
     assert counts == {"big-camera": (("Resources", 4),), "bigger-camera": (("Resources", 4),)}
+
+
+def test_a_charge_no_node_gives_any_more_leaves_the_summary() -> None:
+    """A watcher's run after an edit charges its failing service again on the node the edit
+    changed: the one node it charged ``Ram`` is now charged ``Cpu``, and ``Ram`` leaves the
+    summary (not ``0 Ram``), as in a full run."""
+    nodes = [make_node("n0", dmips=1000, ram="1Gi")]
+    filler = make_service("a", cpu=100, ram="500Mi", priority=10)
+    failing = make_service("f", cpu=400, ram="600Mi")
+    memo = BalanceMemo()
+    first = memo.balance(None, nodes, [filler, failing], {}, "stable")
+    assert [f.counts for f in first.failures] == [(("Ram", 1),)]
+    now = [filler, failing, make_service("b", cpu=600, priority=10)]
+    got = memo.balance(None, nodes, now, previous_of(first), "stable")
+    assert memo.incremental
+    assert [f.counts for f in got.failures] == [(("Cpu", 1),)]
+    assert got.failures[0].summary.endswith("0/1 nodes feasible: 1 Cpu")
+    assert got == balance(None, nodes, now, previous_of(first), "stable")
