@@ -22,8 +22,9 @@ from __future__ import annotations
 import weakref
 from bisect import bisect_left, insort
 from collections import Counter
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from heapq import heappop, heappush, heapreplace
+from itertools import chain
 from typing import TYPE_CHECKING
 
 from reconciler.accel.classes import (
@@ -198,13 +199,15 @@ class ClassIndex:
             runtimes = self.static_for(group, slot)
             return [(slot, runtimes)] if runtimes else []
         per_class = self._classes(group)
+        chosen = [cid for cid, runtimes in enumerate(per_class) if runtimes]
+        if not chosen:
+            return []
+        if len(chosen) == len(per_class):
+            node_ids: Iterable[str] = run.nodes
+        else:  # the members of those classes, by node id (each class's are)
+            node_ids = sorted(chain.from_iterable([self.members[cid] for cid in chosen]))
         class_of = self.class_of
-        out = []
-        for node_id in run.nodes:
-            runtimes = per_class[class_of[node_id]]
-            if runtimes:
-                out.append((run.slot(node_id), runtimes))
-        return out
+        return [(run.slot(node_id), per_class[class_of[node_id]]) for node_id in node_ids]
 
     def alike(self, instance: Instance) -> Hashable:
         """The group: instances of one shape are answered alike by every filter."""
