@@ -67,6 +67,7 @@ from reconciler.placement.nodestate import (
     make_slot,
     node_basics,
     release_reservation,
+    restore_reservation,
     take,
 )
 from reconciler.placement.pipeline import (
@@ -430,19 +431,20 @@ class Run:
             for r in lower:
                 release_reservation(trial, r.instance.id)
                 victims.append(r)
-                if evaluate(trial, ask).dropped_by is None:
+                # (the pipeline is asked once the CPU and RAM freed could be enough)
+                if _could_fit(trial, ask, runtimes, []) and evaluate(trial, ask).dropped_by is None:
                     fits = True
                     break
             if not fits:
                 continue
-            # reprieve: give back every victim whose eviction turns out not to be needed
+            # reprieve: give back every victim whose eviction turns out not to be needed (the
+            # node with the others evicted: ``trial``, every victim evicted, with it back)
             for r in sorted(victims, key=lambda r: (-r.instance.priority, r.instance.order_key())):
-                others = [v for v in victims if v is not r]
-                check = slot.clone()
-                for v in others:
-                    release_reservation(check, v.instance.id)
+                check = trial.clone()
+                restore_reservation(check, r)
                 if evaluate(check, ask).dropped_by is None:
-                    victims = others
+                    victims = [v for v in victims if v is not r]
+                    trial = check
             prios = tuple(sorted((v.instance.priority for v in victims), reverse=True))
             key = (len(victims), prios, slot.id)
             if best is None or key < best[0]:

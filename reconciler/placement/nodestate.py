@@ -65,6 +65,7 @@ __all__ = [
     "node_facts",
     "ordered_runtimes",
     "release_reservation",
+    "restore_reservation",
     "state_fits",
     "state_need",
     "storage_fits",
@@ -934,6 +935,16 @@ def _give(pool: Pool, amount: int) -> None:
             RELEASE_BELOW_ZERO,
         )
     pool.free += amount
+
+
+def restore_reservation(slot: NodeSlot, res: Reservation) -> None:
+    """Hold ``res`` again on ``slot``, from which it was released (:func:`release_reservation`):
+    its runtime, amounts, a slot of each named resource and its very device ids. The state is
+    then the one it had with ``res`` held (the tests compare)."""
+    keep = dict(res.devices) if res.devices else NO_KEEP
+    asked = tuple([ShareRequest(name) for name in res.resources])
+    take(slot, res.runtime_index, res.requested, asked, res.device_requests, keep)
+    slot.placed[res.instance.id] = res
 
 
 def release_reservation(slot: NodeSlot, iid: str) -> Reservation:

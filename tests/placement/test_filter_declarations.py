@@ -35,9 +35,12 @@ from reconciler.placement.nodestate import (
     NO_KEEP,
     NodeSlot,
     Pool,
+    Reservation,
     RuntimeSlot,
     claim,
     make_slot,
+    release_reservation,
+    restore_reservation,
     take,
 )
 from reconciler.placement.pipeline import (
@@ -617,3 +620,58 @@ def test_the_bound_of_a_class_is_the_pipelines_on_each_of_its_nodes(
         return
     for slot in slots:
         assert bounded_drop(slot, ask, bound) == evaluate(slot, ask).dropped_by, slot.id
+
+
+@st.composite
+def held(draw: DrawFn) -> tuple[NodeSlot, list[Reservation]]:
+    """A node state holding the reservations of a few instances (those that fit, on the
+    runtime drawn), with named resources and devices."""
+    slot = make_slot(None, draw(node_docs()), _NONE)
+    made: list[Reservation] = []
+    for k in range(draw(st.integers(1, 6))):
+        service = draw(services(f"h{k}"))
+        if draw(st.booleans()):  # devices (and named resources the node has) only: more fit
+            have = [r.name for r in slot.node.host_resources]
+            wanted = draw(st.lists(st.sampled_from(have), unique=True)) if have else []
+            none = dict.fromkeys(_BOUNDED, 0)
+            update = {"requestedResources": service.requestedResources.model_copy(update=none)}
+            service = make_service(f"h{k}", resources=wanted, devices=[]).model_copy(
+                update={**update, "devices": service.devices}
+            )
+        ask = _ask(service)
+        at = draw(st.integers(0, len(slot.runtimes) - 1))
+        req = ask.requested(slot)
+        try:
+            ids = take(slot, at, req, ask.resources, ask.devices, NO_KEEP)
+        except (InventoryError, ValueError, KeyError):
+            continue
+        names = tuple([r.resource for r in ask.resources])
+        res = Reservation(ask.instance, at, req, names, ids, ask.devices)
+        slot.placed[ask.instance.id] = res
+        made.append(res)
+    return slot, made
+
+
+@SETTINGS
+@given(case=held(), data=st.data())
+def test_a_reservation_held_again_gives_the_state_it_had(
+    case: tuple[NodeSlot, list[Reservation]], data: st.DataObject
+) -> None:
+    """Releasing some reservations and holding one of them again (``restore_reservation``,
+    what pass 3's reprieve does) leaves the node as releasing only the others does: the same
+    free amounts, named-resource slots and device pools, and the same reservations held."""
+    slot, made = case
+    if not made:
+        return
+    victims = data.draw(st.lists(st.sampled_from(made), min_size=1, unique_by=id))
+    back = data.draw(st.sampled_from(victims))
+    again = slot.clone()
+    for v in victims:
+        release_reservation(again, v.instance.id)
+    restore_reservation(again, back)
+    others = slot.clone()
+    for v in victims:
+        if v is not back:
+            release_reservation(others, v.instance.id)
+    assert _free(again) == _free(others)
+    assert again.placed == others.placed
