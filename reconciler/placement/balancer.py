@@ -64,10 +64,12 @@ from reconciler.placement.nodestate import (
     RequestKey,
     Reservation,
     StateCache,
+    basics_request_key,
     make_slot,
     node_basics,
     release_reservation,
     restore_reservation,
+    runtime_capacities,
     take,
 )
 from reconciler.placement.pipeline import (
@@ -464,13 +466,16 @@ class Run:
         """False when what ``ask`` asks exceeds, on every node, the CPU or the RAM of every
         runtime's pools even with nothing reserved: no eviction anywhere can place it."""
         tops = self._tops
-        if tops is None:
+        if tops is None:  # (from the nodes' basics: no node state is built for it)
             tops = self._tops = {}
-            for slot in self.all_slots():
-                top = tops.get(slot.request_key, (0, 0))
-                for rt in slot.runtimes:
-                    top = (max(top[0], rt.cpu_from.capacity), max(top[1], rt.ram_from.capacity))
-                tops[slot.request_key] = top
+            empty: frozenset[str] = frozenset()
+            for node_id, basics in self.basics.items():
+                overloaded = self.overload.get(node_id, empty) if self.overload else empty
+                key = basics_request_key(basics, overloaded)
+                top = tops.get(key, (0, 0))
+                for cpu, ram in runtime_capacities(self.nodes[node_id], basics):
+                    top = (max(top[0], cpu), max(top[1], ram))
+                tops[key] = top
         for key, (cpu, ram) in tops.items():
             need = ask.requested_on(key)
             if need.cpu <= cpu and need.ram <= ram:

@@ -58,6 +58,7 @@ __all__ = [
     "RuntimeSlot",
     "Settings",
     "StateCache",
+    "basics_request_key",
     "claim",
     "device_pool",
     "make_slot",
@@ -66,6 +67,7 @@ __all__ = [
     "ordered_runtimes",
     "release_reservation",
     "restore_reservation",
+    "runtime_capacities",
     "state_fits",
     "state_need",
     "storage_fits",
@@ -671,6 +673,25 @@ def node_basics(
     cpu_spec = _spec("cpu", cpu, inventories.cpu)
     ram_spec = _spec("ram", ram, inventories.ram)
     return (settings, cpu_spec.capacity, ram_spec.capacity, (cpu_spec, ram_spec))
+
+
+def basics_request_key(basics: Basics, overloaded: frozenset[str]) -> RequestKey:
+    """The request key of the state of a node with ``basics`` (``NodeSlot.request_key``)."""
+    return _request_key(basics[0][3], overloaded)
+
+
+def runtime_capacities(node: Node, basics: Basics) -> list[tuple[int, int]]:
+    """The CPU and RAM capacity of the pools each runtime of ``node`` takes from (its own,
+    else the node's; SPEC §7.3), in the order of its state's runtimes: what :func:`make_slot`
+    gives them, known without building the state."""
+    _, cpu, ram, _ = basics
+    return [
+        (
+            cpu if rt.allowedDMIPS is None else rt.allowedDMIPS,
+            ram if rt.allowedRAM is None else rt.allowedRAM,
+        )
+        for rt in ordered_runtimes(node)
+    ]
 
 
 def make_slot(

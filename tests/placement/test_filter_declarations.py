@@ -37,10 +37,13 @@ from reconciler.placement.nodestate import (
     Pool,
     Reservation,
     RuntimeSlot,
+    basics_request_key,
     claim,
     make_slot,
+    node_basics,
     release_reservation,
     restore_reservation,
+    runtime_capacities,
     take,
 )
 from reconciler.placement.pipeline import (
@@ -675,3 +678,16 @@ def test_a_reservation_held_again_gives_the_state_it_had(
             release_reservation(others, v.instance.id)
     assert _free(again) == _free(others)
     assert again.placed == others.placed
+
+
+@SETTINGS
+@given(node=node_docs(), overloaded=st.sampled_from((_NONE, frozenset({"cpu"}))))
+def test_runtime_capacities_are_the_empty_states(node: Node, overloaded: frozenset[str]) -> None:
+    """What the bound of pass 2 and 3 (an ask too big for every empty node) reads of a node
+    without building its state is what its state holds with nothing reserved: each runtime's
+    CPU and RAM capacity, and the request key."""
+    basics = node_basics(None, node, overloaded)
+    slot = make_slot(None, node, overloaded, basics)
+    got = runtime_capacities(node, basics)
+    assert got == [(rt.cpu_from.capacity, rt.ram_from.capacity) for rt in slot.runtimes]
+    assert basics_request_key(basics, overloaded) == slot.request_key
