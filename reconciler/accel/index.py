@@ -23,7 +23,7 @@ import weakref
 from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from heapq import heappop, heappush, heapreplace
+from heapq import heapify, heappop, heappush, heapreplace
 from itertools import chain
 from typing import TYPE_CHECKING
 
@@ -567,8 +567,8 @@ class ClassIndex:
         resources, devices, names = group.resources, group.devices, group.names
         if group.levels is None:
             self._classes(group)
-        assert group.levels is not None
-        levels = group.levels
+        assert group.levels is not None and group.per_class is not None
+        levels, per_class = group.levels, group.per_class
         refused = self._refused(group)
         passed = group.passed
         index, class_slot, slot_at = self.index, self.class_slot, self.slot_at
@@ -605,25 +605,33 @@ class ClassIndex:
                     else:
                         if opened == len(levels):
                             break
-                        for cid, runtimes in levels[opened]:
+                        # (the heap is empty: the level's heads go in at once; what the group
+                        # asks of a class is looked up when its first node comes out)
+                        for cid, _ in levels[opened]:
                             entries = index[cid]
                             end = len(entries)
                             known = passed.get(cid)
                             p = 0 if known is None else bisect_left(entries, known)
                             while p < end and entries[p] % count in refused:
                                 p += 1
-                            passed[cid] = entries[p] if p < end else entries[-1] + 1
                             if p < end:
-                                heappush(heap, entries[p])
-                                needs[cid] = group.requested(class_slot[cid])
-                                allowed[cid] = runtimes
+                                head_entry = entries[p]
+                                passed[cid] = head_entry
+                                heap.append(head_entry)
                                 cursors[cid] = p
+                            else:
+                                passed[cid] = entries[-1] + 1
+                        heapify(heap)
                         opened += 1
                         continue
                     rank = key % count
                     cid = class_at[rank]
                     slot = slot_at[rank] or self.run.slot(by_rank[rank])
-                    need, runtimes = needs[cid], allowed[cid]
+                    asked = needs.get(cid)
+                    if asked is None:
+                        asked = needs[cid] = group.requested(class_slot[cid])
+                        allowed[cid] = per_class[cid]
+                    need, runtimes = asked, allowed[cid]
                     entries = index[cid]
                     p, end = cursors[cid], len(entries)
                     head = p < end and entries[p] == key
