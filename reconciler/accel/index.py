@@ -88,6 +88,7 @@ class ClassIndex:
 
     def __init__(self, run: Run) -> None:
         self._run = weakref.ref(run)  # the run owns its search: no cycle for the collector
+        self.overloaded = run.overloaded  # (fixed for the run: see Run.renew_usage)
         empty: frozenset[str] = frozenset()
         overload = run.overload
         class_ids: dict[tuple[object, ...], int] = {}
@@ -175,6 +176,10 @@ class ClassIndex:
     def group(self, instance: Instance) -> Group:
         """The group of ``instance``: one per shape, found once per service (and measured
         usage, in an overloaded run)."""
+        if not self.overloaded:  # (most runs: by service alone)
+            group = self.groups.get(id(instance.service))
+            if group is not None:
+                return group
         run = self.run
         usage = run.usage_of(instance)
         key: object = (id(instance.service), usage) if run.overloaded else id(instance.service)
