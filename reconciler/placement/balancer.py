@@ -440,13 +440,14 @@ class Run:
             if not fits:
                 continue
             # reprieve: give back every victim whose eviction turns out not to be needed (the
-            # node with the others evicted: ``trial``, every victim evicted, with it back)
+            # node with the others evicted: ``trial``, every victim evicted, with it back; it
+            # is evicted from ``trial`` again when needed)
             for r in sorted(victims, key=lambda r: (-r.instance.priority, r.instance.order_key())):
-                check = trial.clone()
-                restore_reservation(check, r)
-                if evaluate(check, ask).dropped_by is None:
+                restore_reservation(trial, r)
+                if _could_fit(trial, ask, runtimes, []) and evaluate(trial, ask).dropped_by is None:
                     victims = [v for v in victims if v is not r]
-                    trial = check
+                else:
+                    release_reservation(trial, r.instance.id)
             prios = tuple(sorted((v.instance.priority for v in victims), reverse=True))
             key = (len(victims), prios, slot.id)
             if best is None or key < best[0]:

@@ -662,7 +662,8 @@ def test_a_reservation_held_again_gives_the_state_it_had(
 ) -> None:
     """Releasing some reservations and holding one of them again (``restore_reservation``,
     what pass 3's reprieve does) leaves the node as releasing only the others does: the same
-    free amounts, named-resource slots and device pools, and the same reservations held."""
+    free amounts, named-resource slots and device pools, and the same reservations held; and
+    releasing it once more, as releasing them all does."""
     slot, made = case
     if not made:
         return
@@ -678,6 +679,12 @@ def test_a_reservation_held_again_gives_the_state_it_had(
             release_reservation(others, v.instance.id)
     assert _free(again) == _free(others)
     assert again.placed == others.placed
+    release_reservation(again, back.instance.id)
+    every = slot.clone()
+    for v in victims:
+        release_reservation(every, v.instance.id)
+    assert _free(again) == _free(every)
+    assert again.placed == every.placed
 
 
 @SETTINGS
