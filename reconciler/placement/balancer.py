@@ -191,6 +191,7 @@ class Run:
         # place, the previous allocation it keeps)
         self.held: dict[str, tuple[Instance, PreviousAllocation]] = {}
         self._tops: dict[RequestKey, tuple[int, int]] | None = None  # (_fits_somewhere_empty)
+        self._fits: dict[tuple[int, tuple[int, int] | None], tuple[Service, bool]] = {}
         self.on_slot: Callable[[NodeSlot], None] | None = None
         """Called with each node state built (a search may note what it keeps on it)."""
         self.search = search(self)
@@ -289,6 +290,7 @@ class Run:
                 for iid, u in node.usage.instances.items():
                     self.usage[iid] = (u.cpu, u.ram)
         self._tops = None
+        self._fits.clear()
         self.search.freed()  # a node may have more room now
         return True
 
@@ -360,7 +362,7 @@ class Run:
                 j = k
             else:
                 cause = self.cause
-            if self._tops is None or self._fits_somewhere_empty(self.ask(first)):
+            if self._tops is None or self._fits_empty(first):
                 lost = search.place(instances[i:j], cause)
                 if lost:
                     failed += lost
@@ -462,6 +464,16 @@ class Run:
         assert verdict.dropped_by is None
         self.reserve(slot, ask, best_runtime(slot, verdict))
         return victim_ids
+
+    def _fits_empty(self, instance: Instance) -> bool:
+        """:meth:`_fits_somewhere_empty` for what ``instance`` asks, once per service and
+        measured usage while the capacities stay."""
+        service = instance.service
+        key = (id(service), self.usage.get(instance.id) if self.usage else None)
+        got = self._fits.get(key)
+        if got is None or got[0] is not service:  # (an id is reused only by another object)
+            got = self._fits[key] = (service, self._fits_somewhere_empty(self.ask(instance)))
+        return got[1]
 
     def _fits_somewhere_empty(self, ask: Ask) -> bool:
         """False when what ``ask`` asks exceeds, on every node, the CPU or the RAM of every
