@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import weakref
 from bisect import bisect_left, insort
-from collections.abc import Hashable, Mapping, Sequence
-from heapq import heappop, heappush, heapreplace
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from heapq import heapify, heappop, heappush, heapreplace
+from itertools import chain
 from typing import TYPE_CHECKING
 
 from reconciler.accel.classes import (
@@ -46,7 +48,10 @@ from reconciler.placement.nodestate import (
 )
 from reconciler.placement.pipeline import (
     STATIC_NODE_PREFIX,
+    Bound,
+    dynamic_bound,
     dynamic_drop,
+    most_room,
     static_drop,
     static_runtime_verdict,
     static_runtimes,
@@ -60,6 +65,14 @@ if TYPE_CHECKING:
 __all__ = ["ClassIndex"]
 
 _STALE_MAX = 256  # nodes moved since the index was built beyond which it is built again
+
+_PER_NODE = "(per node)"
+"""In a group's charges, the class entry of a class whose nodes each have their own."""
+
+Charged = tuple[int, list[str | None], dict[str, str | None], "Counter[str]"]
+"""A group's failure charges at some length of ``ClassIndex.moves``: per class, the charge of
+every node of the class (or ``_PER_NODE``); per node of the other classes (and per node moved
+since), its own; and how many nodes each code charges."""
 
 
 class ClassIndex:
@@ -75,6 +88,7 @@ class ClassIndex:
 
     def __init__(self, run: Run) -> None:
         self._run = weakref.ref(run)  # the run owns its search: no cycle for the collector
+        self.overloaded = run.overloaded  # (fixed for the run: see Run.renew_usage)
         empty: frozenset[str] = frozenset()
         overload = run.overload
         class_ids: dict[tuple[object, ...], int] = {}
@@ -145,7 +159,13 @@ class ClassIndex:
         # the nodes reserved on or released from, in order (with repeats): what the failure
         # charges of a group computed at some length of it must look at again (see charges)
         self.moves: list[str] = []
-        self.charged: dict[Group, tuple[int, dict[str, str | None]]] = {}
+        self.charged: dict[Group, Charged] = {}
+        # per (class, runtime filter), the largest room it declares per runtime on the class's
+        # nodes (pipeline.most_room): what bounds an ask's charges there (see charges)
+        self.rooms: dict[tuple[int, int], list[int]] = {}
+        # per dynamic node filter and what it reads of an ask (its declaration), whether each
+        # node it was asked of refuses, while no node moves (at that length of moves)
+        self.refusals: dict[tuple[str, tuple[object, ...]], tuple[int, dict[str, bool]]] = {}
 
     def _built(self, slot: NodeSlot) -> None:
         slot.order_base = self.order_base[slot.id]
@@ -156,6 +176,10 @@ class ClassIndex:
     def group(self, instance: Instance) -> Group:
         """The group of ``instance``: one per shape, found once per service (and measured
         usage, in an overloaded run)."""
+        if not self.overloaded:  # (most runs: by service alone)
+            group = self.groups.get(id(instance.service))
+            if group is not None:
+                return group
         run = self.run
         usage = run.usage_of(instance)
         key: object = (id(instance.service), usage) if run.overloaded else id(instance.service)
@@ -180,31 +204,35 @@ class ClassIndex:
             runtimes = self.static_for(group, slot)
             return [(slot, runtimes)] if runtimes else []
         per_class = self._classes(group)
+        chosen = [cid for cid, runtimes in enumerate(per_class) if runtimes]
+        if not chosen:
+            return []
+        if len(chosen) == len(per_class):
+            node_ids: Iterable[str] = run.nodes
+        else:  # the members of those classes, by node id (each class's are)
+            node_ids = sorted(chain.from_iterable([self.members[cid] for cid in chosen]))
         class_of = self.class_of
-        out = []
-        for node_id in run.nodes:
-            runtimes = per_class[class_of[node_id]]
-            if runtimes:
-                out.append((run.slot(node_id), runtimes))
-        return out
+        return [(run.slot(node_id), per_class[class_of[node_id]]) for node_id in node_ids]
 
     def alike(self, instance: Instance) -> Hashable:
         """The group: instances of one shape are answered alike by every filter."""
         return self.group(instance)
 
-    def charges(self, ask: Ask) -> list[str]:
+    def charges(self, ask: Ask) -> Mapping[str, int]:
         """As the exhaustive search's, with the static node filters that come first answered
         once per class (their answer is the class's: the class key holds what they read, but
-        a node's id, so a service naming its node is charged node by node). Each node's charge
-        is kept per group, and computed again only for the nodes reserved on or released
-        from since (the charge depends on the node's state and the ask's shape only): a
-        watcher's run after an edit charges its failing services on the nodes it changed."""
+        a node's id, so a service naming its node is charged node by node), and the dynamic
+        ones too where the filters' declarations bound them whatever is reserved
+        (``pipeline.dynamic_bound``). Each node's charge is kept per group (a class's when it
+        is the same on all its nodes), and computed again only for the nodes reserved on or
+        released from since (the charge depends on the node's state and the ask's shape
+        only): a watcher's run after an edit charges its failing services on the nodes it
+        changed. The counts returned are the index's: read them before the next call."""
         run = self.run
         if ask.node_id is not None:
-            return all_charges(run.all_slots(), ask)
+            return Counter(all_charges(run.all_slots(), ask))
         group = self.group(ask.instance)
         known = self.charged.get(group)
-        codes: dict[str, str | None]
         # per class, its static runtime verdict for this ask: each node of a class passing the
         # static node filters is then asked its dynamic filters only
         verdicts: dict[int, tuple[tuple[int, ...], str | None]] = {}
@@ -216,25 +244,103 @@ class ClassIndex:
             return got
 
         if known is None:
-            codes = {}
-            for cid, members in enumerate(self.members):
-                code = static_drop(self.class_slot[cid], ask)
-                if code is not None:
-                    codes.update(dict.fromkeys(members, code))
-                else:
-                    static = verdict(cid)
-                    for node_id in members:
-                        codes[node_id] = dynamic_drop(run.slot(node_id), ask, static)
+            known = self._charge_classes(ask, verdict)
         else:
-            at, codes = known
+            at, uniform, own, counts = known
             class_of = self.class_of
             for node_id in set(self.moves[at:]):
-                code = codes[node_id]
-                if code not in STATIC_NODE_PREFIX:
-                    static = verdict(class_of[node_id])
-                    codes[node_id] = dynamic_drop(run.slot(node_id), ask, static)
-        self.charged[group] = (len(self.moves), codes)
-        return [code for code in codes.values() if code is not None]
+                cid = class_of[node_id]
+                old = own[node_id] if node_id in own else uniform[cid]
+                if old in STATIC_NODE_PREFIX:
+                    continue
+                new = own[node_id] = dynamic_drop(run.slot(node_id), ask, verdict(cid))
+                if new != old:
+                    if old is not None:
+                        counts[old] -= 1
+                        if not counts[old]:
+                            del counts[old]
+                    if new is not None:
+                        counts[new] += 1
+            known = (len(self.moves), uniform, own, counts)
+        self.charged[group] = known
+        return known[3]
+
+    def _charge_classes(
+        self, ask: Ask, verdict: Callable[[int], tuple[tuple[int, ...], str | None]]
+    ) -> Charged:
+        """Every node's charge for ``ask`` now, class by class: the class's own when it is the
+        same for all its nodes, else each node's."""
+        run = self.run
+        uniform: list[str | None] = []  # per class: its nodes' charge (_PER_NODE: see own)
+        own: dict[str, str | None] = {}  # per node of the others, its charge
+        counts: Counter[str] = Counter()
+        for cid, members in enumerate(self.members):
+            code = static_drop(self.class_slot[cid], ask)
+            if code is None:
+                static = verdict(cid)
+                # what the filters' declarations tell of every node of the class whatever is
+                # reserved (an ask more than any of its nodes could ever give, say): then only
+                # the dynamic node filters the ask needs are asked node by node, if any
+                bound = self._bound(cid, ask, static)
+                if bound is None:
+                    for node_id in members:
+                        own[node_id] = dynamic_drop(run.slot(node_id), ask, static)
+                    code = _PER_NODE
+                elif bound[0]:
+                    self._bounded_charges(members, ask, bound, own)
+                    code = _PER_NODE
+                else:
+                    code = bound[1]
+            uniform.append(code)
+            if code is not None and code is not _PER_NODE:
+                counts[code] += len(members)
+        counts.update([code for code in own.values() if code is not None])
+        return (len(self.moves), uniform, own, counts)
+
+    def _bounded_charges(
+        self, members: list[str], ask: Ask, bound: Bound, codes: dict[str, str | None]
+    ) -> None:
+        """``pipeline.bounded_drop`` on each of ``members``, into ``codes``: the node filters it
+        asks, each once per node and what the filter reads of an ask while no node moves
+        (failing asks alike in what it reads share its answers)."""
+        asked, code = bound
+        run = self.run
+        at = len(self.moves)
+        answers = []
+        for nf in asked:
+            key = (nf.name, tuple([getattr(ask, name) for name in nf.reads_ask]))
+            got = self.refusals.get(key)
+            if got is None or got[0] != at:
+                got = self.refusals[key] = (at, {})
+            answers.append((nf, got[1]))
+        for node_id in members:
+            charge = code
+            for nf, refuses in answers:
+                refused = refuses.get(node_id)
+                if refused is None:
+                    refused = refuses[node_id] = nf.check(run.slot(node_id), ask) is not None
+                if refused:
+                    charge = nf.name
+                    break
+            codes[node_id] = charge
+
+    def _bound(
+        self, cid: int, ask: Ask, static: tuple[tuple[int, ...], str | None]
+    ) -> Bound | None:
+        """``pipeline.dynamic_bound`` for class ``cid``, with the largest rooms of its nodes."""
+        rooms = self.rooms
+        members = self.members[cid]
+        rep = self.class_slot[cid]
+
+        def room(k: int, i: int) -> int:
+            most = rooms.get((cid, k))
+            if most is None:
+                run = self.run
+                slots = [run.slot(node_id) for node_id in members]
+                most = rooms[cid, k] = most_room(slots, k, len(rep.runtimes))
+            return most[i]
+
+        return dynamic_bound(rep, ask, static, room)
 
     def forget_services(self, services: set[int]) -> None:
         """Forget the groups of the services (by ``id``) that are gone or edited."""
@@ -299,6 +405,7 @@ class ClassIndex:
         _, cpu, ram, _ = basics
         if cpu > self.cpu_top or ram > self.ram_top:
             return False
+        self.rooms.clear()  # (capacities change)
         self.index_valid = False
         self.stale.clear()
         return True
@@ -465,8 +572,8 @@ class ClassIndex:
         resources, devices, names = group.resources, group.devices, group.names
         if group.levels is None:
             self._classes(group)
-        assert group.levels is not None
-        levels = group.levels
+        assert group.levels is not None and group.per_class is not None
+        levels, per_class = group.levels, group.per_class
         refused = self._refused(group)
         passed = group.passed
         index, class_slot, slot_at = self.index, self.class_slot, self.slot_at
@@ -503,25 +610,33 @@ class ClassIndex:
                     else:
                         if opened == len(levels):
                             break
-                        for cid, runtimes in levels[opened]:
+                        # (the heap is empty: the level's heads go in at once; what the group
+                        # asks of a class is looked up when its first node comes out)
+                        for cid, _ in levels[opened]:
                             entries = index[cid]
                             end = len(entries)
                             known = passed.get(cid)
                             p = 0 if known is None else bisect_left(entries, known)
                             while p < end and entries[p] % count in refused:
                                 p += 1
-                            passed[cid] = entries[p] if p < end else entries[-1] + 1
                             if p < end:
-                                heappush(heap, entries[p])
-                                needs[cid] = group.requested(class_slot[cid])
-                                allowed[cid] = runtimes
+                                head_entry = entries[p]
+                                passed[cid] = head_entry
+                                heap.append(head_entry)
                                 cursors[cid] = p
+                            else:
+                                passed[cid] = entries[-1] + 1
+                        heapify(heap)
                         opened += 1
                         continue
                     rank = key % count
                     cid = class_at[rank]
                     slot = slot_at[rank] or self.run.slot(by_rank[rank])
-                    need, runtimes = needs[cid], allowed[cid]
+                    asked = needs.get(cid)
+                    if asked is None:
+                        asked = needs[cid] = group.requested(class_slot[cid])
+                        allowed[cid] = per_class[cid]
+                    need, runtimes = asked, allowed[cid]
                     entries = index[cid]
                     p, end = cursors[cid], len(entries)
                     head = p < end and entries[p] == key

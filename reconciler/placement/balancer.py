@@ -64,9 +64,12 @@ from reconciler.placement.nodestate import (
     RequestKey,
     Reservation,
     StateCache,
+    basics_request_key,
     make_slot,
     node_basics,
     release_reservation,
+    restore_reservation,
+    runtime_capacities,
     take,
 )
 from reconciler.placement.pipeline import (
@@ -74,6 +77,7 @@ from reconciler.placement.pipeline import (
     evaluate,
     failure,
     summarize,
+    summarize_counts,
     unresolvable,
 )
 from reconciler.placement.search import Exhaustive, SearchFactory
@@ -187,6 +191,7 @@ class Run:
         # place, the previous allocation it keeps)
         self.held: dict[str, tuple[Instance, PreviousAllocation]] = {}
         self._tops: dict[RequestKey, tuple[int, int]] | None = None  # (_fits_somewhere_empty)
+        self._fits: dict[tuple[int, tuple[int, int] | None], tuple[Service, bool]] = {}
         self.on_slot: Callable[[NodeSlot], None] | None = None
         """Called with each node state built (a search may note what it keeps on it)."""
         self.search = search(self)
@@ -285,6 +290,7 @@ class Run:
                 for iid, u in node.usage.instances.items():
                     self.usage[iid] = (u.cpu, u.ram)
         self._tops = None
+        self._fits.clear()
         self.search.freed()  # a node may have more room now
         return True
 
@@ -356,7 +362,7 @@ class Run:
                 j = k
             else:
                 cause = self.cause
-            if self._tops is None or self._fits_somewhere_empty(self.ask(first)):
+            if self._tops is None or self._fits_empty(first):
                 lost = search.place(instances[i:j], cause)
                 if lost:
                     failed += lost
@@ -386,7 +392,7 @@ class Run:
             alike = search.alike(inst)
             known = charged.get(alike)
             if known is None:
-                f = summarize(inst, n, search.charges(self.ask(inst)))
+                f = summarize_counts(inst, n, search.charges(self.ask(inst)))
                 charged[alike] = (f.reason, f.counts)
             else:
                 f = failure(inst, n, *known)
@@ -429,19 +435,21 @@ class Run:
             for r in lower:
                 release_reservation(trial, r.instance.id)
                 victims.append(r)
-                if evaluate(trial, ask).dropped_by is None:
+                # (the pipeline is asked once the CPU and RAM freed could be enough)
+                if _could_fit(trial, ask, runtimes, []) and evaluate(trial, ask).dropped_by is None:
                     fits = True
                     break
             if not fits:
                 continue
-            # reprieve: give back every victim whose eviction turns out not to be needed
+            # reprieve: give back every victim whose eviction turns out not to be needed (the
+            # node with the others evicted: ``trial``, every victim evicted, with it back; it
+            # is evicted from ``trial`` again when needed)
             for r in sorted(victims, key=lambda r: (-r.instance.priority, r.instance.order_key())):
-                others = [v for v in victims if v is not r]
-                check = slot.clone()
-                for v in others:
-                    release_reservation(check, v.instance.id)
-                if evaluate(check, ask).dropped_by is None:
-                    victims = others
+                restore_reservation(trial, r)
+                if _could_fit(trial, ask, runtimes, []) and evaluate(trial, ask).dropped_by is None:
+                    victims = [v for v in victims if v is not r]
+                else:
+                    release_reservation(trial, r.instance.id)
             prios = tuple(sorted((v.instance.priority for v in victims), reverse=True))
             key = (len(victims), prios, slot.id)
             if best is None or key < best[0]:
@@ -457,17 +465,30 @@ class Run:
         self.reserve(slot, ask, best_runtime(slot, verdict))
         return victim_ids
 
+    def _fits_empty(self, instance: Instance) -> bool:
+        """:meth:`_fits_somewhere_empty` for what ``instance`` asks, once per service and
+        measured usage while the capacities stay."""
+        service = instance.service
+        key = (id(service), self.usage.get(instance.id) if self.usage else None)
+        got = self._fits.get(key)
+        if got is None or got[0] is not service:  # (an id is reused only by another object)
+            got = self._fits[key] = (service, self._fits_somewhere_empty(self.ask(instance)))
+        return got[1]
+
     def _fits_somewhere_empty(self, ask: Ask) -> bool:
         """False when what ``ask`` asks exceeds, on every node, the CPU or the RAM of every
         runtime's pools even with nothing reserved: no eviction anywhere can place it."""
         tops = self._tops
-        if tops is None:
+        if tops is None:  # (from the nodes' basics: no node state is built for it)
             tops = self._tops = {}
-            for slot in self.all_slots():
-                top = tops.get(slot.request_key, (0, 0))
-                for rt in slot.runtimes:
-                    top = (max(top[0], rt.cpu_from.capacity), max(top[1], rt.ram_from.capacity))
-                tops[slot.request_key] = top
+            empty: frozenset[str] = frozenset()
+            for node_id, basics in self.basics.items():
+                overloaded = self.overload.get(node_id, empty) if self.overload else empty
+                key = basics_request_key(basics, overloaded)
+                top = tops.get(key, (0, 0))
+                for cpu, ram in runtime_capacities(self.nodes[node_id], basics):
+                    top = (max(top[0], cpu), max(top[1], ram))
+                tops[key] = top
         for key, (cpu, ram) in tops.items():
             need = ask.requested_on(key)
             if need.cpu <= cpu and need.ram <= ram:

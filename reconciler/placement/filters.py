@@ -29,6 +29,20 @@ part of a class, only the order of a node's runtimes (by type, then id).
 
 Dynamic filters call the integer rules of :mod:`reconciler.placement.nodestate`, the same ones
 its ``claim`` and ``take`` call, and only add the reason.
+
+A dynamic filter may also declare what it answers whatever is reserved (the failure summaries
+of an unplaceable ask are then counted per class, not node by node; see
+:func:`~reconciler.placement.pipeline.dynamic_bound`):
+
+- ``idle(ask)`` (:class:`Idle`): True when the filter passes on every node whatever is
+  reserved, for this ask (it asks nothing of what reservations change);
+- ``need(slot, ask)`` and ``room(slot, runtime)`` (:class:`Bounded`, runtime-level filters):
+  the filter compares an amount the ask needs (read from what it declares, so equal on the
+  nodes of a class) with a pool that reservations only shrink, whose capacity is ``room``: it
+  fails whatever is reserved when ``need > room``, and passes whatever is reserved when
+  ``need`` is 0.
+
+The tests check both declarations against ``check`` on random node states.
 """
 
 from __future__ import annotations
@@ -36,7 +50,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import chain
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 from reconciler.model.human import human_bytes, plain_list
 from reconciler.placement.nodestate import (
@@ -59,6 +73,8 @@ __all__ = [
     "NODE_FILTERS",
     "NO_NODES",
     "RUNTIME_FILTERS",
+    "Bounded",
+    "Idle",
     "NodeFilter",
     "RuntimeFilter",
     "ask_reads",
@@ -91,6 +107,25 @@ class RuntimeFilter(Protocol):
     reads_ask: ClassVar[tuple[str, ...]]
 
     def check(self, slot: NodeSlot, runtime: RuntimeSlot, ask: Ask) -> str | None: ...
+
+
+@runtime_checkable
+class Idle(Protocol):
+    """A dynamic filter that says when it passes whatever is reserved (see the module
+    docstring)."""
+
+    def idle(self, ask: Ask) -> bool: ...
+
+
+@runtime_checkable
+class Bounded(Protocol):
+    """A dynamic runtime-level filter that compares one amount with one pool (see the module
+    docstring): it fails whatever is reserved when ``need > room``, passes whatever is
+    reserved when ``need`` is 0."""
+
+    def need(self, slot: NodeSlot, ask: Ask) -> int: ...
+
+    def room(self, slot: NodeSlot, runtime: RuntimeSlot) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -153,6 +188,10 @@ class ResourcesFilter:
         status = self.verdict(slot, ask)
         return None if status.ok else status.reason
 
+    def idle(self, ask: Ask) -> bool:
+        """No named resource asked: nothing to refuse."""
+        return not ask.resources
+
     def verdict(self, slot: NodeSlot, ask: Ask) -> Status:
         """The shared-count policy's verdict on the first named resource that refuses
         (``UnschedulableAndUnresolvable`` for one the node lacks), else Success."""
@@ -179,6 +218,10 @@ class DevicesFilter:
         if status.ok:
             return None
         return f"{status.code}: {status.reason}" if pooled else status.reason
+
+    def idle(self, ask: Ask) -> bool:
+        """No device asked: nothing to refuse."""
+        return not ask.devices
 
     def verdict(self, slot: NodeSlot, ask: Ask) -> Status:
         """The policies' verdict on the first device request that fails (a request no pool of
@@ -273,6 +316,12 @@ class CpuFilter:
             return None
         return f"needs {need} DMIPS, {runtime.cpu_from.free} free"
 
+    def need(self, slot: NodeSlot, ask: Ask) -> int:
+        return ask.requested(slot).cpu
+
+    def room(self, slot: NodeSlot, runtime: RuntimeSlot) -> int:
+        return runtime.cpu_from.capacity
+
 
 @dataclass(frozen=True)
 class RamFilter:
@@ -293,6 +342,12 @@ class RamFilter:
         if runtime.fits(0, need, 0):
             return None
         return f"needs {human_bytes(need)} of RAM, {human_bytes(runtime.ram_from.free)} free"
+
+    def need(self, slot: NodeSlot, ask: Ask) -> int:
+        return ask.requested(slot).ram
+
+    def room(self, slot: NodeSlot, runtime: RuntimeSlot) -> int:
+        return runtime.ram_from.capacity
 
 
 @dataclass(frozen=True)
@@ -317,6 +372,13 @@ class StorageFilter:
         if pool is None:
             return "no partition typed storages"
         return f"needs {human_bytes(need)}, {human_bytes(pool.free)} free"
+
+    def need(self, slot: NodeSlot, ask: Ask) -> int:
+        return ask.requested(slot).storage
+
+    def room(self, slot: NodeSlot, runtime: RuntimeSlot) -> int:
+        pool = slot.storage_pool
+        return 0 if pool is None else pool.capacity
 
 
 @dataclass(frozen=True)
@@ -347,6 +409,15 @@ class StateFilter:
                 f"{human_bytes(pool.free)} free"
             )
         return f"needs {human_bytes(need)}, {human_bytes(pool.free)} free"
+
+    def need(self, slot: NodeSlot, ask: Ask) -> int:
+        """The state asked (with one partition typed both, the storage asked is taken from the
+        same pool too: this is the least that pool must give)."""
+        return ask.requested(slot).state
+
+    def room(self, slot: NodeSlot, runtime: RuntimeSlot) -> int:
+        pool = slot.state_pool
+        return 0 if pool is None else pool.capacity
 
 
 @dataclass(frozen=True)

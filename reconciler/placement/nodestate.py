@@ -58,6 +58,7 @@ __all__ = [
     "RuntimeSlot",
     "Settings",
     "StateCache",
+    "basics_request_key",
     "claim",
     "device_pool",
     "make_slot",
@@ -65,6 +66,8 @@ __all__ = [
     "node_facts",
     "ordered_runtimes",
     "release_reservation",
+    "restore_reservation",
+    "runtime_capacities",
     "state_fits",
     "state_need",
     "storage_fits",
@@ -672,6 +675,25 @@ def node_basics(
     return (settings, cpu_spec.capacity, ram_spec.capacity, (cpu_spec, ram_spec))
 
 
+def basics_request_key(basics: Basics, overloaded: frozenset[str]) -> RequestKey:
+    """The request key of the state of a node with ``basics`` (``NodeSlot.request_key``)."""
+    return _request_key(basics[0][3], overloaded)
+
+
+def runtime_capacities(node: Node, basics: Basics) -> list[tuple[int, int]]:
+    """The CPU and RAM capacity of the pools each runtime of ``node`` takes from (its own,
+    else the node's; SPEC §7.3), in the order of its state's runtimes: what :func:`make_slot`
+    gives them, known without building the state."""
+    _, cpu, ram, _ = basics
+    return [
+        (
+            cpu if rt.allowedDMIPS is None else rt.allowedDMIPS,
+            ram if rt.allowedRAM is None else rt.allowedRAM,
+        )
+        for rt in ordered_runtimes(node)
+    ]
+
+
 def make_slot(
     unit: UnitConfig | None,
     node: Node,
@@ -934,6 +956,16 @@ def _give(pool: Pool, amount: int) -> None:
             RELEASE_BELOW_ZERO,
         )
     pool.free += amount
+
+
+def restore_reservation(slot: NodeSlot, res: Reservation) -> None:
+    """Hold ``res`` again on ``slot``, from which it was released (:func:`release_reservation`):
+    its runtime, amounts, a slot of each named resource and its very device ids. The state is
+    then the one it had with ``res`` held (the tests compare)."""
+    keep = dict(res.devices) if res.devices else NO_KEEP
+    asked = tuple([ShareRequest(name) for name in res.resources])
+    take(slot, res.runtime_index, res.requested, asked, res.device_requests, keep)
+    slot.placed[res.instance.id] = res
 
 
 def release_reservation(slot: NodeSlot, iid: str) -> Reservation:

@@ -4,27 +4,32 @@ summaries (§7.7): what every candidate search answers with."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from reconciler.placement import filters
 from reconciler.placement.ask import Ask
-from reconciler.placement.filters import NO_NODES
+from reconciler.placement.filters import NO_NODES, Bounded, Idle
 from reconciler.placement.instances import Failure, Instance
 from reconciler.placement.nodestate import NodeSlot
 
 __all__ = [
     "STATIC_NODE_PREFIX",
+    "Bound",
     "Verdict",
     "best_runtime",
+    "bounded_drop",
     "choice_key",
+    "dynamic_bound",
     "dynamic_drop",
     "evaluate",
     "failure",
+    "most_room",
     "static_drop",
     "static_runtime_verdict",
     "static_runtimes",
     "summarize",
+    "summarize_counts",
     "unresolvable",
 ]
 
@@ -119,6 +124,85 @@ def dynamic_drop(
     return None
 
 
+Bound = tuple[tuple[filters.NodeFilter, ...], str | None]
+"""What :func:`dynamic_drop` answers on every node of a class whatever is reserved there: the
+dynamic node filters still to ask node by node, and the code when they all pass (see
+:func:`dynamic_bound`, :func:`bounded_drop`)."""
+
+
+def dynamic_bound(
+    slot: NodeSlot,
+    ask: Ask,
+    static: tuple[tuple[int, ...], str | None],
+    room: Callable[[int, int], int],
+) -> Bound | None:
+    """:func:`dynamic_drop` for every node of ``slot``'s class (which passes the static node
+    filters that come first; ``static``: its :func:`static_runtime_verdict`), whatever is
+    reserved on each, as far as the filters' own declarations tell it (:class:`filters.Idle`,
+    :class:`filters.Bounded`); None when the answer depends on what is reserved.
+
+    ``room(k, i)``: the largest ``room`` that ``filters.RUNTIME_FILTERS[k]`` declares for
+    runtime ``i`` on any node of the class (the nodes of a class have their runtimes in one
+    order, and a filter's ``need`` reads only what the class key holds: it is the same on each).
+
+    The dynamic node filters come first: those idle for ``ask`` pass everywhere, the others
+    are asked node by node (:func:`bounded_drop`). Then the runtimes passing the static
+    runtime filters meet the dynamic runtime filters in order: one that needs nothing passes
+    on each of them; one that needs more than its largest room on every one of them drops the
+    node, whatever is reserved (reservations only shrink a pool below its capacity). Any other
+    answer depends on the node's state: None."""
+    if not _STATICS_FIRST:
+        return None
+    asked = tuple(
+        nf
+        for nf in filters.NODE_FILTERS[_NODE_LEAD:]
+        if not (isinstance(nf, Idle) and nf.idle(ask))
+    )
+    if not slot.runtimes:
+        return asked, filters.RUNTIME_FILTERS[0].name
+    alive, code = static
+    if not alive:
+        return asked, code
+    runtime_filters = filters.RUNTIME_FILTERS
+    for k in range(_RUNTIME_LEAD, len(runtime_filters)):
+        rf = runtime_filters[k]
+        if not isinstance(rf, Bounded):
+            return None
+        need = rf.need(slot, ask)
+        if need == 0:
+            continue
+        if all(need > room(k, i) for i in alive):
+            return asked, rf.name
+        return None
+    return asked, None
+
+
+def bounded_drop(slot: NodeSlot, ask: Ask, bound: Bound) -> str | None:
+    """:func:`dynamic_drop` on a node of a class whose :func:`dynamic_bound` is ``bound``."""
+    asked, code = bound
+    for nf in asked:
+        if nf.check(slot, ask) is not None:
+            return nf.name
+    return code
+
+
+def most_room(slots: Iterable[NodeSlot], k: int, n_runtimes: int) -> list[int]:
+    """Per runtime index, the largest room ``filters.RUNTIME_FILTERS[k]`` declares on any of
+    ``slots`` (the nodes of a class, ``n_runtimes`` runtimes each); empty when that filter
+    declares none."""
+    rf = filters.RUNTIME_FILTERS[k]
+    if not isinstance(rf, Bounded):
+        return []
+    most = [-1] * n_runtimes
+    for slot in slots:
+        runtimes = slot.runtimes
+        for i in range(n_runtimes):
+            got = rf.room(slot, runtimes[i])
+            if got > most[i]:
+                most[i] = got
+    return most
+
+
 def static_runtimes(slot: NodeSlot, ask: Ask) -> tuple[int, ...]:
     """The runtimes of ``slot`` passing every static filter for ``ask`` (empty when a static
     node filter fails): what no reservation or eviction changes."""
@@ -165,7 +249,12 @@ def best_runtime(slot: NodeSlot, verdict: Verdict) -> int:
 
 
 def summarize(instance: Instance, n_nodes: int, charges: Iterable[str]) -> Failure:
-    counts = Counter(charges)  # (counted in C: a charge per node of the unit)
+    """The failure of ``instance``, charged the code of the filter dropping each node."""
+    return summarize_counts(instance, n_nodes, Counter(charges))
+
+
+def summarize_counts(instance: Instance, n_nodes: int, counts: Mapping[str, int]) -> Failure:
+    """The failure of ``instance`` from how many nodes each filter drops (no zero counts)."""
     ordered = tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
     reason = max(counts, key=filters.FILTER_CODES.index) if counts else NO_NODES
     return failure(instance, n_nodes, reason, ordered)

@@ -13,6 +13,7 @@ compare the two. So a placement rule is changed in one place, its filter unit in
 from __future__ import annotations
 
 import weakref
+from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -76,8 +77,9 @@ class CandidateSearch(Protocol):
         from one pass."""
         ...
 
-    def charges(self, ask: Ask) -> list[str]:
-        """The code of the filter that drops each node dropping ``ask`` now (SPEC §7.7)."""
+    def charges(self, ask: Ask) -> Mapping[str, int]:
+        """How many nodes each filter drops ``ask`` on now: the code of the filter that
+        drops each node dropping it, counted (SPEC §7.7; no zero counts)."""
         ...
 
     def moved(self, slot: NodeSlot) -> None:
@@ -195,8 +197,8 @@ class Exhaustive:
     def alike(self, instance: Instance) -> Hashable:
         return (id(instance.service), self.run.usage.get(instance.id))
 
-    def charges(self, ask: Ask) -> list[str]:
-        return all_charges(self.run.all_slots(), ask)
+    def charges(self, ask: Ask) -> Mapping[str, int]:
+        return Counter(all_charges(self.run.all_slots(), ask))
 
     def moved(self, slot: NodeSlot) -> None:
         pass

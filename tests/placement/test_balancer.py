@@ -508,6 +508,22 @@ class TestPreemption:
         assert nodes_of(second, "pa") == ["A", "A", "A"]
         assert [f.instance_id for f in second.failures] == [instance_id("pb", "default", 0)]
 
+    def test_a_victim_not_needed_after_all_is_reprieved(self) -> None:
+        nodes = [make_node("A")]
+        lo1 = make_service("lo1", priority=1, node_id="A", cpu=100)
+        lo2 = make_service("lo2", priority=2, node_id="A", cpu=800)
+        first = balance(None, nodes, [lo1, lo2], mode="fresh")
+        hi = make_service("hi", priority=100, cpu=850)
+        services = [lo1, lo2, hi]
+        second = balance(None, nodes, services, previous=previous_of(first), mode="stable")
+        # lo1 goes first (lowest priority): 200 free, then lo2: 1000. With lo2 alone evicted
+        # 900 are free, enough: lo1 is given back its place.
+        assert nodes_of(second, "hi") == ["A"]
+        assert second.preempted == frozenset({instance_id("lo2", "default", 0)})
+        assert nodes_of(second, "lo1") == ["A"]
+        slow = balance(None, nodes, services, previous_of(first), "stable", exhaustive=True)
+        assert second == slow
+
     def test_room_a_preemption_leaves_goes_to_the_next_alike(self) -> None:
         # h, x and y ask the same, so the fast pass 2 shares what it learnt about them: A
         # refused (full of lo) and its walk of the class starts past A. x evicts lo from A;

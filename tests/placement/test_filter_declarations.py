@@ -6,6 +6,10 @@
 - Every filter reads only what it declares (checked by recording what it reads).
 - The dynamic rules have one definition: ``claim`` and ``take`` (the fast path) and the filter
   units give the same verdicts on random node states and asks.
+- What a dynamic filter declares it answers whatever is reserved (``idle``, ``need`` and
+  ``room``) is what its ``check`` answers on random node states, and the per-class bound the
+  pipeline derives from them (``dynamic_bound``) is the whole pipeline's answer on every node
+  of a drawn class in random states.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.strategies import DrawFn
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from reconciler.accel import ClassIndex, balance
 from reconciler.model.documents import Node, Service
@@ -27,7 +31,29 @@ from reconciler.placement import filters
 from reconciler.placement.ask import Ask, ask_for
 from reconciler.placement.balancer import Run
 from reconciler.placement.instances import expand_instances
-from reconciler.placement.nodestate import NO_KEEP, NodeSlot, RuntimeSlot, claim, make_slot, take
+from reconciler.placement.nodestate import (
+    NO_KEEP,
+    NodeSlot,
+    Pool,
+    Reservation,
+    RuntimeSlot,
+    basics_request_key,
+    claim,
+    make_slot,
+    node_basics,
+    release_reservation,
+    restore_reservation,
+    runtime_capacities,
+    take,
+)
+from reconciler.placement.pipeline import (
+    bounded_drop,
+    dynamic_bound,
+    evaluate,
+    most_room,
+    static_drop,
+    static_runtime_verdict,
+)
 from tests.support.balancer_scenarios import inventories
 from tests.support.builders import make_node, make_service, runtime
 
@@ -422,3 +448,253 @@ def test_each_filter_asks_its_own_part_of_the_runtime_rule(
         parts = rt.fits(cpu, 0, 0), rt.fits(0, ram * 128 * Mi, 0), rt.fits(0, 0, slots)
         assert rt.fits(cpu, ram * 128 * Mi, slots) == all(parts)
         assert rt.fits(0, 0, 0)
+
+
+# ---------------------------------------------------------------- what holds whatever is reserved
+
+
+@SETTINGS
+@given(case=states())
+def test_an_idle_filter_passes_whatever_is_reserved(case: tuple[NodeSlot, Ask]) -> None:
+    """A dynamic filter that says it is idle for an ask passes it on any node state; the
+    named-resource and device filters say so exactly when nothing of theirs is asked."""
+    slot, ask = case
+    for nf in filters.NODE_FILTERS:
+        if isinstance(nf, filters.Idle) and nf.idle(ask):
+            assert not nf.static, nf.name
+            assert nf.check(slot, ask) is None, nf.name
+    by_name = {f.name: f for f in filters.NODE_FILTERS}
+    resources, devices = by_name["Resources"], by_name["Devices"]
+    assert isinstance(resources, filters.Idle) and isinstance(devices, filters.Idle)
+    assert resources.idle(ask) == (not ask.resources)
+    assert devices.idle(ask) == (not ask.devices)
+
+
+@SETTINGS
+@given(case=states())
+def test_a_bounded_filter_fails_past_its_room_and_passes_needing_nothing(
+    case: tuple[NodeSlot, Ask],
+) -> None:
+    """A runtime filter's declared bound holds on any node state: needing more than its room
+    it fails, needing nothing it passes; its room is the node's with nothing reserved (so no
+    release can make more room), and its need reads of the node only what the class key
+    holds (the request key), so it is the same on every node of a class."""
+    slot, ask = case
+    empty = make_slot(None, slot.node, _NONE)
+    bounded = [rf for rf in filters.RUNTIME_FILTERS if isinstance(rf, filters.Bounded)]
+    assert {rf.name for rf in bounded} == {"Cpu", "Ram", "Storage", "State"}
+    for rf in bounded:
+        assert isinstance(rf, filters.Bounded)
+        assert not rf.static
+        log: set[str] = set()
+        view: Any = _Reads(slot, "", log)
+        need = rf.need(view, ask)
+        assert log <= {"request_key"}, rf.name
+        for rt, empty_rt in zip(slot.runtimes, empty.runtimes, strict=True):
+            room = rf.room(slot, rt)
+            assert room == rf.room(empty, empty_rt), rf.name
+            if need > room:
+                assert rf.check(slot, rt, ask) is not None, rf.name
+                assert rf.check(empty, empty_rt, ask) is not None, rf.name
+            if need == 0:
+                assert rf.check(slot, rt, ask) is None, rf.name
+
+
+_BOUNDED = {"cpu": "Cpu", "ram": "Ram", "storage": "Storage", "state": "State"}
+
+
+_AMOUNTS = ("as drawn", "zero", "one", "about a room", "more than any")
+
+
+@st.composite
+def classes(draw: DrawFn) -> list[NodeSlot]:
+    """Two to four nodes of one class (one class key: they differ only in their pools, that
+    is their capacities, partition sizes, named resources, device pools, runtimes' own pools
+    and instance slots), each with some capacity already reserved."""
+    shape = draw(node_docs())
+    if draw(st.sampled_from((True, True, True, False))):  # mostly one the static filters pass
+        shape = shape.model_copy(update={"connected": True, "state": "provisioned"})
+    nodes = [shape.model_copy(update={"id": "n0"})]
+    for k in range(1, draw(st.integers(2, 4))):
+        other = draw(node_docs())
+        n = len(shape.runtimes)
+        runtimes = [
+            rt.model_copy(
+                update={
+                    "allowedDMIPS": mine.allowedDMIPS,
+                    "allowedRAM": mine.allowedRAM,
+                    "maxInstances": mine.maxInstances,
+                }
+            )
+            for rt, mine in zip(shape.runtimes, _cycle(other.runtimes, n), strict=True)
+        ]
+        partitions = [
+            p.model_copy(update={"totalSize": draw(st.integers(0, 8)) * 128 * Mi})
+            for p in shape.partitions
+        ]
+        update = {
+            "id": f"n{k}",
+            "maxDMIPS": other.maxDMIPS,
+            "totalRAM": other.totalRAM,
+            "runtimes": tuple(runtimes),
+            "partitions": tuple(partitions),
+            "resources": other.resources,
+            "devicePools": other.devicePools,
+        }
+        try:
+            node = Node.model_validate(shape.model_copy(update=update).model_dump())
+        except ValidationError:  # its inventories reserve more than these totals: the shape's
+            del update["maxDMIPS"], update["totalRAM"], update["partitions"]
+            node = Node.model_validate(shape.model_copy(update=update).model_dump())
+        nodes.append(node)
+    run = Run(None, nodes, {}, search=ClassIndex)
+    assert isinstance(run.search, ClassIndex)
+    assert len(run.search.members) == 1  # (the premise: one class)
+    slots = [run.slot(node.id) for node in nodes]
+    for k, slot in enumerate(slots):
+        for j in range(draw(st.integers(0, 4))):
+            at = draw(st.integers(0, len(slot.runtimes) - 1))
+            if draw(st.booleans()):
+                earlier = _ask(draw(services(f"e{k}-{j}")))
+            else:  # one that takes all that is left of an amount (a full pool)
+                rt = slot.runtimes[at]
+                amount = draw(st.sampled_from(sorted(_BOUNDED)))
+                pools: dict[str, Pool | None] = {"cpu": rt.cpu_from, "ram": rt.ram_from}
+                pools |= {"storage": slot.storage_pool, "state": slot.state_pool}
+                pool = pools[amount]
+                if pool is None:
+                    continue
+                amounts: dict[str, Any] = {amount: pool.free}
+                earlier = _ask(make_service(f"e{k}-{j}", **amounts))
+            with contextlib.suppress(InventoryError, ValueError, KeyError):
+                take(slot, at, earlier.requested(slot), earlier.resources, earlier.devices, NO_KEEP)
+    return slots
+
+
+def _cycle(items: Any, n: int) -> list[Any]:
+    return [items[i % len(items)] for i in range(n)]
+
+
+@SETTINGS
+@given(slots=classes(), data=st.data())
+def test_the_bound_of_a_class_is_the_pipelines_on_each_of_its_nodes(
+    slots: list[NodeSlot], data: st.DataObject
+) -> None:
+    """Where ``dynamic_bound`` answers for a class (from its representative, its static
+    runtime verdict and the largest rooms of its nodes), each node's charge through it
+    (``bounded_drop``) is the whole pipeline's on that node's own state. The asks drawn often
+    need more than any node could ever give, or just about one node's room (one less, equal,
+    one more), with and without named resources and devices."""
+    service = data.draw(services("s"))
+    if data.draw(st.sampled_from((True, True, True, False))):  # mostly one passing the
+        anywhere = {"labels": (), "nodeId": None, "runtimes": ("crun", "runc")}  # static filters
+        image = service.image.model_copy(update={"platform": None})
+        service = service.model_copy(update={**anywhere, "image": image})
+    n = len(slots[0].runtimes)
+    rooms = {k: most_room(slots, k, n) for k in range(len(filters.RUNTIME_FILTERS))}
+    asked: dict[str, int] = {}
+    for amount, code in _BOUNDED.items():  # each amount on its own: filters pass or drop on
+        which = data.draw(st.sampled_from(_AMOUNTS))  # their own, in any combination
+        k = next(k for k, f in enumerate(filters.RUNTIME_FILTERS) if f.name == code)
+        most = rooms[k]  # per runtime, the largest room of any node of the class
+        if which == "more than any":
+            asked[amount] = max(most, default=0) + 10**9
+        elif which == "about a room" and most:
+            room = data.draw(st.sampled_from((max(most), *most)))
+            near = room + data.draw(st.sampled_from((-1, 0, 1)))
+            asked[amount] = max(0, near)
+        elif which in ("zero", "one"):
+            asked[amount] = int(which == "one")
+    if asked:
+        requested = service.requestedResources.model_copy(update=asked)
+        service = service.model_copy(update={"requestedResources": requested})
+    ask = _ask(service)
+    rep = slots[0]
+    if static_drop(rep, ask) is not None:
+        return
+    static = static_runtime_verdict(rep, ask)
+    for slot in slots:  # (the premise: one class answers the static filters alike)
+        assert static_drop(slot, ask) is None
+        assert static_runtime_verdict(slot, ask) == static
+    bound = dynamic_bound(rep, ask, static, lambda k, i: rooms[k][i])
+    if asked.get("cpu", 0) > 10**9:  # the first dynamic runtime filter: every node drops it
+        assert bound is not None  # whatever is reserved (or no runtime is left to ask)
+    if bound is None:
+        return
+    for slot in slots:
+        assert bounded_drop(slot, ask, bound) == evaluate(slot, ask).dropped_by, slot.id
+
+
+@st.composite
+def held(draw: DrawFn) -> tuple[NodeSlot, list[Reservation]]:
+    """A node state holding the reservations of a few instances (those that fit, on the
+    runtime drawn), with named resources and devices."""
+    slot = make_slot(None, draw(node_docs()), _NONE)
+    made: list[Reservation] = []
+    for k in range(draw(st.integers(1, 6))):
+        service = draw(services(f"h{k}"))
+        if draw(st.booleans()):  # devices (and named resources the node has) only: more fit
+            have = [r.name for r in slot.node.host_resources]
+            wanted = draw(st.lists(st.sampled_from(have), unique=True)) if have else []
+            none = dict.fromkeys(_BOUNDED, 0)
+            update = {"requestedResources": service.requestedResources.model_copy(update=none)}
+            service = make_service(f"h{k}", resources=wanted, devices=[]).model_copy(
+                update={**update, "devices": service.devices}
+            )
+        ask = _ask(service)
+        at = draw(st.integers(0, len(slot.runtimes) - 1))
+        req = ask.requested(slot)
+        try:
+            ids = take(slot, at, req, ask.resources, ask.devices, NO_KEEP)
+        except (InventoryError, ValueError, KeyError):
+            continue
+        names = tuple([r.resource for r in ask.resources])
+        res = Reservation(ask.instance, at, req, names, ids, ask.devices)
+        slot.placed[ask.instance.id] = res
+        made.append(res)
+    return slot, made
+
+
+@SETTINGS
+@given(case=held(), data=st.data())
+def test_a_reservation_held_again_gives_the_state_it_had(
+    case: tuple[NodeSlot, list[Reservation]], data: st.DataObject
+) -> None:
+    """Releasing some reservations and holding one of them again (``restore_reservation``,
+    what pass 3's reprieve does) leaves the node as releasing only the others does: the same
+    free amounts, named-resource slots and device pools, and the same reservations held; and
+    releasing it once more, as releasing them all does."""
+    slot, made = case
+    if not made:
+        return
+    victims = data.draw(st.lists(st.sampled_from(made), min_size=1, unique_by=id))
+    back = data.draw(st.sampled_from(victims))
+    again = slot.clone()
+    for v in victims:
+        release_reservation(again, v.instance.id)
+    restore_reservation(again, back)
+    others = slot.clone()
+    for v in victims:
+        if v is not back:
+            release_reservation(others, v.instance.id)
+    assert _free(again) == _free(others)
+    assert again.placed == others.placed
+    release_reservation(again, back.instance.id)
+    every = slot.clone()
+    for v in victims:
+        release_reservation(every, v.instance.id)
+    assert _free(again) == _free(every)
+    assert again.placed == every.placed
+
+
+@SETTINGS
+@given(node=node_docs(), overloaded=st.sampled_from((_NONE, frozenset({"cpu"}))))
+def test_runtime_capacities_are_the_empty_states(node: Node, overloaded: frozenset[str]) -> None:
+    """What the bound of pass 2 and 3 (an ask too big for every empty node) reads of a node
+    without building its state is what its state holds with nothing reserved: each runtime's
+    CPU and RAM capacity, and the request key."""
+    basics = node_basics(None, node, overloaded)
+    slot = make_slot(None, node, overloaded, basics)
+    got = runtime_capacities(node, basics)
+    assert got == [(rt.cpu_from.capacity, rt.ram_from.capacity) for rt in slot.runtimes]
+    assert basics_request_key(basics, overloaded) == slot.request_key

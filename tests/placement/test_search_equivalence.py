@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from benchmarks.synth import LATE_PREFIX, SHAPES, synth_unit
 from reconciler.accel import BalanceMemo, balance, node_states
-from reconciler.placement import balancer
+from reconciler.accel import index as class_index
+from reconciler.placement import balancer, pipeline
 from reconciler.placement.instances import BalanceResult
 from reconciler.placement.pipeline import (
     dynamic_drop,
@@ -176,3 +177,88 @@ def test_the_dynamic_charge_of_a_node_whose_runtimes_all_fail_a_static_filter() 
         static = static_runtime_verdict(slot, ask)
         assert dynamic_drop(slot, ask, static) == evaluate(slot, ask).dropped_by
     assert evaluate(slot, ask_of(make_service("a", runtimes=["crun"]))).dropped_by == "RuntimeType"
+
+
+def _class_of_four() -> list[Any]:
+    """Four nodes of one class with rooms of 1000 to 4000 DMIPS; two have one ``camera`` slot."""
+    camera = [{"name": "camera", "sharedCount": 1}]
+    return [
+        make_node(f"n{i}", dmips=1000 * (i + 1), ram="1Gi", resources=camera if i < 2 else [])
+        for i in range(4)
+    ]
+
+
+def test_an_ask_more_than_a_class_could_ever_give_is_charged_per_class() -> None:
+    """An ask needing more CPU than any node of a class could ever give is charged ``Cpu`` on
+    every node of the class without the dynamic pipeline node by node, but for the named
+    resource it asks, asked node by node first (``Resources`` where the slot is taken or
+    missing). An ask needing exactly the largest room is charged node by node: the node with
+    that room free drops it at ``Ram``, not ``Cpu``. As the exhaustive search charges."""
+    nodes = _class_of_four()
+    services = [
+        make_service("a", cpu=100, resources=["camera"], priority=10),  # n1's camera slot
+        make_service("b", ram="600Mi", priority=10),  # n3, by free CPU: 424Mi left there
+        make_service("big", cpu=4001),
+        make_service("big-camera", cpu=5000, resources=["camera"]),
+        make_service("edge", cpu=4000, ram="600Mi"),
+    ]
+    asked: list[str] = []
+    real = pipeline.dynamic_drop
+
+    def counting(slot: Any, ask: Any, static: Any) -> Any:
+        asked.append(ask.instance.item_id)
+        return real(slot, ask, static)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(class_index, "dynamic_drop", counting)
+        fast = balance(None, nodes, services, mode="fresh")
+    assert fast == balance(None, nodes, services, mode="fresh", exhaustive=True)
+    counts = {f.item_id: f.counts for f in fast.failures}
+    assert counts == {
+        "big": (("Cpu", 4),),
+        "big-camera": (("Resources", 3), ("Cpu", 1)),
+        "edge": (("Cpu", 3), ("Ram", 1)),
+    }
+    assert asked == ["edge"] * 4  # the only one the bound does not answer
+
+
+def test_a_named_resource_taken_between_two_runs_of_a_watcher_is_charged_anew() -> None:
+    """The index remembers a dynamic node filter's answers per node only while no node moves:
+    a watcher's next run, after an edit took the last free ``camera`` slot, charges a new
+    failing service asking it ``Resources`` there, as a full run does."""
+    nodes = _class_of_four()
+    first_services = [
+        make_service("a", cpu=100, resources=["camera"], priority=10),
+        make_service("big-camera", cpu=5000, resources=["camera"]),
+    ]
+    memo = BalanceMemo()
+    first = memo.balance(None, nodes, first_services, {}, "stable")
+    assert [f.counts for f in first.failures] == [(("Resources", 3), ("Cpu", 1))]
+    now = [
+        *first_services,
+        make_service("c", cpu=100, resources=["camera"], priority=10),  # n0's camera slot
+        make_service("bigger-camera", cpu=6000, resources=["camera"]),
+    ]
+    got = memo.balance(None, nodes, now, previous_of(first), "stable")
+    assert memo.incremental
+    assert got == balance(None, nodes, now, previous_of(first), "stable")
+    counts = {f.item_id: f.counts for f in got.failures}
+    assert counts == {"big-camera": (("Resources", 4),), "bigger-camera": (("Resources", 4),)}
+
+
+def test_a_charge_no_node_gives_any_more_leaves_the_summary() -> None:
+    """A watcher's run after an edit charges its failing service again on the node the edit
+    changed: the one node it charged ``Ram`` is now charged ``Cpu``, and ``Ram`` leaves the
+    summary (not ``0 Ram``), as in a full run."""
+    nodes = [make_node("n0", dmips=1000, ram="1Gi")]
+    filler = make_service("a", cpu=100, ram="500Mi", priority=10)
+    failing = make_service("f", cpu=400, ram="600Mi")
+    memo = BalanceMemo()
+    first = memo.balance(None, nodes, [filler, failing], {}, "stable")
+    assert [f.counts for f in first.failures] == [(("Ram", 1),)]
+    now = [filler, failing, make_service("b", cpu=600, priority=10)]
+    got = memo.balance(None, nodes, now, previous_of(first), "stable")
+    assert memo.incremental
+    assert [f.counts for f in got.failures] == [(("Cpu", 1),)]
+    assert got.failures[0].summary.endswith("0/1 nodes feasible: 1 Cpu")
+    assert got == balance(None, nodes, now, previous_of(first), "stable")
