@@ -62,6 +62,7 @@ __all__ = [
     "Fallback",
     "FileRecord",
     "LoadOptions",
+    "ServiceSummary",
     "StateView",
     "format_validation_error",
     "instance_limit_guard",
@@ -129,6 +130,70 @@ class LoadOptions:
 _REVISIONS = itertools.count(1)
 """The revisions of views: unique in this process."""
 
+_INSTANCES = operator.attrgetter("instances")
+_NETWORKED = operator.attrgetter("networked")
+_TYPE = operator.attrgetter("type")
+
+
+@dataclass(frozen=True)
+class ServiceSummary:
+    """What a run reads of every service of a view, counted once: the services in key order
+    and the totals the guards and the later stages ask for. A warm load that replaces some
+    services (same keys) patches its previous view's summary by those instead of a pass over
+    every service; :meth:`of` is the reference it equals."""
+
+    keys: tuple[ServiceKey, ...]
+    """The services' keys, sorted."""
+    at: Mapping[ServiceKey, int]
+    """Each key's position in :attr:`keys` (shared by the summaries of views with the same
+    keys: never mutated)."""
+    ordered: tuple[Service, ...]
+    """The services in key order."""
+    instances: int
+    """The instances every service asks for, together."""
+    networked: int
+    """How many services are ``networked`` (get a network without unit.yaml's)."""
+    components: int
+    """How many services are of type ``component``."""
+    source: Mapping[ServiceKey, Service] = field(compare=False, repr=False)
+    """The mapping of services counted (a view's summary is its own only while its
+    ``services`` is this very mapping)."""
+
+    @classmethod
+    def of(cls, services: Mapping[ServiceKey, Service]) -> ServiceSummary:
+        """The summary of ``services``, counted from nothing."""
+        keys = tuple(sorted(services))
+        ordered = tuple(map(services.__getitem__, keys))
+        return cls(
+            keys,
+            dict(zip(keys, range(len(keys)), strict=True)),
+            ordered,
+            sum(map(_INSTANCES, ordered)),
+            sum(map(_NETWORKED, ordered)),
+            operator.countOf(map(_TYPE, ordered), "component"),
+            services,
+        )
+
+    def replaced(
+        self, now: Mapping[ServiceKey, Service], services: Mapping[ServiceKey, Service]
+    ) -> ServiceSummary:
+        """The summary of ``services``: this summary's with the services of ``now`` put in at
+        their keys, each replacing the one of the same key (no key added or removed)."""
+        before = self.source
+        ordered = list(self.ordered)
+        instances, networked, components = self.instances, self.networked, self.components
+        at = self.at
+        for key, service in now.items():
+            old = before[key]
+            ordered[at[key]] = service
+            instances += service.instances - old.instances
+            networked += service.networked - old.networked
+            components += (service.type == "component") - (old.type == "component")
+        return ServiceSummary(
+            self.keys, at, tuple(ordered), instances, networked, components, services
+        )
+
+
 _K = TypeVar("_K")
 
 
@@ -160,8 +225,21 @@ class StateView:
     """What changed since the view the load started from (its revision is ``changes.since``);
     None for a view no load made (nothing is known of what came before)."""
 
+    summary_memo: ServiceSummary | None = field(default=None, compare=False, repr=False)
+    """:meth:`summary` once made (a load that patches a view passes its previous view's on,
+    edited); None until asked for."""
+
+    def summary(self) -> ServiceSummary:
+        """The services in key order and what a run counts over all of them (made once per
+        view; see :class:`ServiceSummary`)."""
+        got = self.summary_memo
+        if got is None or got.source is not self.services:
+            got = ServiceSummary.of(self.services)
+            object.__setattr__(self, "summary_memo", got)  # (a cache of the frozen value)
+        return got
+
     def services_sorted(self) -> list[Service]:
-        return [self.services[k] for k in sorted(self.services)]
+        return list(self.summary().ordered)
 
 
 _KIND_OF_DIR: dict[str, tuple[str, type[BaseModel]]] = {
@@ -731,10 +809,14 @@ def _patched(previous: StateView, files: dict[str, FileRecord]) -> StateView | N
         frozenset(nodes),
         frozenset(actual),
     )
+    summary = previous.summary_memo
+    now = {**previous.services, **services} if services else previous.services
+    if summary is not None and summary.source is previous.services and services:
+        summary = summary.replaced(services, now)
     return StateView(
         previous.root,
         unit,
-        {**previous.services, **services} if services else previous.services,
+        now,
         {**previous.nodes, **nodes} if nodes else previous.nodes,
         {**previous.actual, **actual} if actual else previous.actual,
         files,
@@ -743,6 +825,7 @@ def _patched(previous: StateView, files: dict[str, FileRecord]) -> StateView | N
         unreadable=previous.unreadable,  # the same paths: the same directories
         revision=revision,
         changes=changes,
+        summary_memo=summary,
     )
 
 
@@ -783,7 +866,7 @@ def instance_limit_guard(view: StateView) -> Diagnostic | None:
     nothing stopped, so a typo cannot make a run grow without bound, nor stop what runs. The
     error points at the ``instances`` of the service that asks for the most."""
     limit = view.unit.maxInstances if view.unit is not None else DEFAULT_UNIT_MAX_INSTANCES
-    total = sum(s.instances for s in view.services.values())
+    total = view.summary().instances
     if total <= limit:
         return None
     largest = max(view.services.values(), key=lambda s: (s.instances, s.key))
