@@ -306,7 +306,10 @@ def compute_once(
     else:
         allocations, gids, id_errors = assign_ids(result, cp.allocations, cp.gids)
     net_state = network.state
-    new_cp = Checkpoint(cp.lineage, cp.generation, allocations, gids, alerts.timelines, net_state)
+    since = ids.since_for(allocations) if ids is not None else None  # (for the configs)
+    new_cp = Checkpoint(
+        cp.lineage, cp.generation, allocations, gids, alerts.timelines, net_state, since=since
+    )
     built: dict[str, BuiltConfig] | None = None
     built_since = None
     if opts.configs is not None:

@@ -839,3 +839,46 @@ def test_a_result_the_builder_saw_last_rebuilds_what_can_differ_only(
     del allocs[one]
     built, asked = step(services, allocs)  # an allocation gone: no config for it
     assert one not in built.built and asked == gpu_ids
+
+
+def test_the_allocations_told_changed_are_the_only_ones_compared(
+    tmp_path: Path, spied_jobs: list[list[ConfigJob]]
+) -> None:
+    """A checkpoint that says at which ids its allocations differ from a mapping (``since``,
+    the uid memo's) is trusted when that mapping is the very one the builder was given last:
+    the builder looks at those ids, not at every allocation. Told of another mapping, it
+    compares them all (a change the stale claim leaves out is still built)."""
+    inp, groups, devices = Inputs(), FakeGroups(), _devices()
+    builder = default_config_builder(groups=groups, devices=devices, policy=inp.policy)
+    result = BalanceResult(tuple(_placements(inp)), ())
+    gpu_ids = {p.instance_id for p in result.placements if p.item_id == inp.gpu.id}
+    plain_ids = sorted(set(result.by_id) - gpu_ids)
+    allocations = assign_ids(result, {}, {})[0]
+    nodes = {inp.node.id: inp.node}
+    services = {s.key: s for s in (inp.gpu, inp.plain)}
+    view = StateView(tmp_path, None, services, nodes)
+
+    def step(cp: Checkpoint) -> set[str]:
+        calls = len(spied_jobs)
+        got = builder(tmp_path, view, result, cp)
+        looked_at = {j.placement.instance_id for c in spied_jobs[calls:] for j in c}
+        fresh = default_config_builder(groups=groups, devices=devices, policy=inp.policy)
+        assert _outcome(got) == _outcome(fresh(tmp_path, view, result, cp))
+        return looked_at
+
+    assert step(Checkpoint("lin", 1, allocations)) == set(result.by_id)
+    one, other, two = plain_ids[0], plain_ids[1], plain_ids[-1]
+    allocs = {**allocations, one: replace(allocations[one], uid=5009)}
+    told = frozenset({one, other})  # (a superset: ``other`` did not change)
+    assert step(Checkpoint("lin", 1, allocs, since=(allocations, told))) == gpu_ids | {one}
+    # told of no change, the builder trusts it: a change it is not told of is not looked at
+    # (this is what makes the claim worth making; the uid memo names every changed id)
+    allocs_b = {**allocs, other: replace(allocs[other], uid=5011)}
+    calls = len(spied_jobs)
+    builder(tmp_path, view, result, Checkpoint("lin", 1, allocs_b, since=(allocs, frozenset())))
+    assert {j.placement.instance_id for c in spied_jobs[calls:] for j in c} == gpu_ids
+    builder(tmp_path, view, result, Checkpoint("lin", 1, allocs))  # (back: compared)
+    # a claim about a mapping the builder was not given last: compared, ``two`` found
+    allocs2 = {**allocs, two: replace(allocs[two], uid=5010)}  # (given allocs last)
+    stale = (allocations, frozenset[str]())
+    assert step(Checkpoint("lin", 1, allocs2, since=stale)) == gpu_ids | {two}
