@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from itertools import chain, compress, count, groupby
+from itertools import chain, compress, count, groupby, repeat
 from operator import is_not
 
 from reconciler.accel.index import ClassIndex
@@ -75,6 +75,8 @@ class BalanceMemo:
         self._result: BalanceResult | None = None
         self._made: Made = {}
         self._order: list[ServiceKey] = []  # the services' keys in instance order
+        self._pos: tuple[list[ServiceKey], dict[ServiceKey, int]] = ([], {})
+        """``_order`` (the list itself) and each key's position in it (see :meth:`_position`)."""
         self._segments: dict[ServiceKey, tuple[Placement, ...]] = {}
         """Per service, its placements in the memo's result (consecutive there, in instance
         order); empty until an incremental call needs them."""
@@ -246,6 +248,15 @@ class BalanceMemo:
         self._expanded = {k: expanded[k] for k in order}
         self._order = order
 
+    def _position(self) -> dict[ServiceKey, int]:
+        """Each service key's position in ``_order`` (made again when ``_order`` is another
+        list: it is replaced, never changed in place)."""
+        order, pos = self._pos
+        if order is not self._order:
+            pos = dict(zip(self._order, range(len(self._order)), strict=True))
+            self._pos = (self._order, pos)
+        return pos
+
     def _flat(self) -> list[Instance]:
         expanded = self._expanded
         return list(chain.from_iterable(expanded[key][1] for key in self._order))
@@ -403,10 +414,10 @@ class BalanceMemo:
         # pass 2 and 3: only the changed services and those with an instance unplaced last
         # time can have an instance without a place (in instance order, as in the full run)
         unplaced = changed | {(f.item_id, f.subject_id) for f in result.failures}
+        pos = self._position()
         pending = [
             inst
-            for key in self._order
-            if key in unplaced
+            for key in sorted((k for k in unplaced if k in pos), key=pos.__getitem__)
             for inst in expanded[key][1]
             if inst.id not in where
         ]
@@ -421,35 +432,36 @@ class BalanceMemo:
             placed = old_by_id.get(iid)
             if placed is not None:
                 affected.add((placed.item_id, placed.subject_id))
-        parts: list[tuple[Placement, ...]] = []
-        new_segments: dict[tuple[str, str], tuple[Placement, ...]] = {}
+        # (every other service keeps its segment: only the affected ones are looked at, in
+        # instance order)
+        new_segments = dict(segments)
         by_id = dict(old_by_id)
         redone: list[Instance] = []  # the affected services' instances, in instance order
         dirty = self._dirty  # (emptied by the check of previous above)
-        for key in self._order:
+        for key in sorted((k for k in affected if k in pos), key=pos.__getitem__):
             old_seg = segments.get(key, ())
-            if key in affected:
-                insts = expanded[key][1]
-                redone += insts
-                seg = _same_where_equal(run.placements_of(insts, made), old_seg)
-                now = {p.instance_id: p for p in seg}
-                for p in old_seg:
-                    if now.get(p.instance_id) is not p:  # (else placed again exactly so)
-                        del by_id[p.instance_id]
-                        dirty.add(p.instance_id)
-                for p in seg:
-                    if by_id.get(p.instance_id) is not p:
-                        by_id[p.instance_id] = p
-                        dirty.add(p.instance_id)
-            else:
-                seg = old_seg
+            insts = expanded[key][1]
+            redone += insts
+            seg = _same_where_equal(run.placements_of(insts, made), old_seg)
+            now = {p.instance_id: p for p in seg}
+            for p in old_seg:
+                if now.get(p.instance_id) is not p:  # (else placed again exactly so)
+                    del by_id[p.instance_id]
+                    dirty.add(p.instance_id)
+            for p in seg:
+                if by_id.get(p.instance_id) is not p:
+                    by_id[p.instance_id] = p
+                    dirty.add(p.instance_id)
             new_segments[key] = seg
-            parts.append(seg)
-        for key in changed - set(self._order):  # services gone
-            for p in segments.get(key, ()):
-                del by_id[p.instance_id]
-                dirty.add(p.instance_id)
-        placements = tuple(chain.from_iterable(parts))
+        for key in changed:
+            if key not in pos:  # a service gone
+                for p in new_segments.pop(key, ()):
+                    del by_id[p.instance_id]
+                    dirty.add(p.instance_id)
+        order = self._order
+        placements = tuple(
+            chain.from_iterable(map(new_segments.get, order, repeat((), len(order))))
+        )
         result = BalanceResult(
             placements,
             run.failures(redone),
