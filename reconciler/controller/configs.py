@@ -26,6 +26,7 @@ from reconciler.oci.builder import (
     GroupLookup,
     InstanceAddress,
     same_placement_inputs,
+    same_service_inputs,
 )
 from reconciler.oci.hostdevices import HostDevices, SystemGroups
 from reconciler.oci.writer import instances_dir
@@ -146,6 +147,7 @@ def default_config_builder(
         jobs: list[ConfigJob | None] = [
             old if ok else None for old, ok in zip(olds, same, strict=True)
         ]
+        alike: dict[tuple[int, int], bool] = {}  # (see _job; the services are alive meanwhile)
         for k in compress(range(len(iids)), map(not_, same)):
             p, iid, alloc, old = placements[k], iids[k], allocs[k], olds[k]
             service = services[(p.item_id, p.subject_id)]
@@ -153,7 +155,8 @@ def default_config_builder(
                 jobs[k] = None  # (a component gets no OCI config: SPEC §18)
                 continue
             net = nets.get(iid)
-            jobs[k] = _job(iid, p, alloc, service, nodes[p.node_id], old, rootfs_of, base, net)
+            node = nodes[p.node_id]
+            jobs[k] = _job(iid, p, alloc, service, node, old, rootfs_of, base, net, alike)
         built = memo.build_all(
             list(filter(None, jobs)),
             groups=group_lookup,
@@ -203,6 +206,7 @@ def default_config_builder(
         by_id = result.by_id
         jobs: list[ConfigJob] = []
         removed: list[str] = []
+        alike: dict[tuple[int, int], bool] = {}  # (see _job; the services are alive meanwhile)
         for iid in sorted(redo):
             p, alloc = by_id.get(iid), allocations.get(iid)
             service = view.services[(p.item_id, p.subject_id)] if p is not None else None
@@ -212,7 +216,7 @@ def default_config_builder(
             node = view.nodes[p.node_id]
             old = memo.job(iid)
             net = nets.get(iid)
-            jobs.append(_job(iid, p, alloc, service, node, old, rootfs_of, base, net))
+            jobs.append(_job(iid, p, alloc, service, node, old, rootfs_of, base, net, alike))
         some = memo.build_all(
             jobs, groups=group_lookup, devices=device_lookup, policy=device_policy, removed=removed
         )
@@ -236,6 +240,19 @@ def _edited(now: Mapping[Any, Service], then: Mapping[Any, Service]) -> Iterable
         return compress(keys, map(is_not, now.values(), then.values()))
     keys_ = now.keys() | then.keys()
     return compress(keys_, map(is_not, map(now.get, keys_), map(then.get, keys_)))
+
+
+def _same_service(a: Service, b: Service, alike: dict[tuple[int, int], bool] | None) -> bool:
+    """:func:`same_service_inputs`, asked once per pair of objects in ``alike``."""
+    if a is b:
+        return True
+    if alike is None:
+        return same_service_inputs(a, b)
+    key = (id(a), id(b))
+    got = alike.get(key)
+    if got is None:
+        got = alike[key] = same_service_inputs(a, b)
+    return got
 
 
 def _with_held(
@@ -276,13 +293,17 @@ def _job(
     rootfs_of: Callable[[str], str],
     base: str,
     net: InstanceAddress | None = None,
+    alike: dict[tuple[int, int], bool] | None = None,
 ) -> ConfigJob:
     """The job of one instance: ``old`` (the last run's) when its inputs are the same objects
-    and values, else a new one."""
+    and values, else a new one. A service that is another object but the same input to the
+    build (:func:`same_service_inputs`: an edit of its instance count or priority) keeps the
+    old job too: the build gives the same config. ``alike``: that answer per pair of service
+    objects (their ``id``s), for a caller that keeps both alive while it holds the dict."""
     if (
         old is not None
         and old.network == net
-        and old.service is service
+        and _same_service(old.service, service, alike)
         and old.node is node
         and old.uid == alloc.uid
         and old.gid == alloc.gid

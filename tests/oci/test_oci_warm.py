@@ -882,3 +882,35 @@ def test_the_allocations_told_changed_are_the_only_ones_compared(
     allocs2 = {**allocs, two: replace(allocs[two], uid=5010)}  # (given allocs last)
     stale = (allocations, frozenset[str]())
     assert step(Checkpoint("lin", 1, allocs2, since=stale)) == gpu_ids | {two}
+
+
+def test_an_instance_count_edit_passes_the_last_jobs_back(
+    tmp_path: Path, spied_jobs: list[list[ConfigJob]]
+) -> None:
+    """A service edited in a field the build never reads (its instance count) is another
+    object: its instances are looked at again, and each one's last job, the same input to the
+    build, is passed back as is (the memo takes it by identity, nothing is compared again)."""
+    inp, groups, devices = Inputs(), FakeGroups(), _devices()
+    builder = default_config_builder(groups=groups, devices=devices, policy=inp.policy)
+    result = BalanceResult(tuple(_placements(inp)), ())
+    plain_ids = {p.instance_id for p in result.placements if p.item_id == inp.plain.id}
+    allocations = assign_ids(result, {}, {})[0]
+    nodes = {inp.node.id: inp.node}
+    services = {s.key: s for s in (inp.gpu, inp.plain)}
+    first = builder(
+        tmp_path,
+        StateView(tmp_path, None, services, nodes),
+        result,
+        Checkpoint("l", 1, allocations),
+    )
+    last_jobs = {j.placement.instance_id: j for j in spied_jobs[-1]}
+    edited = inp.plain.model_copy(update={"instances": 9})
+    services = {**services, edited.key: edited}
+    view = StateView(tmp_path, None, services, nodes)
+    got = builder(tmp_path, view, result, Checkpoint("l", 1, allocations))
+    passed = {j.placement.instance_id: j for j in spied_jobs[-1]}
+    assert plain_ids <= passed.keys()
+    assert all(passed[i] is last_jobs[i] for i in plain_ids)
+    fresh = default_config_builder(groups=groups, devices=devices, policy=inp.policy)
+    assert _outcome(got) == _outcome(fresh(tmp_path, view, result, Checkpoint("l", 1, allocations)))
+    assert _outcome(got) == _outcome(first)
