@@ -226,7 +226,11 @@ def default_config_builder(
             errors.pop(iid, None)
         built.update(some.built)
         errors.update(some.errors)
-        return BuildResult(built, errors, since=(done.built, frozenset(redo)))
+        # (the writer looks at the ids whose config is not the very object it was: a build
+        # the memo reused is, and most of an edited service's are)
+        was = done.built
+        moved = frozenset(i for i in redo if built.get(i) is not was.get(i))
+        return BuildResult(built, errors, since=(was, moved))
 
     return build
 

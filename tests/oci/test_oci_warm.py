@@ -911,6 +911,9 @@ def test_an_instance_count_edit_passes_the_last_jobs_back(
     passed = {j.placement.instance_id: j for j in spied_jobs[-1]}
     assert plain_ids <= passed.keys()
     assert all(passed[i] is last_jobs[i] for i in plain_ids)
+    # their configs are the very objects: the writer is told of none of them
+    assert got.since is not None and got.since[0] is first.built
+    assert not got.since[1] & plain_ids
     fresh = default_config_builder(groups=groups, devices=devices, policy=inp.policy)
     assert _outcome(got) == _outcome(fresh(tmp_path, view, result, Checkpoint("l", 1, allocations)))
     assert _outcome(got) == _outcome(first)
