@@ -49,7 +49,7 @@ from reconciler.oci.builder import (
     same_service_inputs,
 )
 from reconciler.oci.writer import WriteMemo, WriteReport, write_instance_outputs
-from reconciler.placement.instances import BalanceResult, Placement
+from reconciler.placement.instances import BalanceResult, Changes, Placement
 from reconciler.planning.checkpoint import Allocation, Checkpoint, assign_ids
 from tests.support.oci import (
     GPU0,
@@ -892,7 +892,7 @@ def test_an_instance_count_edit_passes_the_last_jobs_back(
     build, is passed back as is (the memo takes it by identity, nothing is compared again)."""
     inp, groups, devices = Inputs(), FakeGroups(), _devices()
     builder = default_config_builder(groups=groups, devices=devices, policy=inp.policy)
-    result = BalanceResult(tuple(_placements(inp)), ())
+    result = BalanceResult(tuple(_placements(inp)), (), revision=1)
     plain_ids = {p.instance_id for p in result.placements if p.item_id == inp.plain.id}
     allocations = assign_ids(result, {}, {})[0]
     nodes = {inp.node.id: inp.node}
@@ -907,6 +907,8 @@ def test_an_instance_count_edit_passes_the_last_jobs_back(
     edited = inp.plain.model_copy(update={"instances": 9})
     services = {**services, edited.key: edited}
     view = StateView(tmp_path, None, services, nodes)
+    # the balancer's memo's next result: every placement the last one's (none named)
+    result = replace(result, revision=2, changes=Changes(1, frozenset()))
     got = builder(tmp_path, view, result, Checkpoint("l", 1, allocations))
     passed = {j.placement.instance_id: j for j in spied_jobs[-1]}
     assert plain_ids <= passed.keys()
