@@ -1,7 +1,8 @@
-"""A view's service summary (the services in key order, the instances, networked services and
-components counted): a warm load that replaces some services patches the previous view's
-summary instead of counting every service again; along random edits it must equal the one
-counted from nothing."""
+"""A view's memos of its own values: the service summary (the services in key order, the
+instances, networked services and components counted) and the record index (each path's
+position, the records with deps, those with diagnostics). A warm load that replaces some
+services or records patches the previous view's instead of a pass over every one; along
+random edits each must equal the one made from nothing."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.io.loader import ServiceSummary, StateView, load_state
+from reconciler.io.loader import Diagnostic, RecordIndex, ServiceSummary, StateView, load_state
 from tests.support.state_files import NODE, write
 
 _PLAIN = """apiVersion: reconciler/v1
@@ -27,13 +28,28 @@ _COMPONENT = _PLAIN + "type: component\nruntimes: [rootfs]\n"
 _TEXTS = {"plain": _PLAIN, "networked": _NETWORKED, "component": _COMPONENT}
 
 _EDIT = st.tuples(
-    st.sampled_from(["plain", "networked", "component", "broken", "delete"]),
+    st.sampled_from(
+        ["plain", "networked", "component", "broken", "delete", "node", "resources", "bad-node"]
+    ),
     st.integers(0, 4),  # which service
     st.integers(0, 5),  # its instances
 )
 
 
+_RESOURCES = '[{{"name": "r{n}", "sharedCount": {c}}}]'
+
+
 def _apply(root: Path, what: str, i: int, n: int) -> str:
+    if what == "node":  # a node that reads a resources file, or not
+        text = NODE.format(id=f"n{i % 2}")
+        if n % 2:
+            text += f"resourcesFile: resources/n{i % 2}.json\n"
+        return str(write(root, f"nodes/n{i % 2}.yaml", text).relative_to(root))
+    if what == "bad-node":
+        return str(write(root, f"nodes/n{i % 2}.yaml", "kind: [oops\n").relative_to(root))
+    if what == "resources":  # (not an input: a node that reads it is looked at every load)
+        write(root, f"resources/n{i % 2}.json", _RESOURCES.format(n=n, c=n + 1))
+        return f"nodes/n{i % 2}.yaml"  # (a hint a watcher would not give: harmless)
     rel = f"desired/s{i}.yaml"
     if what == "delete":
         (root / rel).unlink(missing_ok=True)
@@ -44,11 +60,15 @@ def _apply(root: Path, what: str, i: int, n: int) -> str:
     return rel
 
 
-def _assert_counted(view: StateView) -> None:
+def _assert_counted(view: StateView, diagnostics: list[Diagnostic]) -> None:
     got = view.summary()
     assert got == ServiceSummary.of(view.services)
     assert got.source is view.services
     assert view.services_sorted() == [view.services[k] for k in sorted(view.services)]
+    index = view.records()
+    assert index == RecordIndex.of(view.files) and index.source is view.files
+    assert index.diagnostics() == [d for r in view.files.values() for d in r.diagnostics]
+    assert diagnostics == index.diagnostics()
 
 
 @given(
@@ -64,14 +84,18 @@ def test_the_summary_equals_one_counted_from_nothing(
         root = Path(tmp)
         for i in range(5):
             write(root, f"desired/s{i}.yaml", _PLAIN.format(id=f"s{i}", n=i))
-        write(root, "nodes/n0.yaml", NODE.format(id="n0"))
-        view, _ = load_state(root)
-        _assert_counted(view)
+        for i in range(2):
+            write(root, f"nodes/n{i}.yaml", NODE.format(id=f"n{i}"))
+            write(root, f"resources/n{i}.json", _RESOURCES.format(n=0, c=1))
+        view, diagnostics = load_state(root)
+        _assert_counted(view, diagnostics)
         for step, edits in enumerate(steps):
             paths = {_apply(root, *edit) for edit in edits}
-            view, _ = load_state(root, view, changed=paths if hinted[step] else None)
-            if asked[step]:  # (a summary not asked for is not there to patch next time)
-                _assert_counted(view)
+            view, diagnostics = load_state(root, view, changed=paths if hinted[step] else None)
+            if asked[step]:  # (a memo not asked for is not there to patch next time)
+                _assert_counted(view, diagnostics)
+            else:  # (the diagnostics: always from the index when the load patched the view)
+                assert diagnostics == [d for r in view.files.values() for d in r.diagnostics]
 
 
 def test_a_warm_edit_patches_the_summary(tmp_path: Path) -> None:
