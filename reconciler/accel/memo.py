@@ -3,6 +3,7 @@ next, so that an edit of a few services re-places only their instances."""
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from itertools import chain, compress, count, groupby, repeat
@@ -77,9 +78,9 @@ class BalanceMemo:
         self._order: list[ServiceKey] = []  # the services' keys in instance order
         self._pos: tuple[list[ServiceKey], dict[ServiceKey, int]] = ([], {})
         """``_order`` (the list itself) and each key's position in it (see :meth:`_position`)."""
-        self._segments: dict[ServiceKey, tuple[Placement, ...]] = {}
-        """Per service, its placements in the memo's result (consecutive there, in instance
-        order); empty until an incremental call needs them."""
+        self._result_order: list[ServiceKey] | None = None
+        """The ``_order`` list (itself) whose order ``_result``'s placements follow: while it
+        is ``_order``, each service's placements are found in them by bisection."""
         self._validated: dict[str, PreviousAllocation] | None = None
         """The last ``previous`` found to be exactly ``_result`` (see _incremental), but for the
         instances in ``_dirty``: placed anew, or removed, by the calls since."""
@@ -178,7 +179,7 @@ class BalanceMemo:
         self._unit, self._nodes = unit, {n.id: n for n in nodes}
         self._node_at = dict(zip(self._nodes, range(len(nodes)), strict=False))
         self._run, self._result, self._made = run, result, made
-        self._segments = {}
+        self._result_order = self._order
         self._validated = self._validated_from = None
         return result
 
@@ -388,7 +389,6 @@ class BalanceMemo:
         gone = set()
         replaced = 0
         made = self._made
-        segments = self._segments or _segments_of(result)
         for key in sorted(changed):  # the same order every time (device pools keep holders)
             got = was.get(key)
             if got is None:
@@ -432,14 +432,28 @@ class BalanceMemo:
             placed = old_by_id.get(iid)
             if placed is not None:
                 affected.add((placed.item_id, placed.subject_id))
-        # (every other service keeps its segment: only the affected ones are looked at, in
-        # instance order)
+        # Every other service keeps its segment (its placements, consecutive in instance
+        # order): only the affected ones are looked at, in instance order. While the order of
+        # the services is the one of the last result, each segment is found there by
+        # bisection and the new placements are the last ones with those segments replaced.
+        old = result.placements
+        spliced = self._result_order is self._order
+        segments = {} if spliced else _segments_of(result)
+        pieces: list[tuple[Placement, ...]] = []
+        end = 0
         new_segments = dict(segments)
         by_id = dict(old_by_id)
         redone: list[Instance] = []  # the affected services' instances, in instance order
         dirty = self._dirty  # (emptied by the check of previous above)
         for key in sorted((k for k in affected if k in pos), key=pos.__getitem__):
-            old_seg = segments.get(key, ())
+            if spliced:
+                k = pos[key]
+                start = bisect_left(old, k, lo=end, key=lambda p: pos[p.item_id, p.subject_id])
+                pieces.append(old[end:start])
+                end = bisect_right(old, k, lo=start, key=lambda p: pos[p.item_id, p.subject_id])
+                old_seg = old[start:end]
+            else:
+                old_seg = segments.get(key, ())
             insts = expanded[key][1]
             redone += insts
             seg = _same_where_equal(run.placements_of(insts, made), old_seg)
@@ -453,15 +467,20 @@ class BalanceMemo:
                     by_id[p.instance_id] = p
                     dirty.add(p.instance_id)
             new_segments[key] = seg
+            pieces.append(seg)
         for key in changed:
             if key not in pos:  # a service gone
                 for p in new_segments.pop(key, ()):
                     del by_id[p.instance_id]
                     dirty.add(p.instance_id)
-        order = self._order
-        placements = tuple(
-            chain.from_iterable(map(new_segments.get, order, repeat((), len(order))))
-        )
+        if spliced:  # (no service was added or removed: the order would have changed)
+            pieces.append(old[end:])
+            placements = tuple(chain.from_iterable(pieces))
+        else:
+            order = self._order
+            placements = tuple(
+                chain.from_iterable(map(new_segments.get, order, repeat((), len(order))))
+            )
         result = BalanceResult(
             placements,
             run.failures(redone),
@@ -471,7 +490,7 @@ class BalanceMemo:
             changes=_changes(result, frozenset(dirty)),
         )
         self._run, self._result = run, result
-        self._segments = new_segments
+        self._result_order = self._order
         self.incremental, self.replaced = True, replaced
         return result
 
