@@ -437,7 +437,8 @@ class BalanceMemo:
         # the services is the one of the last result, each segment is found there by
         # bisection and the new placements are the last ones with those segments replaced.
         old = result.placements
-        spliced = self._result_order is self._order
+        # (a service added or removed makes _expand order them anew: another list)
+        spliced = self._result_order is self._order and all(k in pos for k in changed)
         segments = {} if spliced else _segments_of(result)
         pieces: list[tuple[Placement, ...]] = []
         end = 0

@@ -194,6 +194,8 @@ def default_config_builder(
             # names changed placements only): every instance of one, from its instance counts
             for key in _edited(view.services, last_services):
                 now, then = view.services.get(key), last_services.get(key)
+                if now is not None and then is not None and same_service_inputs(then, now):
+                    continue  # (the same input to the build: each instance's last job holds)
                 count = max(s.instances for s in (now, then) if s is not None)
                 redo.update(instance_ids(key[0], key[1], 0, count))
         if told is not None:  # (a superset: those whose allocation is another object)

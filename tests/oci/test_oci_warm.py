@@ -774,7 +774,8 @@ def test_a_watchers_edits_rebuild_only_what_changed_and_write_what_a_fresh_run_w
         view = computed.view
         jobs = [j for call in spied_jobs[calls:] for j in call]
         ids_of_service = {p.instance_id for p in computed.result.placements if p.item_id == service}
-        assert {j.placement.instance_id for j in jobs} >= ids_of_service
+        if not delta:  # an edit the build reads: every instance of the service is looked at
+            assert {j.placement.instance_id for j in jobs} >= ids_of_service
         assert len(jobs) < len(computed.result.placements) // 2, "not built again in full"
         if not verify:
             assert writer is not None and writer.compared <= len(jobs)
@@ -888,34 +889,32 @@ def test_an_instance_count_edit_passes_the_last_jobs_back(
     tmp_path: Path, spied_jobs: list[list[ConfigJob]]
 ) -> None:
     """A service edited in a field the build never reads (its instance count) is another
-    object: its instances are looked at again, and each one's last job, the same input to the
-    build, is passed back as is (the memo takes it by identity, nothing is compared again)."""
+    object. Given the same result again (its placements not known to be the service's), the
+    builder looks at every instance and passes each one's last job back as is (the memo takes
+    it by identity); given a result that names its changes, it does not look at the service's
+    instances at all, and tells the writer of none of them."""
     inp, groups, devices = Inputs(), FakeGroups(), _devices()
     builder = default_config_builder(groups=groups, devices=devices, policy=inp.policy)
     result = BalanceResult(tuple(_placements(inp)), (), revision=1)
     plain_ids = {p.instance_id for p in result.placements if p.item_id == inp.plain.id}
     allocations = assign_ids(result, {}, {})[0]
+    cp = Checkpoint("l", 1, allocations)
     nodes = {inp.node.id: inp.node}
     services = {s.key: s for s in (inp.gpu, inp.plain)}
-    first = builder(
-        tmp_path,
-        StateView(tmp_path, None, services, nodes),
-        result,
-        Checkpoint("l", 1, allocations),
-    )
+    first = builder(tmp_path, StateView(tmp_path, None, services, nodes), result, cp)
     last_jobs = {j.placement.instance_id: j for j in spied_jobs[-1]}
-    edited = inp.plain.model_copy(update={"instances": 9})
-    services = {**services, edited.key: edited}
-    view = StateView(tmp_path, None, services, nodes)
-    # the balancer's memo's next result: every placement the last one's (none named)
-    result = replace(result, revision=2, changes=Changes(1, frozenset()))
-    got = builder(tmp_path, view, result, Checkpoint("l", 1, allocations))
-    passed = {j.placement.instance_id: j for j in spied_jobs[-1]}
-    assert plain_ids <= passed.keys()
-    assert all(passed[i] is last_jobs[i] for i in plain_ids)
-    # their configs are the very objects: the writer is told of none of them
-    assert got.since is not None and got.since[0] is first.built
-    assert not got.since[1] & plain_ids
     fresh = default_config_builder(groups=groups, devices=devices, policy=inp.policy)
-    assert _outcome(got) == _outcome(fresh(tmp_path, view, result, Checkpoint("l", 1, allocations)))
-    assert _outcome(got) == _outcome(first)
+    for count in (9, 11):
+        edited = inp.plain.model_copy(update={"instances": count})
+        services = {**services, edited.key: edited}
+        view = StateView(tmp_path, None, services, nodes)
+        got = builder(tmp_path, view, result, cp)
+        passed = {j.placement.instance_id: j for j in spied_jobs[-1]}
+        if count == 9:  # the same result: every instance looked at, its last job passed back
+            assert plain_ids <= passed.keys()
+            assert all(passed[i] is last_jobs[i] for i in plain_ids)
+        else:  # the memo's next result (every placement the last one's): none looked at
+            assert not passed.keys() & plain_ids
+            assert got.since is not None and not got.since[1] & plain_ids
+        assert _outcome(got) == _outcome(fresh(tmp_path, view, result, cp)) == _outcome(first)
+        result = replace(result, revision=2, changes=Changes(1, frozenset()))
