@@ -3,9 +3,10 @@ next, so that an edit of a few services re-places only their instances."""
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from itertools import chain, compress, count, groupby
+from itertools import chain, compress, count, groupby, repeat
 from operator import is_not
 
 from reconciler.accel.index import ClassIndex
@@ -75,9 +76,11 @@ class BalanceMemo:
         self._result: BalanceResult | None = None
         self._made: Made = {}
         self._order: list[ServiceKey] = []  # the services' keys in instance order
-        self._segments: dict[ServiceKey, tuple[Placement, ...]] = {}
-        """Per service, its placements in the memo's result (consecutive there, in instance
-        order); empty until an incremental call needs them."""
+        self._pos: tuple[list[ServiceKey], dict[ServiceKey, int]] = ([], {})
+        """``_order`` (the list itself) and each key's position in it (see :meth:`_position`)."""
+        self._result_order: list[ServiceKey] | None = None
+        """The ``_order`` list (itself) whose order ``_result``'s placements follow: while it
+        is ``_order``, each service's placements are found in them by bisection."""
         self._validated: dict[str, PreviousAllocation] | None = None
         """The last ``previous`` found to be exactly ``_result`` (see _incremental), but for the
         instances in ``_dirty``: placed anew, or removed, by the calls since."""
@@ -176,7 +179,7 @@ class BalanceMemo:
         self._unit, self._nodes = unit, {n.id: n for n in nodes}
         self._node_at = dict(zip(self._nodes, range(len(nodes)), strict=False))
         self._run, self._result, self._made = run, result, made
-        self._segments = {}
+        self._result_order = self._order
         self._validated = self._validated_from = None
         return result
 
@@ -245,6 +248,15 @@ class BalanceMemo:
         order = sorted(expanded, key=lambda k: service_order(expanded[k][0]))
         self._expanded = {k: expanded[k] for k in order}
         self._order = order
+
+    def _position(self) -> dict[ServiceKey, int]:
+        """Each service key's position in ``_order`` (made again when ``_order`` is another
+        list: it is replaced, never changed in place)."""
+        order, pos = self._pos
+        if order is not self._order:
+            pos = dict(zip(self._order, range(len(self._order)), strict=True))
+            self._pos = (self._order, pos)
+        return pos
 
     def _flat(self) -> list[Instance]:
         expanded = self._expanded
@@ -377,7 +389,6 @@ class BalanceMemo:
         gone = set()
         replaced = 0
         made = self._made
-        segments = self._segments or _segments_of(result)
         for key in sorted(changed):  # the same order every time (device pools keep holders)
             got = was.get(key)
             if got is None:
@@ -403,10 +414,10 @@ class BalanceMemo:
         # pass 2 and 3: only the changed services and those with an instance unplaced last
         # time can have an instance without a place (in instance order, as in the full run)
         unplaced = changed | {(f.item_id, f.subject_id) for f in result.failures}
+        pos = self._position()
         pending = [
             inst
-            for key in self._order
-            if key in unplaced
+            for key in sorted((k for k in unplaced if k in pos), key=pos.__getitem__)
             for inst in expanded[key][1]
             if inst.id not in where
         ]
@@ -421,35 +432,56 @@ class BalanceMemo:
             placed = old_by_id.get(iid)
             if placed is not None:
                 affected.add((placed.item_id, placed.subject_id))
-        parts: list[tuple[Placement, ...]] = []
-        new_segments: dict[tuple[str, str], tuple[Placement, ...]] = {}
+        # Every other service keeps its segment (its placements, consecutive in instance
+        # order): only the affected ones are looked at, in instance order. While the order of
+        # the services is the one of the last result, each segment is found there by
+        # bisection and the new placements are the last ones with those segments replaced.
+        old = result.placements
+        # (a service added or removed makes _expand order them anew: another list)
+        spliced = self._result_order is self._order and all(k in pos for k in changed)
+        segments = {} if spliced else _segments_of(result)
+        pieces: list[tuple[Placement, ...]] = []
+        end = 0
+        new_segments = dict(segments)
         by_id = dict(old_by_id)
         redone: list[Instance] = []  # the affected services' instances, in instance order
         dirty = self._dirty  # (emptied by the check of previous above)
-        for key in self._order:
-            old_seg = segments.get(key, ())
-            if key in affected:
-                insts = expanded[key][1]
-                redone += insts
-                seg = _same_where_equal(run.placements_of(insts, made), old_seg)
-                now = {p.instance_id: p for p in seg}
-                for p in old_seg:
-                    if now.get(p.instance_id) is not p:  # (else placed again exactly so)
-                        del by_id[p.instance_id]
-                        dirty.add(p.instance_id)
-                for p in seg:
-                    if by_id.get(p.instance_id) is not p:
-                        by_id[p.instance_id] = p
-                        dirty.add(p.instance_id)
+        for key in sorted((k for k in affected if k in pos), key=pos.__getitem__):
+            if spliced:
+                k = pos[key]
+                start = bisect_left(old, k, lo=end, key=lambda p: pos[p.item_id, p.subject_id])
+                pieces.append(old[end:start])
+                end = bisect_right(old, k, lo=start, key=lambda p: pos[p.item_id, p.subject_id])
+                old_seg = old[start:end]
             else:
-                seg = old_seg
+                old_seg = segments.get(key, ())
+            insts = expanded[key][1]
+            redone += insts
+            seg = _same_where_equal(run.placements_of(insts, made), old_seg)
+            now = {p.instance_id: p for p in seg}
+            for p in old_seg:
+                if now.get(p.instance_id) is not p:  # (else placed again exactly so)
+                    del by_id[p.instance_id]
+                    dirty.add(p.instance_id)
+            for p in seg:
+                if by_id.get(p.instance_id) is not p:
+                    by_id[p.instance_id] = p
+                    dirty.add(p.instance_id)
             new_segments[key] = seg
-            parts.append(seg)
-        for key in changed - set(self._order):  # services gone
-            for p in segments.get(key, ()):
-                del by_id[p.instance_id]
-                dirty.add(p.instance_id)
-        placements = tuple(chain.from_iterable(parts))
+            pieces.append(seg)
+        for key in changed:
+            if key not in pos:  # a service gone
+                for p in new_segments.pop(key, ()):
+                    del by_id[p.instance_id]
+                    dirty.add(p.instance_id)
+        if spliced:  # (no service was added or removed: the order would have changed)
+            pieces.append(old[end:])
+            placements = tuple(chain.from_iterable(pieces))
+        else:
+            order = self._order
+            placements = tuple(
+                chain.from_iterable(map(new_segments.get, order, repeat((), len(order))))
+            )
         result = BalanceResult(
             placements,
             run.failures(redone),
@@ -459,7 +491,7 @@ class BalanceMemo:
             changes=_changes(result, frozenset(dirty)),
         )
         self._run, self._result = run, result
-        self._segments = new_segments
+        self._result_order = self._order
         self.incremental, self.replaced = True, replaced
         return result
 

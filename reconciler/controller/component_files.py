@@ -63,10 +63,15 @@ def write_component_files(
     services: Mapping[Any, Service],
     nodes: Mapping[str, Node],
     result: BalanceResult,
+    *,
+    components: int | None = None,
 ) -> list[str]:
-    """Write ``out/components/``; returns what was written or removed (relative paths)."""
+    """Write ``out/components/``; returns what was written or removed (relative paths).
+    ``components``: how many of ``services`` are components, when the caller has counted."""
     directory = state_dir / "out" / COMPONENTS_DIR
-    if not any(s.type == "component" for s in services.values()) and not directory.is_dir():
+    if components is None:
+        components = sum(1 for s in services.values() if s.type == "component")
+    if not components and not directory.is_dir():
         return []  # (no component in the unit: no pass over the placements)
     docs = component_documents(state_dir, services, nodes, result)
     if not docs and not directory.is_dir():

@@ -5,7 +5,7 @@ given by the caller (tests that run containers on device nodes made in a temp di
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from itertools import compress, repeat
 from operator import attrgetter, eq, is_, is_not, not_
 from pathlib import Path
@@ -26,6 +26,7 @@ from reconciler.oci.builder import (
     GroupLookup,
     InstanceAddress,
     same_placement_inputs,
+    same_service_inputs,
 )
 from reconciler.oci.hostdevices import HostDevices, SystemGroups
 from reconciler.oci.writer import instances_dir
@@ -74,13 +75,18 @@ def default_config_builder(
         {},
     )
     last_nets: dict[str, InstanceAddress] = {}  # the previous run's (network, address) per id
+    last_given: Mapping[str, Allocation] | None = None  # the allocations mapping itself
 
     def build(
         state_dir: Path, view: StateView, result: BalanceResult, cp: Checkpoint
     ) -> BuildResult:
-        nonlocal last_base, last, last_result, last_built, last_nets
+        nonlocal last_base, last, last_result, last_built, last_nets, last_given
         nodes = view.nodes
         allocations = cp.allocations
+        # the ids whose allocation can differ from the last call's, when told of the mapping
+        # the last call was given (see Checkpoint.since)
+        told = cp.since[1] if cp.since is not None and cp.since[0] is last_given else None
+        last_given = allocations
         nets = instance_addresses(cp.network) if cp.network else {}
         was_nets, last_nets = last_nets, nets
         resolved = state_dir.resolve()  # once per run, not per instance
@@ -111,7 +117,9 @@ def default_config_builder(
                         i for i in nets.keys() | was_nets.keys() if nets.get(i) != was_nets.get(i)
                     }
                     since = since | moved
-                built = _patched(since, done, view, result, allocations, rootfs_of, base, nets)
+                built = _patched(
+                    since, done, view, result, allocations, rootfs_of, base, nets, told
+                )
                 last_base, last_result, last_built = base, result, built
                 last = (nodes, dict(allocations), view.services)
                 return built
@@ -139,6 +147,7 @@ def default_config_builder(
         jobs: list[ConfigJob | None] = [
             old if ok else None for old, ok in zip(olds, same, strict=True)
         ]
+        alike: dict[tuple[int, int], bool] = {}  # (see _job; the services are alive meanwhile)
         for k in compress(range(len(iids)), map(not_, same)):
             p, iid, alloc, old = placements[k], iids[k], allocs[k], olds[k]
             service = services[(p.item_id, p.subject_id)]
@@ -146,7 +155,8 @@ def default_config_builder(
                 jobs[k] = None  # (a component gets no OCI config: SPEC §18)
                 continue
             net = nets.get(iid)
-            jobs[k] = _job(iid, p, alloc, service, nodes[p.node_id], old, rootfs_of, base, net)
+            node = nodes[p.node_id]
+            jobs[k] = _job(iid, p, alloc, service, node, old, rootfs_of, base, net, alike)
         built = memo.build_all(
             list(filter(None, jobs)),
             groups=group_lookup,
@@ -168,30 +178,37 @@ def default_config_builder(
         rootfs_of: Callable[[str], str],
         base: str,
         nets: Mapping[str, InstanceAddress],
+        told: frozenset[str] | None,
     ) -> BuildResult:
         """The last run's build, with only the instances that can differ built again: those
         ``since`` names (placed, moved or removed since the last result), those of a service
         or with an allocation that is not the last run's object, and those whose build asked
         the host something (its answers are checked again). Every other instance's job would
-        be the very one of the last run (same service, node, placement, uid and gid)."""
+        be the very one of the last run (same service, node, placement, uid and gid).
+        ``told``: the ids at which ``allocations`` may differ from the last call's (else
+        compared)."""
         _nodes, last_allocs, last_services = last
         redo = set(since)
         if view.services is not last_services:
             # an edited service's configs can change while its placements do not (``since``
             # names changed placements only): every instance of one, from its instance counts
-            keys = view.services.keys() | last_services.keys()
-            now_then = map(is_not, map(view.services.get, keys), map(last_services.get, keys))
-            for key in compress(keys, now_then):  # (a C-level pass finds the edited ones)
+            for key in _edited(view.services, last_services):
                 now, then = view.services.get(key), last_services.get(key)
+                if now is not None and then is not None and same_service_inputs(then, now):
+                    continue  # (the same input to the build: each instance's last job holds)
                 count = max(s.instances for s in (now, then) if s is not None)
                 redo.update(instance_ids(key[0], key[1], 0, count))
-        ids = allocations.keys()
-        redo.update(compress(ids, map(is_not, map(last_allocs.get, ids), allocations.values())))
-        redo.update(last_allocs.keys() - ids)
+        if told is not None:  # (a superset: those whose allocation is another object)
+            redo.update(i for i in told if last_allocs.get(i) is not allocations.get(i))
+        else:
+            ids = allocations.keys()
+            redo.update(compress(ids, map(is_not, map(last_allocs.get, ids), allocations.values())))
+            redo.update(last_allocs.keys() - ids)
         redo |= memo.asking()
         by_id = result.by_id
         jobs: list[ConfigJob] = []
         removed: list[str] = []
+        alike: dict[tuple[int, int], bool] = {}  # (see _job; the services are alive meanwhile)
         for iid in sorted(redo):
             p, alloc = by_id.get(iid), allocations.get(iid)
             service = view.services[(p.item_id, p.subject_id)] if p is not None else None
@@ -201,7 +218,7 @@ def default_config_builder(
             node = view.nodes[p.node_id]
             old = memo.job(iid)
             net = nets.get(iid)
-            jobs.append(_job(iid, p, alloc, service, node, old, rootfs_of, base, net))
+            jobs.append(_job(iid, p, alloc, service, node, old, rootfs_of, base, net, alike))
         some = memo.build_all(
             jobs, groups=group_lookup, devices=device_lookup, policy=device_policy, removed=removed
         )
@@ -211,9 +228,37 @@ def default_config_builder(
             errors.pop(iid, None)
         built.update(some.built)
         errors.update(some.errors)
-        return BuildResult(built, errors, since=(done.built, frozenset(redo)))
+        # (the writer looks at the ids whose config is not the very object it was: a build
+        # the memo reused is, and most of an edited service's are)
+        was = done.built
+        moved = frozenset(i for i in redo if built.get(i) is not was.get(i))
+        return BuildResult(built, errors, since=(was, moved))
 
     return build
+
+
+def _edited(now: Mapping[Any, Service], then: Mapping[Any, Service]) -> Iterable[Any]:
+    """The keys whose service is not the very object it was (edited, added or removed). Two
+    mappings with the same keys in the same order (a warm load's: each key keeps its place)
+    are compared by position, with C-level passes."""
+    if len(now) == len(then) and all(map(eq, now.keys(), then.keys())):
+        keys = list(now.keys())
+        return compress(keys, map(is_not, now.values(), then.values()))
+    keys_ = now.keys() | then.keys()
+    return compress(keys_, map(is_not, map(now.get, keys_), map(then.get, keys_)))
+
+
+def _same_service(a: Service, b: Service, alike: dict[tuple[int, int], bool] | None) -> bool:
+    """:func:`same_service_inputs`, asked once per pair of objects in ``alike``."""
+    if a is b:
+        return True
+    if alike is None:
+        return same_service_inputs(a, b)
+    key = (id(a), id(b))
+    got = alike.get(key)
+    if got is None:
+        got = alike[key] = same_service_inputs(a, b)
+    return got
 
 
 def _with_held(
@@ -254,13 +299,17 @@ def _job(
     rootfs_of: Callable[[str], str],
     base: str,
     net: InstanceAddress | None = None,
+    alike: dict[tuple[int, int], bool] | None = None,
 ) -> ConfigJob:
     """The job of one instance: ``old`` (the last run's) when its inputs are the same objects
-    and values, else a new one."""
+    and values, else a new one. A service that is another object but the same input to the
+    build (:func:`same_service_inputs`: an edit of its instance count or priority) keeps the
+    old job too: the build gives the same config. ``alike``: that answer per pair of service
+    objects (their ``id``s), for a caller that keeps both alive while it holds the dict."""
     if (
         old is not None
         and old.network == net
-        and old.service is service
+        and _same_service(old.service, service, alike)
         and old.node is node
         and old.uid == alloc.uid
         and old.gid == alloc.gid

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-import operator
 import os
 import stat
 import time
@@ -225,9 +224,6 @@ class ReconcileReport:
         return self.computed.plan
 
 
-_INSTANCES = operator.attrgetter("instances")
-
-
 def compute_once(
     state_dir: Path,
     opts: ReconcileOptions,
@@ -270,7 +266,8 @@ def compute_once(
     if alerts.rebalance and mode != "fresh":
         mode = "rebalance"  # SPEC §8: a raise, and each minTimeout while raised
     overload = alerts.overload if mode == "rebalance" else None
-    n_instances = sum(map(_INSTANCES, view.services.values()))
+    summary = view.summary()  # (counted once per view)
+    n_instances = summary.instances
     stage(f"placing {n_instances} instances on {len(view.nodes)} nodes")
     previous = cp.previous()
     marks = opts.cache.stale if opts.cache is not None else StaleMarks()
@@ -292,7 +289,9 @@ def compute_once(
             inputs=_inputs(carried, view.changes, marks.changed),
         )
     # the network phase after placement (SPEC §17): failures leave the placements
-    network = assign_networks(view.unit, view.services, result, cp.network)
+    network = assign_networks(
+        view.unit, view.services, result, cp.network, networked=summary.networked > 0
+    )
     if network.failures:
         by_id = result.by_id
         result = _without(
@@ -308,7 +307,10 @@ def compute_once(
     else:
         allocations, gids, id_errors = assign_ids(result, cp.allocations, cp.gids)
     net_state = network.state
-    new_cp = Checkpoint(cp.lineage, cp.generation, allocations, gids, alerts.timelines, net_state)
+    since = ids.since_for(allocations) if ids is not None else None  # (for the configs)
+    new_cp = Checkpoint(
+        cp.lineage, cp.generation, allocations, gids, alerts.timelines, net_state, since=since
+    )
     built: dict[str, BuiltConfig] | None = None
     built_since = None
     if opts.configs is not None:
@@ -474,7 +476,13 @@ def _write_outputs(
         # the network files (SPEC §17) beside the configs, before any plan names them
         written += write_network_files(state_dir, c.network, c.built)
     # the components' files (SPEC §18): what their agents install, before the plan
-    written += write_component_files(state_dir, c.view.services, c.view.nodes, c.result)
+    written += write_component_files(
+        state_dir,
+        c.view.services,
+        c.view.nodes,
+        c.result,
+        components=c.view.summary().components,
+    )
 
     batch: list[tuple[Path, bytes, int]] = []
 

@@ -62,6 +62,7 @@ __all__ = [
     "Fallback",
     "FileRecord",
     "LoadOptions",
+    "ServiceSummary",
     "StateView",
     "format_validation_error",
     "input_hash_of",
@@ -131,6 +132,120 @@ class LoadOptions:
 _REVISIONS = itertools.count(1)
 """The revisions of views: unique in this process."""
 
+_INSTANCES = operator.attrgetter("instances")
+_NETWORKED = operator.attrgetter("networked")
+_TYPE = operator.attrgetter("type")
+
+
+@dataclass(frozen=True)
+class ServiceSummary:
+    """What a run reads of every service of a view, counted once: the services in key order
+    and the totals the guards and the later stages ask for. A warm load that replaces some
+    services (same keys) patches its previous view's summary by those instead of a pass over
+    every service; :meth:`of` is the reference it equals."""
+
+    keys: tuple[ServiceKey, ...]
+    """The services' keys, sorted."""
+    at: Mapping[ServiceKey, int]
+    """Each key's position in :attr:`keys` (shared by the summaries of views with the same
+    keys: never mutated)."""
+    ordered: tuple[Service, ...]
+    """The services in key order."""
+    instances: int
+    """The instances every service asks for, together."""
+    networked: int
+    """How many services are ``networked`` (get a network without unit.yaml's)."""
+    components: int
+    """How many services are of type ``component``."""
+    source: Mapping[ServiceKey, Service] = field(compare=False, repr=False)
+    """The mapping of services counted (a view's summary is its own only while its
+    ``services`` is this very mapping)."""
+
+    @classmethod
+    def of(cls, services: Mapping[ServiceKey, Service]) -> ServiceSummary:
+        """The summary of ``services``, counted from nothing."""
+        keys = tuple(sorted(services))
+        ordered = tuple(map(services.__getitem__, keys))
+        return cls(
+            keys,
+            dict(zip(keys, range(len(keys)), strict=True)),
+            ordered,
+            sum(map(_INSTANCES, ordered)),
+            sum(map(_NETWORKED, ordered)),
+            operator.countOf(map(_TYPE, ordered), "component"),
+            services,
+        )
+
+    def replaced(
+        self, now: Mapping[ServiceKey, Service], services: Mapping[ServiceKey, Service]
+    ) -> ServiceSummary:
+        """The summary of ``services``: this summary's with the services of ``now`` put in at
+        their keys, each replacing the one of the same key (no key added or removed)."""
+        before = self.source
+        ordered = list(self.ordered)
+        instances, networked, components = self.instances, self.networked, self.components
+        at = self.at
+        for key, service in now.items():
+            old = before[key]
+            ordered[at[key]] = service
+            instances += service.instances - old.instances
+            networked += service.networked - old.networked
+            components += (service.type == "component") - (old.type == "component")
+        return ServiceSummary(
+            self.keys, at, tuple(ordered), instances, networked, components, services
+        )
+
+
+@dataclass(frozen=True)
+class RecordIndex:
+    """What a warm load reads of every record of a view's ``files``, kept per path: each
+    path's position, the paths whose record read other files (a node's resourcesFile) and
+    those with diagnostics. Made from ``files`` by C-level passes, or patched from the
+    previous view's by the records a load replaced (same paths); :meth:`of` is the reference
+    it equals."""
+
+    at: Mapping[str, int]
+    """Each path's position in ``files`` (shared by the indexes of views with the same paths:
+    never mutated)."""
+    deps: frozenset[str]
+    """The paths whose record has ``deps``."""
+    diagnosed: frozenset[str]
+    """The paths whose record has ``diagnostics``."""
+    source: Mapping[str, FileRecord] = field(compare=False, repr=False)
+    """The records indexed (a view's index is its own only while its ``files`` is this very
+    mapping)."""
+
+    @classmethod
+    def of(cls, files: Mapping[str, FileRecord]) -> RecordIndex:
+        """The index of ``files``, made from nothing."""
+        rels = list(files)
+        records = list(files.values())
+        return cls(
+            dict(zip(rels, range(len(rels)), strict=True)),
+            frozenset(itertools.compress(rels, map(_DEPS, records))),
+            frozenset(itertools.compress(rels, map(_DIAGNOSTICS, records))),
+            files,
+        )
+
+    def replaced(
+        self, records: Mapping[str, FileRecord], files: Mapping[str, FileRecord]
+    ) -> RecordIndex:
+        """The index of ``files``: this one's (of the same paths) with ``records`` put in."""
+        deps, diagnosed = set(self.deps), set(self.diagnosed)
+        for rel, rec in records.items():
+            (deps.add if rec.deps else deps.discard)(rel)
+            (diagnosed.add if rec.diagnostics else diagnosed.discard)(rel)
+        return RecordIndex(self.at, frozenset(deps), frozenset(diagnosed), files)
+
+    def diagnostics(self) -> list[Diagnostic]:
+        """Every record's diagnostics, in path order."""
+        files = self.source
+        out: list[Diagnostic] = []
+        for rel in sorted(self.diagnosed, key=self.at.__getitem__):
+            out.extend(files[rel].diagnostics)
+        return out
+
+
 _K = TypeVar("_K")
 
 
@@ -162,8 +277,33 @@ class StateView:
     """What changed since the view the load started from (its revision is ``changes.since``);
     None for a view no load made (nothing is known of what came before)."""
 
+    summary_memo: ServiceSummary | None = field(default=None, compare=False, repr=False)
+    """:meth:`summary` once made (a load that patches a view passes its previous view's on,
+    edited); None until asked for."""
+
+    def summary(self) -> ServiceSummary:
+        """The services in key order and what a run counts over all of them (made once per
+        view; see :class:`ServiceSummary`)."""
+        got = self.summary_memo
+        if got is None or got.source is not self.services:
+            got = ServiceSummary.of(self.services)
+            object.__setattr__(self, "summary_memo", got)  # (a cache of the frozen value)
+        return got
+
+    records_memo: RecordIndex | None = field(default=None, compare=False, repr=False)
+    """:meth:`records` once made (a load that patches a view passes its previous view's on,
+    edited); None until asked for."""
+
+    def records(self) -> RecordIndex:
+        """The index of :attr:`files` (made once per view; see :class:`RecordIndex`)."""
+        got = self.records_memo
+        if got is None or got.source is not self.files:
+            got = RecordIndex.of(self.files)
+            object.__setattr__(self, "records_memo", got)  # (a cache of the frozen value)
+        return got
+
     def services_sorted(self) -> list[Service]:
-        return [self.services[k] for k in sorted(self.services)]
+        return list(self.summary().ordered)
 
 
 _KIND_OF_DIR: dict[str, tuple[str, type[BaseModel]]] = {
@@ -420,16 +560,19 @@ def load_state(
     opts = opts or LoadOptions()
     prev_files = previous.files if previous is not None and previous.root == root else {}
     files: dict[str, FileRecord] | None = None
+    replaced: list[str] | None = None  # the paths whose record a hinted load replaced
     if changed is not None and prev_files and previous is not None and not previous.unreadable:
-        files = _hinted_files(root, prev_files, changed, opts)
+        hinted = _hinted_files(root, prev_files, changed, opts, previous.records())
+        if hinted is not None:
+            files, replaced = hinted
     if files is None:
         files = _all_files(root, prev_files, opts)
-    same = previous is not None and previous.root == root and previous.files.keys() == files.keys()
-    patched = _patched(previous, files) if same and previous is not None else None
+    same = previous is not None and previous.root == root
+    if same and replaced is None:  # (a hinted load that kept every path says so)
+        same = previous is not None and previous.files.keys() == files.keys()
+    patched = _patched(previous, files, replaced) if same and previous is not None else None
     if patched is not None:
-        # (C-level passes over every record: a warm run's few diagnostics)
-        with_any = filter(None, map(_DIAGNOSTICS, files.values()))
-        return patched, list(itertools.chain.from_iterable(with_any))
+        return patched, patched.records().diagnostics()
     return _assembled(
         root, files, previous if previous is not None and previous.root == root else None
     )
@@ -551,10 +694,16 @@ def _input_kind(root: Path, parts: list[str]) -> str | None:
 
 
 def _hinted_files(
-    root: Path, prev_files: Mapping[str, FileRecord], changed: Collection[str], opts: LoadOptions
-) -> dict[str, FileRecord] | None:
-    """The records of a full pass, computed from ``prev_files`` by looking only at the hinted
-    paths and at the resourcesFiles nodes read; None when a hint needs the full pass."""
+    root: Path,
+    prev_files: Mapping[str, FileRecord],
+    changed: Collection[str],
+    opts: LoadOptions,
+    index: RecordIndex,
+) -> tuple[dict[str, FileRecord], list[str] | None] | None:
+    """The records of a full pass, computed from ``prev_files`` (``index``: theirs) by looking
+    only at the hinted paths and at the resourcesFiles nodes read, and, when they are the
+    same paths, those whose record was looked at again (else None); None when a hint needs
+    the full pass."""
     updates: dict[str, FileRecord | None] = {}
     try:
         for rel in sorted(set(changed)):
@@ -563,8 +712,8 @@ def _hinted_files(
                 updates[rel] = rec
     except _FullPass:
         return None
-    with_deps = itertools.compress(prev_files.items(), map(_DEPS, prev_files.values()))
-    for rel, old in with_deps:  # (a C-level pass over the records: few have deps)
+    for rel in index.deps:  # (few records have deps)
+        old = prev_files[rel]
         if rel not in updates and not _deps_unchanged(old.deps):
             kind = "unit" if rel == "unit.yaml" else rel.split("/", 1)[0]
             updates[rel] = _load_one(root, rel, kind, _regular_key(root / rel), old, opts)
@@ -574,9 +723,11 @@ def _hinted_files(
             files.pop(rel, None)
         else:
             files[rel] = rec
+    if all(rel in prev_files and rec is not None for rel, rec in updates.items()):
+        return files, list(updates)  # the same paths: the order of ``prev_files`` holds
     if all(rel in prev_files for rel in updates):
-        return files  # the same paths: the order of ``prev_files`` (sorted) holds
-    return {rel: files[rel] for rel in sorted(files)}  # the full pass's order: sorted paths
+        return files, None  # (paths removed: the order of the others holds)
+    return {rel: files[rel] for rel in sorted(files)}, None  # the full pass's: sorted paths
 
 
 _DEPS = operator.attrgetter("deps")
@@ -739,26 +890,38 @@ def _counted(
     return revision, InputChanges(previous.revision, revision, unit, services, nodes, actual)
 
 
-def _patched(previous: StateView, files: dict[str, FileRecord]) -> StateView | None:
+def _patched(
+    previous: StateView, files: dict[str, FileRecord], replaced: Collection[str] | None = None
+) -> StateView | None:
     """The view of ``files`` made from ``previous`` (same root, same paths) by replacing the
     objects of the files whose record changed, when each changed file defined the same object
     (same kind and key) before and after; else None (build it from nothing). The result equals
-    :func:`_assembled`'s, dictionary order included: every key keeps its place."""
+    :func:`_assembled`'s, dictionary order included: every key keeps its place. ``replaced``:
+    a superset of the paths whose record is not ``previous``'s object (else compared)."""
     old_files = previous.files
-    # (C-level passes: positions of the records that are not the previous view's objects)
-    moved = map(operator.is_not, files.values(), map(old_files.__getitem__, files))
-    at = list(itertools.compress(itertools.count(), moved))
-    if at:
-        rels, recs = list(files), list(files.values())
-        changed = [(n, rels[n], recs[n]) for n in at]
+    index = previous.records_memo
+    if index is not None and index.source is not old_files:
+        index = None
+    if replaced is not None and index is not None:
+        found = sorted((index.at[rel], rel) for rel in replaced if files[rel] is not old_files[rel])
+        changed = [(n, rel, files[rel]) for n, rel in found]
     else:
-        changed = []
+        # (C-level passes: positions of the records that are not the previous view's objects)
+        moved = map(operator.is_not, files.values(), map(old_files.__getitem__, files))
+        at = list(itertools.compress(itertools.count(), moved))
+        if at:
+            rels, recs = list(files), list(files.values())
+            changed = [(n, rels[n], recs[n]) for n in at]
+        else:
+            changed = []
     lines = list(previous.hash_lines)
     if len(lines) != len(files) or previous.duplicates:
         return None  # a service defined twice: the full assembly reports it
+    if index is not None:
+        index = index.replaced({rel: rec for _n, rel, rec in changed}, files)
     if not changed:
         same = previous.revision
-        return replace(previous, files=files, changes=InputChanges(same, same))
+        return replace(previous, files=files, changes=InputChanges(same, same), records_memo=index)
     unit = previous.unit
     services: dict[tuple[str, str], Service] = {}
     nodes: dict[str, Node] = {}
@@ -790,10 +953,14 @@ def _patched(previous: StateView, files: dict[str, FileRecord]) -> StateView | N
         frozenset(nodes),
         frozenset(actual),
     )
+    summary = previous.summary_memo
+    now = {**previous.services, **services} if services else previous.services
+    if summary is not None and summary.source is previous.services and services:
+        summary = summary.replaced(services, now)
     return StateView(
         previous.root,
         unit,
-        {**previous.services, **services} if services else previous.services,
+        now,
         {**previous.nodes, **nodes} if nodes else previous.nodes,
         {**previous.actual, **actual} if actual else previous.actual,
         files,
@@ -802,6 +969,8 @@ def _patched(previous: StateView, files: dict[str, FileRecord]) -> StateView | N
         unreadable=previous.unreadable,  # the same paths: the same directories
         revision=revision,
         changes=changes,
+        summary_memo=summary,
+        records_memo=index,
     )
 
 
@@ -842,7 +1011,7 @@ def instance_limit_guard(view: StateView) -> Diagnostic | None:
     nothing stopped, so a typo cannot make a run grow without bound, nor stop what runs. The
     error points at the ``instances`` of the service that asks for the most."""
     limit = view.unit.maxInstances if view.unit is not None else DEFAULT_UNIT_MAX_INSTANCES
-    total = sum(s.instances for s in view.services.values())
+    total = view.summary().instances
     if total <= limit:
         return None
     largest = max(view.services.values(), key=lambda s: (s.instances, s.key))

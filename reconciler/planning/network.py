@@ -214,10 +214,13 @@ def assign_networks(
     services: Mapping[_ServiceKey, Service] | Iterable[Service],
     result: BalanceResult,
     previous: Mapping[str, Any],
+    *,
+    networked: bool | None = None,
 ) -> NetworkResult:
-    """The network phase over ``result``'s placements; see the module docstring."""
+    """The network phase over ``result``'s placements; see the module docstring.
+    ``networked``: whether any service is ``networked``, when the caller has counted it."""
     listed = list(services.values()) if isinstance(services, Mapping) else list(services)
-    cfg = _network_config(unit, listed)
+    cfg = _network_config(unit, listed, networked)
     if cfg is None:
         return NetworkResult({}, {})  # no network anywhere: no pass over the placements
     prev_nets: Mapping[str, Any] = previous.get("networks", {}) or {}
@@ -258,12 +261,16 @@ def assign_networks(
     )
 
 
-def _network_config(unit: UnitConfig | None, services: Iterable[Service]) -> NetworkConfig | None:
+def _network_config(
+    unit: UnitConfig | None, services: Iterable[Service], networked: bool | None = None
+) -> NetworkConfig | None:
     """Which rules apply: unit.yaml's ``network``, the defaults when only services ask for a
-    network, None when nothing has one."""
+    network, None when nothing has one (``networked``: whether a service asks, if known)."""
     if unit is not None and unit.network is not None:
         return unit.network
-    return NetworkConfig() if any(s.networked for s in services) else None
+    if networked is None:
+        networked = any(s.networked for s in services)
+    return NetworkConfig() if networked else None
 
 
 def _ip(value: object) -> int | None:

@@ -49,7 +49,7 @@ from reconciler.oci.builder import (
     same_service_inputs,
 )
 from reconciler.oci.writer import WriteMemo, WriteReport, write_instance_outputs
-from reconciler.placement.instances import BalanceResult, Placement
+from reconciler.placement.instances import BalanceResult, Changes, Placement
 from reconciler.planning.checkpoint import Allocation, Checkpoint, assign_ids
 from tests.support.oci import (
     GPU0,
@@ -774,7 +774,8 @@ def test_a_watchers_edits_rebuild_only_what_changed_and_write_what_a_fresh_run_w
         view = computed.view
         jobs = [j for call in spied_jobs[calls:] for j in call]
         ids_of_service = {p.instance_id for p in computed.result.placements if p.item_id == service}
-        assert {j.placement.instance_id for j in jobs} >= ids_of_service
+        if not delta:  # an edit the build reads: every instance of the service is looked at
+            assert {j.placement.instance_id for j in jobs} >= ids_of_service
         assert len(jobs) < len(computed.result.placements) // 2, "not built again in full"
         if not verify:
             assert writer is not None and writer.compared <= len(jobs)
@@ -839,3 +840,81 @@ def test_a_result_the_builder_saw_last_rebuilds_what_can_differ_only(
     del allocs[one]
     built, asked = step(services, allocs)  # an allocation gone: no config for it
     assert one not in built.built and asked == gpu_ids
+
+
+def test_the_allocations_told_changed_are_the_only_ones_compared(
+    tmp_path: Path, spied_jobs: list[list[ConfigJob]]
+) -> None:
+    """A checkpoint that says at which ids its allocations differ from a mapping (``since``,
+    the uid memo's) is trusted when that mapping is the very one the builder was given last:
+    the builder looks at those ids, not at every allocation. Told of another mapping, it
+    compares them all (a change the stale claim leaves out is still built)."""
+    inp, groups, devices = Inputs(), FakeGroups(), _devices()
+    builder = default_config_builder(groups=groups, devices=devices, policy=inp.policy)
+    result = BalanceResult(tuple(_placements(inp)), ())
+    gpu_ids = {p.instance_id for p in result.placements if p.item_id == inp.gpu.id}
+    plain_ids = sorted(set(result.by_id) - gpu_ids)
+    allocations = assign_ids(result, {}, {})[0]
+    nodes = {inp.node.id: inp.node}
+    services = {s.key: s for s in (inp.gpu, inp.plain)}
+    view = StateView(tmp_path, None, services, nodes)
+
+    def step(cp: Checkpoint) -> set[str]:
+        calls = len(spied_jobs)
+        got = builder(tmp_path, view, result, cp)
+        looked_at = {j.placement.instance_id for c in spied_jobs[calls:] for j in c}
+        fresh = default_config_builder(groups=groups, devices=devices, policy=inp.policy)
+        assert _outcome(got) == _outcome(fresh(tmp_path, view, result, cp))
+        return looked_at
+
+    assert step(Checkpoint("lin", 1, allocations)) == set(result.by_id)
+    one, other, two = plain_ids[0], plain_ids[1], plain_ids[-1]
+    allocs = {**allocations, one: replace(allocations[one], uid=5009)}
+    told = frozenset({one, other})  # (a superset: ``other`` did not change)
+    assert step(Checkpoint("lin", 1, allocs, since=(allocations, told))) == gpu_ids | {one}
+    # told of no change, the builder trusts it: a change it is not told of is not looked at
+    # (this is what makes the claim worth making; the uid memo names every changed id)
+    allocs_b = {**allocs, other: replace(allocs[other], uid=5011)}
+    calls = len(spied_jobs)
+    builder(tmp_path, view, result, Checkpoint("lin", 1, allocs_b, since=(allocs, frozenset())))
+    assert {j.placement.instance_id for c in spied_jobs[calls:] for j in c} == gpu_ids
+    builder(tmp_path, view, result, Checkpoint("lin", 1, allocs))  # (back: compared)
+    # a claim about a mapping the builder was not given last: compared, ``two`` found
+    allocs2 = {**allocs, two: replace(allocs[two], uid=5010)}  # (given allocs last)
+    stale = (allocations, frozenset[str]())
+    assert step(Checkpoint("lin", 1, allocs2, since=stale)) == gpu_ids | {two}
+
+
+def test_an_instance_count_edit_passes_the_last_jobs_back(
+    tmp_path: Path, spied_jobs: list[list[ConfigJob]]
+) -> None:
+    """A service edited in a field the build never reads (its instance count) is another
+    object. Given the same result again (its placements not known to be the service's), the
+    builder looks at every instance and passes each one's last job back as is (the memo takes
+    it by identity); given a result that names its changes, it does not look at the service's
+    instances at all, and tells the writer of none of them."""
+    inp, groups, devices = Inputs(), FakeGroups(), _devices()
+    builder = default_config_builder(groups=groups, devices=devices, policy=inp.policy)
+    result = BalanceResult(tuple(_placements(inp)), (), revision=1)
+    plain_ids = {p.instance_id for p in result.placements if p.item_id == inp.plain.id}
+    allocations = assign_ids(result, {}, {})[0]
+    cp = Checkpoint("l", 1, allocations)
+    nodes = {inp.node.id: inp.node}
+    services = {s.key: s for s in (inp.gpu, inp.plain)}
+    first = builder(tmp_path, StateView(tmp_path, None, services, nodes), result, cp)
+    last_jobs = {j.placement.instance_id: j for j in spied_jobs[-1]}
+    fresh = default_config_builder(groups=groups, devices=devices, policy=inp.policy)
+    for count in (9, 11):
+        edited = inp.plain.model_copy(update={"instances": count})
+        services = {**services, edited.key: edited}
+        view = StateView(tmp_path, None, services, nodes)
+        got = builder(tmp_path, view, result, cp)
+        passed = {j.placement.instance_id: j for j in spied_jobs[-1]}
+        if count == 9:  # the same result: every instance looked at, its last job passed back
+            assert plain_ids <= passed.keys()
+            assert all(passed[i] is last_jobs[i] for i in plain_ids)
+        else:  # the memo's next result (every placement the last one's): none looked at
+            assert not passed.keys() & plain_ids
+            assert got.since is not None and not got.since[1] & plain_ids
+        assert _outcome(got) == _outcome(fresh(tmp_path, view, result, cp)) == _outcome(first)
+        result = replace(result, revision=2, changes=Changes(1, frozenset()))

@@ -519,3 +519,20 @@ class TestPreviousSince:
         tampered[iid] = PreviousAllocation(other, prev.runtime_id, prev.devices, prev.cause)
         self._call(tampered, frozenset(), base=dict(tampered))  # true of its own base
         assert not self.memo.incremental
+
+
+def test_room_an_edit_frees_goes_to_the_unplaced_in_instance_order() -> None:
+    """Pass 2 of a memo's call tries the instances without a place in instance order, as the
+    full run does: room for two freed by an edit goes to the first two of sixteen services
+    that failed, whatever order the memo keeps its sets in."""
+    nodes = [make_node("n0", dmips=1000)]
+    big = make_service("a-big", priority=1, cpu=1000)
+    waiting = [make_service(f"w{i:02}", cpu=500) for i in range(16)]
+    memo = BalanceMemo()
+    first = memo.balance(None, nodes, [big, *waiting], {}, "stable")
+    assert len(first.failures) == 16
+    gone = [big.model_copy(update={"instances": 0}), *waiting]
+    got = memo.balance(None, nodes, gone, previous_of(first), "stable")
+    assert memo.incremental
+    assert got == balance(None, nodes, gone, previous_of(first), "stable")
+    assert [p.item_id for p in got.placements] == ["w00", "w01"]
