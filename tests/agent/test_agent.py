@@ -1124,19 +1124,27 @@ def test_cli_agent_exit_codes_for_unknown_nodes_failed_starts_and_a_second_run(
     assert "0 started" in capsys.readouterr().out
 
 
-def test_watch_runs_again_when_a_back_off_ends(state: Path) -> None:
-    runc, clock = FakeRunc(), Clock()
-    runs: list[AgentReport | None] = []
-    stop = threading.Event()
+def _watch_one_instance(
+    state: Path, runc: FakeRunc, runs: list[AgentReport | None], stop: threading.Event, **kw: Any
+) -> threading.Thread:
+    """A started ``agent_watch`` thread (no resync for an hour) on a plan that starts A0."""
     declare_node(state)
     make_bundle(state, A0)
     write_patch(state, 0, add={A0: RECORDS[A0]})
     thread = threading.Thread(
         target=agent_watch,
         args=(state, NODE, runc, stop),
-        kwargs={"resync": 3600, "debounce": 0.05, "on_run": runs.append, "now": clock},
+        kwargs={"resync": 3600, "debounce": 0.05, "on_run": runs.append, **kw},
     )
     thread.start()
+    return thread
+
+
+def test_watch_runs_again_when_a_back_off_ends(state: Path) -> None:
+    runc, clock = FakeRunc(), Clock()
+    runs: list[AgentReport | None] = []
+    stop = threading.Event()
+    thread = _watch_one_instance(state, runc, runs, stop, now=clock)
     try:
         _wait_for(lambda: (state / "actual" / f"{NODE}.yaml").exists())
         runc.containers[cid(A0)].status = "stopped"
@@ -1172,15 +1180,7 @@ def test_watch_sees_a_plan_whose_event_never_came(
     runc = FakeRunc()
     runs: list[AgentReport | None] = []
     stop = threading.Event()
-    declare_node(state)
-    make_bundle(state, A0)
-    write_patch(state, 0, add={A0: RECORDS[A0]})
-    thread = threading.Thread(
-        target=agent_watch,
-        args=(state, NODE, runc, stop),
-        kwargs={"resync": 3600, "debounce": 0.05, "on_run": runs.append},
-    )
-    thread.start()
+    thread = _watch_one_instance(state, runc, runs, stop)
     try:
         _wait_for(lambda: (state / "actual" / f"{NODE}.yaml").exists())
         runc.containers[cid(A0)].status = "stopped"
