@@ -325,3 +325,19 @@ def test_a_watchers_runs_leave_a_record_that_follows_each_edit(
         view = reconcile(root, opts, view).computed.view
         shown, computed, n = _both(capsys, computations, root, "--json")
         assert n == 0 and shown == computed
+
+
+def test_the_placements_table_is_always_computed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], computations: Computations
+) -> None:
+    """The table needs the placements, which plan.json does not hold: with --placements, or
+    on a unit of at most 100 instances, the text is computed; its --json is still shown."""
+    big = _unit(tmp_path / "big", capsys)
+    shown, computed, n = _both(capsys, computations, big, "--placements")
+    assert n == 1 and shown == computed and "Placements" in shown[1]
+    small = tmp_path / "small"
+    write_state_dir(small, 10, 40, seed=2)
+    assert run(capsys, "reconcile", "--state", str(small))[0] == 0
+    assert _basis(small)["reusable"] is True
+    assert _both(capsys, computations, small)[2] == 1
+    assert _both(capsys, computations, small, "--json")[2] == 0
