@@ -26,7 +26,7 @@ import operator
 import os
 import stat
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -586,22 +586,11 @@ def _all_files(
     # in sorted order of the relative paths ("actual/" < "desired/" < "nodes/" < "unit.yaml";
     # each directory's files sorted), so ``files`` is sorted as it is built (and sorted again
     # when a directory could not be read)
-    unreadable: list[Unreadable] = []
-    for dir_kind, recursive in _INPUT_DIRS:
-        for found in iter_files(
-            root / dir_kind, YAML_SUFFIXES, recursive=recursive, unreadable=unreadable
-        ):
-            rel = f"{dir_kind}/{found.rel}"
-            files[rel] = _load_one(root, rel, dir_kind, found.key, prev_files.get(rel), opts)
+    for dir_kind, found, unreadable in _input_walk(root):
+        for rel, key in found:
+            files[rel] = _load_one(root, rel, dir_kind, key, prev_files.get(rel), opts)
         if unreadable:
             _keep_unreadable(root, dir_kind, unreadable, files, prev_files, opts)
-            unreadable.clear()
-    unit_path = root / "unit.yaml"
-    if unit_path.exists() or unit_path.is_symlink():
-        ukey = _regular_key(unit_path)
-        files["unit.yaml"] = _load_one(
-            root, "unit.yaml", "unit", ukey, prev_files.get("unit.yaml"), opts
-        )
     if any(rel.endswith("/") for rel in files):
         files = {rel: files[rel] for rel in sorted(files)}
     return files
@@ -610,6 +599,24 @@ def _all_files(
 _INPUT_DIRS = (("actual", False), ("desired", True), ("nodes", False))
 YAML_SUFFIXES = (".yaml", ".yml")
 """Input documents in desired/, nodes/ and actual/ end in either."""
+
+
+def _input_walk(
+    root: Path,
+) -> Iterator[tuple[str, list[tuple[str, StatKey | None]], list[Unreadable]]]:
+    """The input files of ``root``, in sorted order of their relative paths, per kind of
+    directory: (``actual``, ``desired``, ``nodes``, then ``unit`` when unit.yaml exists), its
+    files (relative path, stat key: None for a symlink or a file that is not regular) and the
+    directories under it that could not be read."""
+    for dir_kind, recursive in _INPUT_DIRS:
+        unreadable: list[Unreadable] = []
+        found = iter_files(
+            root / dir_kind, YAML_SUFFIXES, recursive=recursive, unreadable=unreadable
+        )
+        yield dir_kind, [(f"{dir_kind}/{f.rel}", f.key) for f in found], unreadable
+    unit_path = root / "unit.yaml"
+    if unit_path.exists() or unit_path.is_symlink():
+        yield "unit", [("unit.yaml", _regular_key(unit_path))], []
 
 
 def _keep_unreadable(
@@ -735,9 +742,13 @@ _DIAGNOSTICS = operator.attrgetter("diagnostics")
 
 
 def _hash_line(rel: str, rec: FileRecord) -> bytes:
-    # contents only (SPEC §10): never a path or a stat key, which differ between copies and
-    # over time for the same bytes
-    return f"{rel}\0{rec.sha256}\0{rec.deps_sha256}\0".encode()
+    return _content_line(rel, rec.sha256, rec.deps_sha256)
+
+
+def _content_line(rel: str, sha256: str, deps_sha256: str) -> bytes:
+    """What the input hash covers of one file: contents only (SPEC §10), never a path or a
+    stat key, which differ between copies and over time for the same bytes."""
+    return f"{rel}\0{sha256}\0{deps_sha256}\0".encode()
 
 
 def resources_files(view: StateView) -> dict[str, list[str]]:
@@ -757,7 +768,6 @@ def input_hash_of(
     then read the same other files; a file whose bytes changed changes the hash whatever its
     dependencies are, so the answer is exact either way."""
     lines: list[bytes] = []
-    unreadable: list[Unreadable] = []
 
     def line(rel: str, path: Path) -> bytes | None:
         try:
@@ -773,27 +783,16 @@ def input_hash_of(
             except FileReadError:
                 return None
             deps_sha = hashlib.sha256(dep_raw).hexdigest()
-        return f"{rel}\0{hashlib.sha256(raw).hexdigest()}\0{deps_sha}\0".encode()
+        return _content_line(rel, hashlib.sha256(raw).hexdigest(), deps_sha)
 
-    for dir_kind, recursive in _INPUT_DIRS:
-        for found in iter_files(
-            root / dir_kind, YAML_SUFFIXES, recursive=recursive, unreadable=unreadable
-        ):
-            if found.key is None:
-                return None
-            rel = f"{dir_kind}/{found.rel}"
-            got = line(rel, root / rel)
+    for _kind, found, unreadable in _input_walk(root):
+        if unreadable:
+            return None
+        for rel, key in found:
+            got = None if key is None else line(rel, root / rel)
             if got is None:
                 return None
             lines.append(got)
-        if unreadable:
-            return None
-    unit_path = root / "unit.yaml"
-    if unit_path.exists() or unit_path.is_symlink():
-        got = line("unit.yaml", unit_path)
-        if got is None:
-            return None
-        lines.append(got)
     return hashlib.sha256(b"".join(lines)).hexdigest()
 
 
