@@ -915,7 +915,7 @@ def agent_watch(
             on_run(report)
 
     plan_path = nodes_dir / target
-    plan_seen: list[tuple[int, int, int] | None] = [None]  # the plan file as the last run began
+    plan_seen: tuple[int, int, int] | None = None  # the plan file as the last run began
 
     def plan_key() -> tuple[int, int, int] | None:
         try:
@@ -925,7 +925,8 @@ def agent_watch(
         return (st.st_ino, st.st_size, st.st_mtime_ns)
 
     def run(reason: str) -> None:
-        plan_seen[0] = plan_key()  # before the run: a plan written during it is seen after
+        nonlocal plan_seen
+        plan_seen = plan_key()  # before the run: a plan written during it is seen after
         run_agent_logged(
             node_id,
             reason,
@@ -978,7 +979,7 @@ def agent_watch(
                     break
                 # a plan written before the watch began (or whose event was lost) is seen
                 # at the next tick: the file's stat is not the one the last run began with
-                if changes or plan_key() != plan_seen[0]:
+                if changes or plan_key() != plan_seen:
                     run("plan changed")
                     last = time.monotonic()
                 elif due():
@@ -990,7 +991,7 @@ def agent_watch(
             log.warning("%s: watching %s failed: %s", node_id, nodes_dir, e)
             if stop.wait(tick):
                 break
-            if plan_key() != plan_seen[0]:  # (no watcher: the plan's stat alone)
+            if plan_key() != plan_seen:  # (no watcher: the plan's stat alone)
                 run("plan changed")
                 last = time.monotonic()
             elif due():
