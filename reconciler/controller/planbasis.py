@@ -44,7 +44,7 @@ from reconciler.model.documents import Node
 if TYPE_CHECKING:
     from reconciler.controller.reconcile import Computed
 
-__all__ = ["BASIS_FILE", "Reused", "basis_bytes", "not_reusable", "reusable_plan"]
+__all__ = ["BASIS_FILE", "Reused", "basis_bytes", "digest", "not_reusable", "reusable_plan"]
 
 BASIS_FILE = "plan.basis.json"
 """Under out/, beside plan.json."""
@@ -54,7 +54,11 @@ FORMAT_VERSION = 1
 _MAX_PLAN_BYTES = 1 << 31  # a plan.json is read whole to be shown (13 MB at 20,000 actions)
 
 
-def digest(data: bytes) -> str:
+def digest(data: bytes, known: bytes | tuple[str, bytes] | None = None) -> str:
+    """``sha256:<hex>`` of ``data``; ``known``: the writer's content key of the same bytes
+    (``reconcile.content_key``), whose sha256, when it holds one, is not computed again."""
+    if isinstance(known, tuple) and known[0] == "sha256":
+        return "sha256:" + known[1].hex()
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 

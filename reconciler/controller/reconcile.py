@@ -26,7 +26,7 @@ from reconciler.accel.ids import IdsMemo
 from reconciler.accel.plans import PlanMemo
 from reconciler.controller.component_files import write_component_files
 from reconciler.controller.network_files import write_network_files
-from reconciler.controller.planbasis import BASIS_FILE, basis_bytes
+from reconciler.controller.planbasis import BASIS_FILE, basis_bytes, digest
 from reconciler.controller.reports import StaleMarks
 from reconciler.controller.status import NodeStatusCache, cached_status, status_bytes
 from reconciler.controller.statuspage import PageMemo, page_source, render_status_page
@@ -596,11 +596,7 @@ def _write_outputs(
         at = len(written) - (1 if written and written[-1] == "out/status.json" else 0)
         written.insert(at, "out/status.html")
     if checkpoint is not None:  # (None: no checkpoint file, and nothing to reuse)
-        plan_digest = "sha256:" + (
-            plan_ident[1].hex()
-            if isinstance(plan_ident, tuple)
-            else hashlib.sha256(plan_data).hexdigest()
-        )
+        plan_digest = digest(plan_data, plan_ident)
         put(out / BASIS_FILE, basis_bytes(c, opts.mode, checkpoint, plan_digest))
     if manifest is not None:  # the configs' own record (see PendingManifest): after the plan
         batch.append((manifest.path, manifest.data(), 0o600))
