@@ -21,7 +21,15 @@ from hypothesis import strategies as st
 
 from reconciler.io.loader import StateView, load_state
 from reconciler.model.changes import InputChanges
-from tests.support.state_files import ACTUAL, NODE, SERVICE, UNIT, seed_three, write
+from tests.support.state_files import (
+    ACTUAL,
+    NODE,
+    SERVICE,
+    UNIT,
+    edit_batches,
+    seed_three,
+    write,
+)
 
 _UNIT = UNIT + "version: 1.0.0\n"
 
@@ -188,15 +196,7 @@ _KINDS = (
     "unit-delete",
     "node-delete",
 )
-_STEPS = st.lists(
-    st.lists(
-        st.tuples(st.sampled_from(_KINDS), st.integers(0, 3), st.integers(0, 2)),
-        min_size=1,
-        max_size=3,
-    ),
-    min_size=1,
-    max_size=8,
-)
+_STEPS = edit_batches(_KINDS)
 
 
 def _apply(root: Path, what: str, i: int, v: int) -> set[str]:

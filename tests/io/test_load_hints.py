@@ -17,12 +17,19 @@ from typing import Any
 import pytest
 import watchfiles
 from hypothesis import example, given, settings
-from hypothesis import strategies as st
 
 from reconciler.controller.reconcile import ReconcileOptions, reconcile
 from reconciler.controller.watch import changed_inputs
 from reconciler.io.loader import Diagnostic, StateView, load_state
-from tests.support.state_files import ACTUAL, NODE, SERVICE, UNIT, seed_three, write
+from tests.support.state_files import (
+    ACTUAL,
+    NODE,
+    SERVICE,
+    UNIT,
+    edit_batches,
+    seed_three,
+    write,
+)
 
 
 def _projection(view: StateView, diags: list[Diagnostic]) -> dict[str, Any]:
@@ -122,15 +129,7 @@ _KINDS = [
     "move-in",
     "dir-symlink",
 ]
-_EDITS = st.lists(
-    st.lists(
-        st.tuples(st.sampled_from(_KINDS), st.integers(0, 3), st.integers(0, 2)),
-        min_size=1,
-        max_size=3,
-    ),
-    min_size=1,
-    max_size=8,
-)
+_EDITS = edit_batches(_KINDS)
 
 
 def _seed(root: Path) -> None:

@@ -5,7 +5,10 @@ the demo's resources file into its node."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
+
+from hypothesis import strategies as st
 
 
 def inline_resources(state: Path) -> Path:
@@ -63,3 +66,10 @@ def seed_three(root: Path) -> None:
         write(root, f"desired/s{i}.yaml", SERVICE.format(id=f"s{i}", version="1.0.0"))
         write(root, f"nodes/n{i}.yaml", NODE.format(id=f"n{i}"))
         write(root, f"actual/n{i}.yaml", ACTUAL.format(id=f"n{i}", rev=0))
+
+
+def edit_batches(kinds: Sequence[str]) -> st.SearchStrategy[list[list[tuple[str, int, int]]]]:
+    """Up to 8 batches of 1-3 edits (kind, which file 0-3, which variant 0-2): the edit
+    sequences the loader's change and hint tests replay."""
+    edit = st.tuples(st.sampled_from(kinds), st.integers(0, 3), st.integers(0, 2))
+    return st.lists(st.lists(edit, min_size=1, max_size=3), min_size=1, max_size=8)
