@@ -16,10 +16,11 @@ that no memory or cache carries over:
   writing out/, the checkpoint and the status) against the C loader's parse of the same inputs,
   its writes against the filesystem floor, and the peak RSS;
 - on a state directory of the shape: ``reconciler plan DIR --json`` in a fresh process
-  (interpreter start-up included) against the parse floor, ``reconciler explain`` of one
-  unplaceable instance (else the first instance), then a ``reconciler reconcile`` in a fresh
-  process (the oneshot a user runs: its own peak RSS) and ``reconciler plan`` after it (the
-  controller's plan, shown).
+  (interpreter start-up included) against the parse floor; ``reconciler explain`` of one
+  unplaceable instance (else the first instance) with a read cache of its own, the first one
+  (nothing cached) and the next (another instance, then the same one again: the best of the
+  two); then a ``reconciler reconcile`` in a fresh process (the oneshot a user runs: its own
+  peak RSS) and ``reconciler plan`` after it (the controller's plan, shown).
 
 The targets (the last column) are the ones docs/performance.md states. Figures are this
 machine's, now: compare runs taken together.
@@ -52,12 +53,12 @@ def _run_json(module: str, *args: str) -> dict[str, Any]:
     return got
 
 
-def _cli(*args: str) -> float:
+def _cli(*args: str, env: dict[str, str] | None = None) -> float:
     """Seconds of one ``reconciler`` command in a fresh process (its exit code not checked:
     ``plan`` exits 3 when there are unplaceable instances)."""
     cmd = [sys.executable, "-m", "reconciler", *args]
     t0 = time.perf_counter()
-    subprocess.run(cmd, cwd=REPO, capture_output=True, check=False)
+    subprocess.run(cmd, cwd=REPO, capture_output=True, check=False, env=env)
     return time.perf_counter() - t0
 
 
@@ -78,7 +79,17 @@ def _cold_cli(root: Path) -> dict[str, Any]:
     if target is None:
         actions = doc.get("actions") or []
         target = actions[0]["instanceId"] if actions else None
-    explain = _cli("explain", target, "--state", str(root)) if target else None
+    # explain with a read cache of its own: the first (nothing cached) and the next ones
+    # (another instance, then the same again: the inputs only stat-ed, no balance)
+    explain = explain_next = None
+    if target:
+        with tempfile.TemporaryDirectory(prefix="explain-cache-") as cache:
+            env = {**os.environ, "RECONCILER_CACHE_DIR": cache}
+            explain = _cli("explain", target, "--state", str(root), env=env)
+            other = doc["actions"][-1]["instanceId"] if doc.get("actions") else target
+            explain_next = min(
+                _cli("explain", t, "--state", str(root), env=env) for t in (other, target)
+            )
     # the oneshot a user runs (a fresh process, no cache): its own peak RSS
     t0 = time.perf_counter()
     proc = subprocess.Popen(
@@ -96,6 +107,7 @@ def _cold_cli(root: Path) -> dict[str, Any]:
         "parse_floor_s": floor,
         "plan_json_s": plan,
         "explain_s": explain,
+        "explain_next_s": explain_next,
         "oneshot_rss_mib": usage.ru_maxrss / 1024,
         "oneshot_s": oneshot_s,
         "plan_shown_s": shown,
@@ -138,6 +150,7 @@ def measure(
         cli = _cold_cli(root)
     row["plan_json_x"] = cli["plan_json_s"] / cli["parse_floor_s"]
     row["explain_s"] = cli["explain_s"]
+    row["explain_next_s"] = cli["explain_next_s"]
     row["oneshot_rss_mib"] = cli["oneshot_rss_mib"]
     row["plan_shown_s"] = cli["plan_shown_s"]
     return row
@@ -154,6 +167,7 @@ _COLUMNS = [
     ("cold_writes_x", "writes x fs floor", "{:.2f}"),
     ("plan_shown_s", "plan shown s", "{:.2f}"),
     ("explain_s", "explain s", "{:.2f}"),
+    ("explain_next_s", "explain next s", "{:.2f}"),
     ("oneshot_rss_mib", "oneshot RSS MiB", "{:.0f}"),
     ("peak_rss_mib", "benchmark RSS MiB", "{:.0f}"),
     ("scaling_fresh_x", "10x fresh", "{:.1f}"),

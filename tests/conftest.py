@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import atexit
 import gc
+import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +19,12 @@ from tests.support.etcd import (  # fixtures shared by the suite
     state_store,  # noqa: F401
 )
 from tests.support.paths import DEMO
+
+# The read cache of explain (reconciler.io.readcache) goes to a directory of the test run's
+# own, never the user's ~/.cache; the commands the tests start in other processes inherit it.
+_READ_CACHE = tempfile.mkdtemp(prefix="reconciler-test-cache-")
+os.environ["RECONCILER_CACHE_DIR"] = _READ_CACHE
+atexit.register(shutil.rmtree, _READ_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -53,8 +53,18 @@ def explain(
     previous: Mapping[str, PreviousAllocation] | None = None,
     mode: Mode | None = None,
     overload: Overload | None = None,
+    *,
+    result: BalanceResult | None = None,
 ) -> Explanation:
     """:func:`reconciler.placement.balancer.explain` with the class index."""
     return balancer.explain(
-        unit, nodes, services, instance_id, previous, mode, overload, search=ClassIndex
+        unit,
+        nodes,
+        services,
+        instance_id,
+        previous,
+        mode,
+        overload,
+        search=ClassIndex,
+        result=result,
     )

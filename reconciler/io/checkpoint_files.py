@@ -15,6 +15,7 @@ The contents (allocations, encoding, checksums) are :mod:`reconciler.planning.ch
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import uuid
 from collections.abc import Callable, Mapping
@@ -43,6 +44,7 @@ __all__ = [
     "QUARANTINE",
     "LoadReport",
     "Source",
+    "fingerprint",
     "load_checkpoint",
     "save_checkpoint",
 ]
@@ -73,6 +75,17 @@ def _read(path: Path) -> bytes | None:
             return b""  # present but unreadable: treat as corrupt, never as absent
         return None
     return raw
+
+
+def fingerprint(directory: Path) -> str:
+    """SHA-256 over everything :func:`load_checkpoint` reads in ``directory`` (the lineage and
+    both generations, as it reads them): equal fingerprints load the same checkpoint for the
+    same actual state."""
+    h = hashlib.sha256()
+    for name in (LINEAGE, CURRENT, PREVIOUS):
+        raw = _read(directory / name)
+        h.update(b"absent\0" if raw is None else hashlib.sha256(raw).digest())
+    return h.hexdigest()
 
 
 def _quarantine(directory: Path, name: str, reason: str, suffix_source: Callable[[], str]) -> Path:

@@ -64,6 +64,7 @@ __all__ = [
     "LoadOptions",
     "ServiceSummary",
     "StateView",
+    "adopted",
     "format_validation_error",
     "input_hash_of",
     "instance_limit_guard",
@@ -312,6 +313,14 @@ _KIND_OF_DIR: dict[str, tuple[str, type[BaseModel]]] = {
     "nodes": ("Node", Node),
     "actual": ("ActualState", ActualState),
 }
+
+
+def adopted(view: StateView) -> StateView:
+    """A view another process made (read back from a cache), renamed into this process's
+    revisions: a new revision, and no record of what changed before it (its revision and
+    its ``changes`` name views of that process, which memos here must not mistake for theirs).
+    """
+    return replace(view, revision=next(_REVISIONS), changes=None)
 
 
 def _data_path(data: Any, loc: tuple[str | int, ...]) -> tuple[str | int, ...]:

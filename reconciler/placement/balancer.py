@@ -791,6 +791,11 @@ def place_pending(
 # ----------------------------------------------------------------------------- explain
 
 
+def instances_by_id(services: Sequence[Service]) -> dict[str, Instance]:
+    """Every instance of ``services`` by id."""
+    return {i.id: i for i in expand_instances(sorted(services, key=lambda s: s.key))}
+
+
 def replay(
     unit: UnitConfig | None,
     nodes: Sequence[Node],
@@ -799,10 +804,13 @@ def replay(
     skip: str | None = None,
     *,
     search: SearchFactory = Exhaustive,
+    instances: Mapping[str, Instance] | None = None,
 ) -> Run:
     """Node states with every placement of ``result`` (but ``skip``) reserved again: real
-    capacities and requests, as every mode's final state is (a rebalance's too)."""
-    instances = {i.id: i for i in expand_instances(sorted(services, key=lambda s: s.key))}
+    capacities and requests, as every mode's final state is (a rebalance's too).
+    ``instances``: :func:`instances_by_id` of ``services``, when the caller has it."""
+    if instances is None:
+        instances = instances_by_id(services)
     run = Run(unit, nodes, {}, search=search)
     restore = run.search.restore
     for p in result.placements:
@@ -863,14 +871,17 @@ def explain(
     overload: Overload | None = None,
     *,
     search: SearchFactory = Exhaustive,
+    result: BalanceResult | None = None,
 ) -> Explanation:
     """Balance, then evaluate every filter on every node for one instance against the final
     state with the instance's own reservation given back: why it is where it is, or why it
-    fails. Raises KeyError for an unknown instance."""
-    result = balance(unit, nodes, services, previous, mode, overload, search=search)
-    instances = {i.id: i for i in expand_instances(sorted(services, key=lambda s: s.key))}
+    fails. Raises KeyError for an unknown instance. ``result``: that balance of these very
+    arguments, already computed (it is not computed again)."""
+    if result is None:
+        result = balance(unit, nodes, services, previous, mode, overload, search=search)
+    instances = instances_by_id(services)
     instance = instances[instance_id]
-    run = replay(unit, nodes, services, result, skip=instance_id, search=search)
+    run = replay(unit, nodes, services, result, instance_id, search=search, instances=instances)
     ask = run.ask(instance)
     rows = []
     per_runtime = []

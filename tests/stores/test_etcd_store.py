@@ -687,6 +687,8 @@ class TestReadOnlyCommandsOnAStore:
         capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch,
     ) -> None:
+        cache = tmp_path / "read-cache"
+        monkeypatch.setenv("RECONCILER_CACHE_DIR", str(cache))
         src = copy_inputs(VEHICLE, tmp_path / "src")
         assert run_cli(capsys, "import", "--state", str(src), "--store", etcd_url)[0] == 0
         work = tmp_path / "work"
@@ -731,6 +733,8 @@ class TestReadOnlyCommandsOnAStore:
         after = store.snapshot()
         assert after.revision == before.revision  # nothing written to etcd
         assert list(scratch.iterdir()) == []  # every snapshot copy removed
+        # explain's read cache: the copy's, none for a snapshot (a new directory each time)
+        assert len(list(cache.iterdir())) == 1
 
     def test_an_unreachable_store_is_an_error(
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -1,0 +1,393 @@
+"""``reconciler explain`` keeps what it computed in the read cache (reconciler.io.readcache):
+the next explain of the same inputs reads no file again and balances nothing, and whatever
+changed, a cached explain says exactly what an uncached one says."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import reconciler.accel
+from benchmarks.statedir import write_state_dir
+from reconciler.cli.commands import main
+from reconciler.io import fsio, loader, readcache
+
+SETTINGS = settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """Exit code, standard output and standard error (its log lines without their time)."""
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, re.sub(r"^\d{4}-\d\d-\d\dT[\d:.]+Z ", "", err, flags=re.M)
+
+
+class Counts:
+    """The balances and the parsed files of the commands under test."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.balances = 0
+        self.parsed = 0
+        real_balance, real_validate = reconciler.accel.balance, loader._validate
+
+        def balance(*args: Any, **kwargs: Any) -> Any:
+            self.balances += 1
+            return real_balance(*args, **kwargs)
+
+        def validate(*args: Any, **kwargs: Any) -> Any:
+            self.parsed += 1
+            return real_validate(*args, **kwargs)
+
+        monkeypatch.setattr(reconciler.accel, "balance", balance)
+        monkeypatch.setattr(loader, "_validate", validate)
+
+    def reset(self) -> None:
+        self.balances = self.parsed = 0
+
+
+@pytest.fixture
+def counts(monkeypatch: pytest.MonkeyPatch) -> Counts:
+    return Counts(monkeypatch)
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "cache"
+    monkeypatch.setenv(readcache.CACHE_ENV, str(path))
+    return path
+
+
+def _unit(root: Path, capsys: pytest.CaptureFixture[str], shape: str = "homogeneous") -> Path:
+    write_state_dir(root, 12, 40, seed=3, shape=shape)
+    assert run(capsys, "reconcile", "--state", str(root))[0] == 0
+    return root
+
+
+@pytest.fixture
+def unit(tmp_path: Path, capsys: pytest.CaptureFixture[str], cache_dir: Path) -> Path:
+    return _unit(tmp_path / "unit", capsys)
+
+
+def _uncached(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str
+) -> tuple[int, str, str]:
+    with monkeypatch.context() as m:
+        m.setenv(readcache.CACHE_ENV, "")  # off
+        return run(capsys, *args)
+
+
+def _first_label(root: Path) -> str:
+    first = sorted((root / "desired").glob("*.yaml"))[0]
+    return f"{first.stem}:0"
+
+
+class TestTheNextExplainStartsWarm:
+    @pytest.mark.parametrize("shape", ["homogeneous", "unplaceable-15", "devices", "preemption"])
+    @pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+    def test_it_parses_and_balances_nothing_and_says_the_same(
+        self,
+        tmp_path: Path,
+        capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch,
+        cache_dir: Path,
+        counts: Counts,
+        shape: str,
+        as_json: bool,
+    ) -> None:
+        root = _unit(tmp_path / shape, capsys, shape)
+        args = (
+            "explain",
+            _first_label(root),
+            "--state",
+            str(root),
+            *(("--json",) if as_json else ()),
+        )
+        counts.reset()
+        first = run(capsys, *args)
+        assert (counts.balances, counts.parsed) == (1, len(list(_inputs(root))))
+        counts.reset()
+        second = run(capsys, *args)
+        assert (counts.balances, counts.parsed) == (0, 0)
+        assert first == second == _uncached(capsys, monkeypatch, *args)
+
+    def test_another_instance_of_the_same_inputs_is_not_balanced_again(
+        self, unit: Path, capsys: pytest.CaptureFixture[str], counts: Counts
+    ) -> None:
+        services = sorted((unit / "desired").glob("*.yaml"))
+        run(capsys, "explain", f"{services[0].stem}:0", "--state", str(unit))
+        counts.reset()
+        code, out, _err = run(capsys, "explain", f"{services[1].stem}:0", "--state", str(unit))
+        assert code == 0 and services[1].stem in out
+        assert (counts.balances, counts.parsed) == (0, 0)
+
+    def test_settled_files_are_only_stat_ed(
+        self,
+        unit: Path,
+        capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch,
+        counts: Counts,
+    ) -> None:
+        """With every file quiet long enough (the racy window shrunk to nothing), the second
+        load trusts the stat keys: no file is even read."""
+        monkeypatch.setattr(fsio, "RACY_WINDOW_NS", 0)
+        args = ("explain", _first_label(unit), "--state", str(unit))
+        run(capsys, *args)
+        reads: list[object] = []
+        real = fsio.read_bytes_at
+
+        def reading(*a: Any, **kw: Any) -> Any:
+            reads.append(a[0])
+            return real(*a, **kw)
+
+        monkeypatch.setattr(loader, "read_bytes_at", reading)
+        run(capsys, *args)
+        assert reads == []
+
+
+def _inputs(root: Path) -> list[Path]:
+    files = [p for d in ("desired", "nodes", "actual") for p in (root / d).rglob("*.yaml")]
+    return [*files, root / "unit.yaml"]
+
+
+def _edit_yaml(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    doc = yaml.safe_load(path.read_text())
+    change(doc)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def _set(path: tuple[str, ...], value: object) -> Callable[[dict[str, Any]], None]:
+    def change(doc: dict[str, Any]) -> None:
+        at = doc
+        for key in path[:-1]:
+            at = at.setdefault(key, {})
+        at[path[-1]] = value
+
+    return change
+
+
+class TestWhateverChangedItSaysWhatAnUncachedExplainSays:
+    @SETTINGS
+    @given(
+        edits=st.lists(
+            st.tuples(
+                st.sampled_from(
+                    ["cpu", "instances", "node", "remove", "invalid", "reconcile", "fresh"]
+                ),
+                st.integers(0, 11),
+                st.integers(1, 4),
+            ),
+            min_size=1,
+            max_size=5,
+        ),
+        as_json=st.booleans(),
+    )
+    def test_along_random_edits(
+        self,
+        tmp_path_factory: pytest.TempPathFactory,
+        capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch,
+        edits: list[tuple[str, int, int]],
+        as_json: bool,
+    ) -> None:
+        base = tmp_path_factory.mktemp("edits")
+        monkeypatch.setenv(readcache.CACHE_ENV, str(base / "cache"))
+        root = _unit(base / "unit", capsys, "unplaceable-15")
+        label = _first_label(root)
+        extra = ("--json",) if as_json else ()
+        for kind, which, value in edits:
+            services = sorted((root / "desired").glob("*.yaml"))
+            nodes = sorted((root / "nodes").glob("*.yaml"))
+            service = services[which % len(services)] if services else None
+            if kind == "cpu" and service is not None:
+                _edit_yaml(service, _set(("quotas", "cpuDMIPSLimit"), 700 * value))
+            elif kind == "instances" and service is not None:
+                _edit_yaml(service, _set(("instances",), value))
+            elif kind == "node":
+                _edit_yaml(nodes[which % len(nodes)], _set(("maxDMIPS",), 1000 * value))
+            elif kind == "remove" and service is not None:
+                service.unlink()
+            elif kind == "invalid" and service is not None:
+                service.write_text("kind: Service\nid: [\n")
+            elif kind == "reconcile":
+                run(capsys, "reconcile", "--state", str(root))  # a new checkpoint
+            mode = ("--mode", "fresh") if kind == "fresh" else ()
+            for target in (label, services[-1].stem if services else label):
+                args = ("explain", target, "--state", str(root), *mode, *extra)
+                cached = run(capsys, *args)
+                assert cached == _uncached(capsys, monkeypatch, *args), (kind, target)
+
+
+class TestTheBalanceKey:
+    def test_a_node_going_stale_is_a_new_balance(
+        self,
+        unit: Path,
+        capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch,
+        counts: Counts,
+    ) -> None:
+        """Time enters explain through the stale marks: the same files, an hour later, are
+        explained against a node that has gone stale (and say why)."""
+        node = sorted((unit / "nodes").glob("*.yaml"))[0]
+        reported = datetime(2026, 1, 1, tzinfo=UTC)
+        _edit_yaml(node, _set(("reportedAt",), reported.isoformat()))
+        args = ("explain", _first_label(unit), "--state", str(unit), "--json")
+        monkeypatch.setattr("time.time", lambda: reported.timestamp() + 1)
+        fresh = run(capsys, *args)
+        counts.reset()
+        monkeypatch.setattr("time.time", lambda: reported.timestamp() + 3600)
+        later = run(capsys, *args)
+        assert counts.balances == 1
+        assert later == _uncached(capsys, monkeypatch, *args)
+        rows = {r["nodeId"]: r for r in json.loads(later[1])["nodes"]}
+        assert rows[node.stem]["filters"]["NodeState"]["pass"] is False
+        assert fresh != later
+
+    def test_the_mode_is_part_of_it(
+        self, unit: Path, capsys: pytest.CaptureFixture[str], counts: Counts
+    ) -> None:
+        args = ("explain", _first_label(unit), "--state", str(unit))
+        run(capsys, *args)
+        counts.reset()
+        run(capsys, *args, "--mode", "fresh")
+        assert counts.balances == 1
+
+    def test_a_new_checkpoint_is_a_new_balance(
+        self,
+        unit: Path,
+        capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch,
+        counts: Counts,
+    ) -> None:
+        """The previous allocations come from the checkpoint: another checkpoint (here the
+        current generation gone, so the previous one is read) is another balance."""
+        args = ("explain", _first_label(unit), "--state", str(unit))
+        run(capsys, *args)
+        (unit / "checkpoint" / "allocations.json").unlink()
+        counts.reset()
+        after = run(capsys, *args)
+        assert (counts.balances, counts.parsed) == (1, 0)
+        assert after == _uncached(capsys, monkeypatch, *args)
+
+
+class TestNothingInTheCacheIsNeeded:
+    def test_a_torn_or_altered_file_is_computed_again(
+        self, unit: Path, capsys: pytest.CaptureFixture[str], cache_dir: Path, counts: Counts
+    ) -> None:
+        args = ("explain", _first_label(unit), "--state", str(unit))
+        first = run(capsys, *args)
+        for kind in ("view", "balance"):
+            (path,) = cache_dir.glob(f"*/{kind}.pickle")
+            data = bytearray(path.read_bytes())
+            data[-10] ^= 0xFF
+            path.write_bytes(bytes(data))
+        counts.reset()
+        assert run(capsys, *args) == first
+        assert counts.balances == 1 and counts.parsed == len(_inputs(unit))
+
+    def test_another_version_of_the_code_is_not_read(
+        self,
+        unit: Path,
+        capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch,
+        counts: Counts,
+    ) -> None:
+        args = ("explain", _first_label(unit), "--state", str(unit))
+        first = run(capsys, *args)
+        monkeypatch.setattr(readcache, "code_version", lambda: "another version")
+        counts.reset()
+        assert run(capsys, *args) == first
+        assert counts.balances == 1 and counts.parsed == len(_inputs(unit))
+
+    def test_a_cache_others_can_write_is_not_used(
+        self, unit: Path, capsys: pytest.CaptureFixture[str], cache_dir: Path, counts: Counts
+    ) -> None:
+        args = ("explain", _first_label(unit), "--state", str(unit))
+        first = run(capsys, *args)
+        (entry,) = cache_dir.iterdir()
+        entry.chmod(0o777)
+        counts.reset()
+        assert run(capsys, *args) == first
+        assert counts.balances == 1
+        assert readcache.open_cache(unit) is None
+
+    @pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's owner needs root")
+    def test_a_file_of_another_user_is_not_read(
+        self, unit: Path, capsys: pytest.CaptureFixture[str], cache_dir: Path, counts: Counts
+    ) -> None:
+        args = ("explain", _first_label(unit), "--state", str(unit))
+        first = run(capsys, *args)
+        for path in cache_dir.glob("*/*.pickle"):
+            os.chown(path, 65534, 65534)
+        counts.reset()
+        assert run(capsys, *args) == first
+        assert counts.balances == 1
+
+    def test_an_empty_setting_turns_it_off(
+        self,
+        unit: Path,
+        capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path,
+        counts: Counts,
+    ) -> None:
+        monkeypatch.setenv(readcache.CACHE_ENV, "")
+        args = ("explain", _first_label(unit), "--state", str(unit))
+        run(capsys, *args)
+        counts.reset()
+        run(capsys, *args)
+        assert counts.balances == 1
+        assert readcache.open_cache(unit) is None
+
+    def test_an_invalid_file_is_not_kept_from_the_cache(
+        self, unit: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A load from the cached view would keep the cached version of a file that is invalid
+        now; an uncached load does not have it: the cached explain says what the uncached one
+        says (the service is gone and named in the error)."""
+        services = sorted((unit / "desired").glob("*.yaml"))
+        args = ("explain", f"{services[1].stem}:0", "--state", str(unit))
+        run(capsys, *args)
+        services[1].write_text("kind: Service\nid: [\n")
+        cached = run(capsys, *args)
+        assert cached == _uncached(capsys, monkeypatch, *args)
+        assert cached[0] == 1 and services[1].name in cached[2]
+
+
+class TestWhereItLives:
+    def test_the_default_is_the_users_cache_directory(self, tmp_path: Path) -> None:
+        got = readcache.open_cache(tmp_path, {"HOME": str(tmp_path / "home")})
+        assert got is not None and got.directory.parent == tmp_path / "home/.cache/reconciler"
+        got = readcache.open_cache(tmp_path, {"XDG_CACHE_HOME": str(tmp_path / "xdg")})
+        assert got is not None and got.directory.parent == tmp_path / "xdg/reconciler"
+        assert readcache.open_cache(tmp_path, {}) is None  # no home: no cache
+        assert oct(got.directory.stat().st_mode & 0o777) == oct(0o700)
+
+    def test_only_the_most_recently_used_state_directories_are_kept(self, tmp_path: Path) -> None:
+        env = {readcache.CACHE_ENV: str(tmp_path / "cache")}
+        made = []
+        for k in range(readcache.KEEP + 3):
+            cache = readcache.open_cache(tmp_path / f"state{k}", env)
+            assert cache is not None
+            os.utime(cache.directory, ns=(k * 10**9, k * 10**9))
+            made.append(cache)
+        made[0].put("view", "k", {"some": "value"})  # used last
+        left = {p.name for p in (tmp_path / "cache").iterdir()}
+        assert len(left) == readcache.KEEP
+        assert made[0].directory.name in left
+        assert not {c.directory.name for c in made[1:4]} & left  # the three oldest
+        assert made[0].get("view", "k") == {"some": "value"}
+        assert made[0].get("view", "another key") is None
