@@ -1270,6 +1270,11 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
     with where it is placed or why it has no place. An id that names nothing gets the
     closest desired ids as suggestions.
 
+    The loaded inputs and the balance are kept in a read cache of the user's own
+    ($RECONCILER_CACHE_DIR, else $XDG_CACHE_HOME/reconciler, else ~/.cache/reconciler; empty:
+    none), so the next explain of unchanged inputs only stats the files and balances nothing.
+    Its output is the same either way.
+
     Exit codes: 0 explained, 1 unknown instance or error.
     """
     from reconciler.accel import balance

@@ -1,5 +1,5 @@
 """A private cache of what the read-only commands computed, so that the next one on the same
-inputs starts warm (``reconciler explain``; docs/explain.md, "The read cache").
+inputs starts warm (``reconciler explain``; docs/placement.md, "The read cache").
 
 Reading and checking the inputs of a large unit takes seconds (9,155 files at 5,000 nodes x
 20,000 instances: ~1.4 s), and ``explain`` balances the whole unit before it shows one
