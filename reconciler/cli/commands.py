@@ -41,7 +41,6 @@ if TYPE_CHECKING:  # the rest is imported where used: `reconciler --help` loads 
     from reconciler.controller.reconcile import ReconcileOptions, ReconcileReport
     from reconciler.io.loader import Diagnostic
     from reconciler.io.lock import StateLock
-    from reconciler.model.documents import Service
     from reconciler.placement.instances import Mode
     from reconciler.planning.plans import Plan
     from reconciler.stores.base import StateStore
@@ -1239,15 +1238,6 @@ def _mode(mode: str | None) -> Mode | None:
     return None
 
 
-def _find_instance(services: Sequence[Service], needle: str) -> str | None:
-    from reconciler.placement.instances import expand_instances
-
-    for inst in expand_instances(list(services)):
-        if needle in (inst.id, inst.label, f"{inst.item_id}:{inst.index}"):
-            return inst.id
-    return None
-
-
 @cli.command()
 @click.argument("instance")
 @state_option
@@ -1280,6 +1270,7 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
     from reconciler.accel import balance
     from reconciler.accel import explain as explain_instance
     from reconciler.cli.explainview import (
+        find_instance,
         find_item,
         item_json,
         item_view,
@@ -1300,7 +1291,7 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
     view, diags = readcache.load_state_cached(state_dir, cache)
     _report_diagnostics(diags)
     services = view.services_sorted()
-    iid = _find_instance(services, instance)
+    iid = find_instance(services, instance)
     members = find_item(services, instance) if iid is None else []
     if iid is None and not members:
         close = suggestions(services, instance)
