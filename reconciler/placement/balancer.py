@@ -791,9 +791,18 @@ def place_pending(
 # ----------------------------------------------------------------------------- explain
 
 
-def instances_by_id(services: Sequence[Service]) -> dict[str, Instance]:
-    """Every instance of ``services`` by id."""
-    return {i.id: i for i in expand_instances(sorted(services, key=lambda s: s.key))}
+def _instance_of(result: BalanceResult, services: Sequence[Service], instance_id: str) -> Instance:
+    """The desired instance ``instance_id`` of ``services``, which ``result`` placed or failed
+    (found through its service, without hashing every instance's id); KeyError when none."""
+    got: Placement | Failure | None = result.by_id.get(instance_id)
+    if got is None:
+        got = next((f for f in result.failures if f.instance_id == instance_id), None)
+    if got is not None:
+        for s in services:
+            if s.key == (got.item_id, got.subject_id) and got.index < s.instances:
+                return new_instance(instance_id, got.item_id, got.subject_id, got.index, s)
+    instances = {i.id: i for i in expand_instances(sorted(services, key=lambda s: s.key))}
+    return instances[instance_id]
 
 
 def replay(
@@ -804,19 +813,20 @@ def replay(
     skip: str | None = None,
     *,
     search: SearchFactory = Exhaustive,
-    instances: Mapping[str, Instance] | None = None,
 ) -> Run:
     """Node states with every placement of ``result`` (but ``skip``) reserved again: real
-    capacities and requests, as every mode's final state is (a rebalance's too).
-    ``instances``: :func:`instances_by_id` of ``services``, when the caller has it."""
-    if instances is None:
-        instances = instances_by_id(services)
+    capacities and requests, as every mode's final state is (a rebalance's too). A placement
+    whose instance is not desired (its service gone, its index beyond the count) is left out.
+    """
+    by_key = {s.key: s for s in services}
     run = Run(unit, nodes, {}, search=search)
     restore = run.search.restore
     for p in result.placements:
-        instance = instances.get(p.instance_id)
-        if instance is None or p.instance_id == skip:
+        service = by_key.get((p.item_id, p.subject_id))
+        if service is None or p.index >= service.instances or p.instance_id == skip:
             continue
+        # (its id is the uuid5 of item:subject:index: the desired instance's, not hashed again)
+        instance = new_instance(p.instance_id, p.item_id, p.subject_id, p.index, service)
         if result.held and p.instance_id in result.held:  # as it was given its place
             spec = held_spec(instance.service, p.previous(), run.nodes.get(p.node_id))
             if spec is not None:
@@ -879,9 +889,8 @@ def explain(
     arguments, already computed (it is not computed again)."""
     if result is None:
         result = balance(unit, nodes, services, previous, mode, overload, search=search)
-    instances = instances_by_id(services)
-    instance = instances[instance_id]
-    run = replay(unit, nodes, services, result, instance_id, search=search, instances=instances)
+    instance = _instance_of(result, services, instance_id)
+    run = replay(unit, nodes, services, result, instance_id, search=search)
     ask = run.ask(instance)
     rows = []
     per_runtime = []

@@ -164,7 +164,11 @@ def _inputs(root: Path) -> list[Path]:
 
 
 def _edit_yaml(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
-    doc = yaml.safe_load(path.read_text())
+    """Change a document; one made invalid earlier stays as it is."""
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError:
+        return
     change(doc)
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
