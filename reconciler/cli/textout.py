@@ -8,6 +8,7 @@ widest of the other columns are narrowed and their cells wrapped onto more lines
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -69,8 +70,19 @@ def write_lines(console: TextConsole, lines: Sequence[str]) -> None:
     console.file.flush()
 
 
+_WRAP_SPACE = re.compile(r"[\t\n\x0b\x0c\r]")
+"""The whitespace :mod:`textwrap` turns into spaces (and may drop at a line's ends)."""
+
+
 def wrap(text: str, width: int, indent: str = "", hang: str = "    ") -> list[str]:
     """Plain ``text`` as lines of at most ``width`` (``indent`` first, ``hang`` after)."""
+    if (
+        len(indent) + len(text) <= max(width, 20)
+        and text == text.rstrip()
+        and text
+        and _WRAP_SPACE.search(text) is None
+    ):
+        return [indent + text]  # what textwrap gives a line that fits (explain: 5,000 notes)
     return textwrap.wrap(
         text,
         max(width, 20),
