@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import hashlib
+import io
 import logging
 import os
 import pickle
@@ -44,12 +45,15 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
 
 from reconciler import __version__
 from reconciler.io import checkpoint_files
 from reconciler.io.fsio import atomic_write
 from reconciler.io.loader import Diagnostic, LoadOptions, StateView, adopted, load_state
-from reconciler.model.documents import Node
+from reconciler.model.documents import ActualState, Node, Service, UnitConfig
 
 __all__ = [
     "CACHE_ENV",
@@ -60,6 +64,7 @@ __all__ = [
     "disabled",
     "load_state_cached",
     "open_cache",
+    "same",
 ]
 
 log = logging.getLogger(__name__)
@@ -182,7 +187,9 @@ class ReadCache:
         :data:`KEEP` most recently used state directories. Never fails: a cache that cannot
         be written is a cache that misses."""
         try:
-            payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+            buffer = io.BytesIO()
+            _SharingPickler(buffer).dump(value)
+            payload = buffer.getvalue()
             data = _header(key) + hashlib.sha256(payload).digest() + payload
             # not synced: a file torn by a crash fails its digest and is computed again
             atomic_write(self.directory / f"{kind}.pickle", data, sync=False)
@@ -190,6 +197,35 @@ class ReadCache:
             _prune(self.directory.parent)
         except (OSError, pickle.PicklingError, RecursionError) as e:
             log.debug("read cache: %s not written: %s", kind, e)
+
+
+def same(value: object) -> object:
+    """The object itself: how a pickle refers to a part equal to one it already holds."""
+    return value
+
+
+_DOCUMENTS = (Service, Node, ActualState, UnitConfig)
+
+
+class _SharingPickler(pickle.Pickler):
+    """Pickles each set of equal parts of the documents once: 20,000 services hold a few
+    distinct images, platforms and quotas, each its own object as loaded, and rebuilding a
+    pydantic model costs a Python call. Equal means equal to pydantic (type, fields and
+    private attributes) with the same fields set explicitly (which a few checks read); the
+    documents themselves are never merged, only their parts (frozen values)."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._seen: dict[tuple[BaseModel, frozenset[str]], BaseModel] = {}
+
+    def reducer_override(self, obj: Any) -> Any:
+        if not isinstance(obj, BaseModel) or isinstance(obj, _DOCUMENTS):
+            return NotImplemented
+        try:
+            first = self._seen.setdefault((obj, frozenset(obj.model_fields_set)), obj)
+        except TypeError:  # (a part holding a list or a dict: not hashable)
+            return NotImplemented
+        return NotImplemented if first is obj else (same, (first,))
 
 
 def _header(key: str) -> bytes:
