@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import hashlib
 import io
 import logging
@@ -54,6 +55,7 @@ from reconciler.io import checkpoint_files
 from reconciler.io.fsio import atomic_write
 from reconciler.io.loader import Diagnostic, LoadOptions, StateView, adopted, load_state
 from reconciler.model.documents import ActualState, Node, Service, UnitConfig
+from reconciler.placement.instances import Placement, Requested, new_placement
 
 __all__ = [
     "CACHE_ENV",
@@ -205,6 +207,7 @@ def same(value: object) -> object:
 
 
 _DOCUMENTS = (Service, Node, ActualState, UnitConfig)
+_PLACEMENT_FIELDS = tuple(f.name for f in dataclasses.fields(Placement))
 
 
 class _SharingPickler(pickle.Pickler):
@@ -217,8 +220,17 @@ class _SharingPickler(pickle.Pickler):
     def __init__(self, file: io.BytesIO) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._seen: dict[tuple[BaseModel, frozenset[str]], BaseModel] = {}
+        self._requested: dict[Requested, Requested] = {}
 
     def reducer_override(self, obj: Any) -> Any:
+        kind = type(obj)
+        if kind is Placement:  # (20,000 of them: a constructor call, not a __setstate__)
+            return (new_placement, tuple(getattr(obj, f) for f in _PLACEMENT_FIELDS))
+        if kind is Requested:  # (as few distinct ones as the services ask)
+            first_req = self._requested.setdefault(obj, obj)
+            if first_req is not obj:
+                return (same, (first_req,))
+            return (Requested, (obj.cpu, obj.ram, obj.storage, obj.state))
         if not isinstance(obj, BaseModel) or isinstance(obj, _DOCUMENTS):
             return NotImplemented
         try:

@@ -99,3 +99,24 @@ def test_equal_parts_with_other_fields_set_stay_apart(tmp_path: Path) -> None:
         {"architecture"},
     ]
     assert got[0] is got[2] and got[0] is not got[1]
+
+
+@pytest.mark.parametrize("shape", ["devices", "preemption", "unplaceable-15"])
+def test_a_balance_is_read_back_as_it_was_stored(tmp_path: Path, shape: str) -> None:
+    from reconciler.accel import balance
+
+    root = tmp_path / "state"
+    write_state_dir(root, 12, 40, seed=5, shape=shape)
+    view, _ = load_state(root)
+    result = balance(view.unit, list(view.nodes.values()), view.services_sorted())
+    assert result.placements
+    cache = readcache.open_cache(root, {readcache.CACHE_ENV: str(tmp_path / "cache")})
+    assert cache is not None
+    cache.put("balance", "k", result)
+    got = cache.get("balance", "k")
+    assert type(got) is type(result)
+    assert got == result
+    assert got.placements == result.placements and got.failures == result.failures
+    for a, b in zip(result.placements, got.placements, strict=True):
+        for name in a.__slots__:
+            same_to_the_type(getattr(a, name), getattr(b, name), name)
