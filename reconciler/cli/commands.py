@@ -1304,17 +1304,6 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
         return load_checkpoint(checkpoint_dir, view.actual, quarantine=False)
 
     nodes = StaleMarks().apply(view.unit, view.nodes.values(), time.time())  # as reconcile does
-    if iid is None:
-        previous = loaded().checkpoint.previous()
-        network = loaded().checkpoint.network
-        item = item_view(
-            instance, members, view.unit, nodes, services, previous, _mode(mode), network
-        )
-        if as_json:
-            _print_json(item_json(item))
-        else:
-            render_item(_console(), item)
-        return EXIT_OK
     # the balance of these very inputs, checkpoint, mode and stale nodes, when a command
     # computed it before (the read cache): the next instance is explained without a balance
     key = "" if cache is None or diags else readcache.balance_key(view, checkpoint_dir, mode, nodes)
@@ -1324,12 +1313,20 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
         result = balance(view.unit, nodes, services, loaded().checkpoint.previous(), _mode(mode))
         if cache is not None and key:
             cache.put("balance", key, result)
-    exp = explain_instance(view.unit, nodes, services, iid, None, _mode(mode), result=result)
-    # the network phase after placement (SPEC §17): its failure, or the instance's network
-    net_why, net = None, None
     networked = (view.unit is not None and view.unit.network is not None) or any(
         s.networked for s in services
     )
+    if iid is None:
+        network = loaded().checkpoint.network if networked else {}
+        item = item_view(instance, members, view.unit, services, result, network)
+        if as_json:
+            _print_json(item_json(item))
+        else:
+            render_item(_console(), item)
+        return EXIT_OK
+    exp = explain_instance(view.unit, nodes, services, iid, None, _mode(mode), result=result)
+    # the network phase after placement (SPEC §17): its failure, or the instance's network
+    net_why, net = None, None
     if networked and exp.placement is not None and exp.failure is None:
         net_why, net = explain_network(
             view.unit, services, result, loaded().checkpoint.network, iid

@@ -9,17 +9,14 @@ from typing import Any
 
 from rich.console import Console
 
-from reconciler.accel import balance
 from reconciler.cli.suggest import closest
 from reconciler.cli.textout import Column, Painter, TextTable, wrap, write_lines
-from reconciler.model.documents import Node, Service, UnitConfig
+from reconciler.model.documents import Service, UnitConfig
 from reconciler.model.values import instance_id
 from reconciler.placement.balancer import Explanation
 from reconciler.placement.instances import (
     BalanceResult,
     Instance,
-    Mode,
-    PreviousAllocation,
     expand_instances,
     service_order,
 )
@@ -103,15 +100,12 @@ def item_view(
     needle: str,
     instances: Sequence[Instance],
     unit: UnitConfig | None,
-    nodes: Sequence[Node],
     services: Sequence[Service],
-    previous: Mapping[str, PreviousAllocation],
-    mode: Mode | None,
+    result: BalanceResult,
     network: Mapping[str, Any],
 ) -> ItemView:
-    """Balance as reconcile does (the network phase after placement), for an item's
-    instances."""
-    result = balance(unit, nodes, services, previous, mode)
+    """An item's instances in ``result``, the unit's balance as reconcile makes it, with the
+    network phase after placement (``network``: the checkpoint's network state)."""
     failed = assign_networks(unit, services, result, network).failures
     wanted = {i.id for i in instances}
     nets = {iid: why for iid, why in failed.items() if iid in wanted}

@@ -134,6 +134,16 @@ class TestTheNextExplainStartsWarm:
         assert code == 0 and services[1].stem in out
         assert (counts.balances, counts.parsed) == (0, 0)
 
+    def test_an_item_is_explained_from_the_same_balance(
+        self, unit: Path, capsys: pytest.CaptureFixture[str], counts: Counts
+    ) -> None:
+        item = sorted((unit / "desired").glob("*.yaml"))[2].stem
+        run(capsys, "explain", _first_label(unit), "--state", str(unit))
+        counts.reset()
+        code, out, _err = run(capsys, "explain", item, "--state", str(unit))
+        assert code == 0 and f"{item}:default:0" in out
+        assert (counts.balances, counts.parsed) == (0, 0)
+
     def test_settled_files_are_only_stat_ed(
         self,
         unit: Path,
