@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .statedir import write_state_dir
-from .synth import SHAPES
+from .synth import SHAPES, fleet_arguments
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -80,9 +80,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--nodes", type=int, default=5000)
-    parser.add_argument("--instances", type=int, default=20000)
-    parser.add_argument("--shape", action="append", choices=SHAPES, help="(repeatable; all)")
+    fleet_arguments(parser)
     parser.add_argument("--state", type=Path, help="an existing state directory instead")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", action="store_true")

@@ -41,7 +41,7 @@ from typing import Any
 
 from .reconcile import floor_parse, machine_description
 from .statedir import iter_input_files, write_state_dir
-from .synth import SHAPES
+from .synth import SHAPES, fleet_arguments
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -184,9 +184,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--nodes", type=int, default=5000)
-    parser.add_argument("--instances", type=int, default=20000)
-    parser.add_argument("--shape", action="append", choices=SHAPES, help="(repeatable; all)")
+    fleet_arguments(parser)
     parser.add_argument("--edits", type=int, default=4, help="warm edits per kind (default 4)")
     parser.add_argument(
         "--quick", action="store_true", help="the balance and the warm edits only (no cold runs)"

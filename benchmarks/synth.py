@@ -23,12 +23,13 @@ the generator's own favourite:
 
 from __future__ import annotations
 
+import argparse
 import random
 from typing import Any
 
 from reconciler.model.documents import Node, Service, UnitConfig
 
-__all__ = ["LATE_PREFIX", "SHAPES", "synth_documents", "synth_unit"]
+__all__ = ["LATE_PREFIX", "SHAPES", "fleet_arguments", "synth_documents", "synth_unit"]
 
 NODE_TYPES = ("edge", "compute", "gpu", "gateway")
 SHAPES = (
@@ -281,3 +282,11 @@ def synth_unit(
         [Node.model_validate(n) for n in nodes],
         [Service.model_validate(s) for s in services],
     )
+
+
+def fleet_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--nodes`` (5000), ``--instances`` (20000) and ``--shape`` (repeatable; all shapes
+    when not given): the size and shapes of a benchmark that measures every shape."""
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--instances", type=int, default=20000)
+    parser.add_argument("--shape", action="append", choices=SHAPES, help="(repeatable; all)")

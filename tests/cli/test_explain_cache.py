@@ -297,20 +297,38 @@ class TestTheBalanceKey:
         assert after == _uncached(capsys, monkeypatch, *args)
 
 
+def _computed_again(
+    unit: Path,
+    capsys: pytest.CaptureFixture[str],
+    counts: Counts,
+    spoil: Callable[[], None],
+    *,
+    parsed: bool = True,
+) -> None:
+    """An explain, ``spoil`` (the cache), and the same explain again: the same output,
+    balanced again (and every input parsed again when ``parsed``)."""
+    args = ("explain", _first_label(unit), "--state", str(unit))
+    first = run(capsys, *args)
+    spoil()
+    counts.reset()
+    assert run(capsys, *args) == first
+    assert counts.balances == 1
+    if parsed:
+        assert counts.parsed == len(_inputs(unit))
+
+
 class TestNothingInTheCacheIsNeeded:
     def test_a_torn_or_altered_file_is_computed_again(
         self, unit: Path, capsys: pytest.CaptureFixture[str], cache_dir: Path, counts: Counts
     ) -> None:
-        args = ("explain", _first_label(unit), "--state", str(unit))
-        first = run(capsys, *args)
-        for kind in ("view", "balance"):
-            (path,) = cache_dir.glob(f"*/{kind}.pickle")
-            data = bytearray(path.read_bytes())
-            data[-10] ^= 0xFF
-            path.write_bytes(bytes(data))
-        counts.reset()
-        assert run(capsys, *args) == first
-        assert counts.balances == 1 and counts.parsed == len(_inputs(unit))
+        def alter() -> None:
+            for kind in ("view", "balance"):
+                (path,) = cache_dir.glob(f"*/{kind}.pickle")
+                data = bytearray(path.read_bytes())
+                data[-10] ^= 0xFF
+                path.write_bytes(bytes(data))
+
+        _computed_again(unit, capsys, counts, alter)
 
     def test_another_version_of_the_code_is_not_read(
         self,
@@ -319,36 +337,30 @@ class TestNothingInTheCacheIsNeeded:
         monkeypatch: pytest.MonkeyPatch,
         counts: Counts,
     ) -> None:
-        args = ("explain", _first_label(unit), "--state", str(unit))
-        first = run(capsys, *args)
-        monkeypatch.setattr(readcache, "code_version", lambda: "another version")
-        counts.reset()
-        assert run(capsys, *args) == first
-        assert counts.balances == 1 and counts.parsed == len(_inputs(unit))
+        def upgrade() -> None:
+            monkeypatch.setattr(readcache, "code_version", lambda: "another version")
+
+        _computed_again(unit, capsys, counts, upgrade)
 
     def test_a_cache_others_can_write_is_not_used(
         self, unit: Path, capsys: pytest.CaptureFixture[str], cache_dir: Path, counts: Counts
     ) -> None:
-        args = ("explain", _first_label(unit), "--state", str(unit))
-        first = run(capsys, *args)
-        (entry,) = cache_dir.iterdir()
-        entry.chmod(0o777)
-        counts.reset()
-        assert run(capsys, *args) == first
-        assert counts.balances == 1
+        def open_up() -> None:
+            (entry,) = cache_dir.iterdir()
+            entry.chmod(0o777)
+
+        _computed_again(unit, capsys, counts, open_up)
         assert readcache.open_cache(unit) is None
 
     @pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's owner needs root")
     def test_a_file_of_another_user_is_not_read(
         self, unit: Path, capsys: pytest.CaptureFixture[str], cache_dir: Path, counts: Counts
     ) -> None:
-        args = ("explain", _first_label(unit), "--state", str(unit))
-        first = run(capsys, *args)
-        for path in cache_dir.glob("*/*.pickle"):
-            os.chown(path, 65534, 65534)
-        counts.reset()
-        assert run(capsys, *args) == first
-        assert counts.balances == 1
+        def give_away() -> None:
+            for path in cache_dir.glob("*/*.pickle"):
+                os.chown(path, 65534, 65534)
+
+        _computed_again(unit, capsys, counts, give_away)
 
     def test_an_empty_setting_turns_it_off(
         self,
