@@ -39,6 +39,7 @@ def child_env() -> dict[str, str]:
     installer compiles it), so a run does not compile every module from source."""
     env = dict(os.environ)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["RECONCILER_CACHE_DIR"] = ""  # (cold commands: no read cache)
     return env
 
 

@@ -65,7 +65,9 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> float:
 def _cold_cli(root: Path) -> dict[str, Any]:
     files = list(iter_input_files(root))
     floor = min(floor_parse(files) for _ in range(3))
-    plan = min(_cli("plan", "--state", str(root), "--json") for _ in range(2))
+    # cold: no read cache (plan would start its second load from the first one's inputs)
+    cold = {**os.environ, "RECONCILER_CACHE_DIR": ""}
+    plan = min(_cli("plan", "--state", str(root), "--json", env=cold) for _ in range(2))
     out = subprocess.run(
         [sys.executable, "-m", "reconciler", "plan", "--state", str(root), "--json"],
         cwd=REPO,
@@ -102,7 +104,7 @@ def _cold_cli(root: Path) -> dict[str, Any]:
     proc.returncode = 0  # (reaped by wait4)
     oneshot_s = time.perf_counter() - t0
     # then `plan` again: the controller's plan of these inputs, shown
-    shown = min(_cli("plan", "--state", str(root)) for _ in range(2))
+    shown = min(_cli("plan", "--state", str(root), env=cold) for _ in range(2))
     return {
         "parse_floor_s": floor,
         "plan_json_s": plan,

@@ -277,15 +277,17 @@ def validate(state_dir: Path, as_json: bool) -> int:
     files against one another: a service label no node has (warning), a runtime type no node
     offers (error), a node type with no entry in unit.yaml (warning), an image with neither
     entrypoint nor cmd (error), a request above its quota (warning). Prints every problem as
-    FILE:LINE:COL: error|warning: MESSAGE. Nothing is written.
+    FILE:LINE:COL: error|warning: MESSAGE. Nothing is written in the state directory (valid
+    inputs are kept in the read cache, as explain keeps them).
 
     Exit codes: 0 all files valid (warnings allowed), 1 at least one error.
     """
+    from reconciler.io import readcache
     from reconciler.io.crosscheck import cross_checks, file_locator
-    from reconciler.io.loader import instance_limit_guard, load_state
+    from reconciler.io.loader import instance_limit_guard
 
     _require_state(state_dir)
-    view, loaded = load_state(state_dir)
+    view, loaded = readcache.load_state_cached(state_dir, readcache.open_cache(state_dir))
     found = cross_checks(view, file_locator(state_dir))
     over_limit = instance_limit_guard(view)
     if over_limit is not None:
@@ -435,7 +437,10 @@ def plan(
 
     Loads the state directory, places every desired instance (keeping previous placements in
     stable mode), and diffs the placements against actual/ into start and stop actions per
-    node. Nothing is written: not out/, not the checkpoint.
+    node. Nothing is written in the state directory: not out/, not the checkpoint. (The
+    loaded inputs are kept in the read cache of the user's own, as explain keeps them:
+    $RECONCILER_CACHE_DIR, else $XDG_CACHE_HOME/reconciler, else ~/.cache/reconciler; empty:
+    none. The next plan of these inputs only stats the files; the output is the same.)
 
     A plan is a gate: when any input file is invalid, each is named on stderr with
     FILE:LINE:COL and the exit code is 1, so a pull-request check fails on a broken file. With
@@ -471,6 +476,7 @@ def plan(
     from reconciler.cli.render import SMALL_UNIT, render_placements, render_plan
     from reconciler.controller.configs import default_config_builder
     from reconciler.controller.reconcile import ReconcileError, ReconcileOptions, compute_once
+    from reconciler.io import readcache
 
     _require_state(state_dir)
     if not recompute:
@@ -485,14 +491,19 @@ def plan(
     opts = ReconcileOptions(
         mode=_mode(mode), allow_empty=allow_empty, configs=default_config_builder()
     )
+    cache = readcache.open_cache(state_dir)
+    started = readcache.cached_view(state_dir, cache)  # (the read cache: see explain)
     try:
         with _progress() as on_stage:
-            comp = compute_once(
-                state_dir, dataclasses.replace(opts, on_stage=on_stage), read_only=True
-            )
+            staged = dataclasses.replace(opts, on_stage=on_stage)
+            comp = compute_once(state_dir, staged, started, read_only=True)
+            if started is not None and not readcache.exact(comp.view):
+                started = None  # an input problem: what a load from nothing gives
+                comp = compute_once(state_dir, staged, read_only=True)
     except ReconcileError as e:
         _err_console().print(f"error: {e}", markup=False)
         return EXIT_ERROR
+    readcache.keep_view(state_dir, cache, comp.view, started)
     invalid = sorted({d.path for d in comp.diagnostics if d.severity == "error"})
     gated = bool(invalid) and not allow_invalid
     if gated:

@@ -62,8 +62,11 @@ __all__ = [
     "KEEP",
     "ReadCache",
     "balance_key",
+    "cached_view",
     "code_version",
     "disabled",
+    "exact",
+    "keep_view",
     "load_state_cached",
     "open_cache",
     "same",
@@ -257,27 +260,31 @@ def _prune(root: Path) -> None:
         shutil.rmtree(root / name, ignore_errors=True)
 
 
-def load_state_cached(
-    state_dir: Path, cache: ReadCache | None, opts: LoadOptions | None = None
-) -> tuple[StateView, list[Diagnostic]]:
-    """:func:`~reconciler.io.loader.load_state` of ``state_dir``, starting from the cached view
-    when there is one; a view without diagnostics is cached for the next command (when it is
-    not the cached one already)."""
+def cached_view(state_dir: Path, cache: ReadCache | None) -> StateView | None:
+    """The view of ``state_dir`` the cache holds, to start a load from (see
+    :func:`load_state_cached`); None when it holds none."""
     if cache is None:
-        return load_state(state_dir, None, opts)
-    key = str(state_dir)
-    got = cache.get(_VIEW, key)
-    previous = adopted(got) if isinstance(got, StateView) and got.root == state_dir else None
-    view, diags = load_state(state_dir, previous, opts)
-    if diags or view.unreadable:
-        if previous is not None:
-            # a file that is invalid now would keep the cached view's version of it, which a
-            # load from nothing does not have: load from nothing (a rare, slow path)
-            return load_state(state_dir, None, opts)
-        return view, diags
-    if previous is None or not _same_records(previous, view):
-        cache.put(_VIEW, key, view)
-    return view, diags
+        return None
+    got = cache.get(_VIEW, str(state_dir))
+    return adopted(got) if isinstance(got, StateView) and got.root == state_dir else None
+
+
+def exact(view: StateView) -> bool:
+    """Whether a load that started from a cached view gave what a load from nothing gives:
+    always, unless a file has a problem (its object would keep the cached view's version,
+    which a load from nothing does not have: load again from nothing, a rare slow path)."""
+    return not view.unreadable and not view.duplicates and not view.records().diagnostics()
+
+
+def keep_view(
+    state_dir: Path, cache: ReadCache | None, view: StateView, started: StateView | None
+) -> None:
+    """Cache ``view`` (loaded from ``started``, the cached view, or from nothing) for the next
+    command, unless it has a problem or is the cached one already."""
+    if cache is None or not exact(view):
+        return
+    if started is None or not _same_records(started, view):
+        cache.put(_VIEW, str(state_dir), view)
 
 
 def _same_records(before: StateView, after: StateView) -> bool:
@@ -285,6 +292,21 @@ def _same_records(before: StateView, after: StateView) -> bool:
     return old.keys() == after.files.keys() and all(
         rec is old[rel] for rel, rec in after.files.items()
     )
+
+
+def load_state_cached(
+    state_dir: Path, cache: ReadCache | None, opts: LoadOptions | None = None
+) -> tuple[StateView, list[Diagnostic]]:
+    """:func:`~reconciler.io.loader.load_state` of ``state_dir``, starting from the cached view
+    when there is one; a view without diagnostics is cached for the next command (when it is
+    not the cached one already)."""
+    previous = cached_view(state_dir, cache)
+    view, diags = load_state(state_dir, previous, opts)
+    if previous is not None and (diags or not exact(view)):
+        return load_state(state_dir, None, opts)
+    if not diags:
+        keep_view(state_dir, cache, view, previous)
+    return view, diags
 
 
 def balance_key(

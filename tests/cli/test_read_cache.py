@@ -1,6 +1,7 @@
 """``reconciler explain`` keeps what it computed in the read cache (reconciler.io.readcache):
 the next explain of the same inputs reads no file again and balances nothing, and whatever
-changed, a cached explain says exactly what an uncached one says."""
+changed, a cached explain says exactly what an uncached one says. ``plan`` and ``validate``
+start their loads from the cached inputs too, with the same guarantee."""
 
 from __future__ import annotations
 
@@ -193,6 +194,28 @@ def _set(path: tuple[str, ...], value: object) -> Callable[[dict[str, Any]], Non
     return change
 
 
+def _edit(
+    root: Path, capsys: pytest.CaptureFixture[str], kind: str, which: int, value: int
+) -> None:
+    """One edit of the random sequences: a service's CPU quota or instance count, a node's
+    DMIPS, a service removed or made invalid, or a reconcile (a new checkpoint)."""
+    services = sorted((root / "desired").glob("*.yaml"))
+    nodes = sorted((root / "nodes").glob("*.yaml"))
+    service = services[which % len(services)] if services else None
+    if kind == "cpu" and service is not None:
+        _edit_yaml(service, _set(("quotas", "cpuDMIPSLimit"), 700 * value))
+    elif kind == "instances" and service is not None:
+        _edit_yaml(service, _set(("instances",), value))
+    elif kind == "node":
+        _edit_yaml(nodes[which % len(nodes)], _set(("maxDMIPS",), 1000 * value))
+    elif kind == "remove" and service is not None:
+        service.unlink()
+    elif kind == "invalid" and service is not None:
+        service.write_text("kind: Service\nid: [\n")
+    elif kind == "reconcile":
+        run(capsys, "reconcile", "--state", str(root))  # a new checkpoint
+
+
 class TestWhateverChangedItSaysWhatAnUncachedExplainSays:
     @SETTINGS
     @given(
@@ -223,21 +246,8 @@ class TestWhateverChangedItSaysWhatAnUncachedExplainSays:
         label = _first_label(root)
         extra = ("--json",) if as_json else ()
         for kind, which, value in edits:
+            _edit(root, capsys, kind, which, value)
             services = sorted((root / "desired").glob("*.yaml"))
-            nodes = sorted((root / "nodes").glob("*.yaml"))
-            service = services[which % len(services)] if services else None
-            if kind == "cpu" and service is not None:
-                _edit_yaml(service, _set(("quotas", "cpuDMIPSLimit"), 700 * value))
-            elif kind == "instances" and service is not None:
-                _edit_yaml(service, _set(("instances",), value))
-            elif kind == "node":
-                _edit_yaml(nodes[which % len(nodes)], _set(("maxDMIPS",), 1000 * value))
-            elif kind == "remove" and service is not None:
-                service.unlink()
-            elif kind == "invalid" and service is not None:
-                service.write_text("kind: Service\nid: [\n")
-            elif kind == "reconcile":
-                run(capsys, "reconcile", "--state", str(root))  # a new checkpoint
             mode = ("--mode", "fresh") if kind == "fresh" else ()
             for target in (label, services[-1].stem if services else label):
                 args = ("explain", target, "--state", str(root), *mode, *extra)
@@ -417,3 +427,89 @@ class TestWhereItLives:
         assert not {c.directory.name for c in made[1:4]} & left  # the three oldest
         assert made[0].get("view", "k") == {"some": "value"}
         assert made[0].get("view", "another key") is None
+
+
+class TestPlanAndValidateStartFromTheCachedInputs:
+    @pytest.mark.parametrize("command", [("plan", "--recompute"), ("validate",)])
+    def test_the_second_one_parses_nothing_and_says_the_same(
+        self,
+        unit: Path,
+        capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch,
+        counts: Counts,
+        command: tuple[str, ...],
+    ) -> None:
+        args = (*command, "--state", str(unit), "--json")
+        first = run(capsys, *args)
+        counts.reset()
+        second = run(capsys, *args)
+        assert counts.parsed == 0
+        assert first == second == _uncached(capsys, monkeypatch, *args)
+
+    def test_an_invalid_file_keeps_the_controllers_last_good_version_not_the_cached_one(
+        self,
+        unit: Path,
+        capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """The cache saw an edit the controller never reconciled; then the file breaks. With
+        --allow-invalid the plan keeps the version the controller last saw, as uncached."""
+        service = sorted((unit / "desired").glob("*.yaml"))[0]
+        reconciled = yaml.safe_load(service.read_text())["instances"]
+        _edit_yaml(service, _set(("instances",), reconciled + 2))
+        run(capsys, "plan", "--state", str(unit), "--json")  # (caches the edited version)
+        service.write_text("kind: Service\nid: [\n")
+        args = ("plan", "--state", str(unit), "--json", "--allow-invalid")
+        cached = run(capsys, *args)
+        assert cached == _uncached(capsys, monkeypatch, *args)
+        starts = [a for a in json.loads(cached[1])["actions"] if a["itemId"] == service.stem]
+        assert len(starts) == reconciled  # (no agent ran: the reconciled version's starts)
+
+    def test_validate_then_explain_reads_no_file_again(
+        self, unit: Path, capsys: pytest.CaptureFixture[str], counts: Counts
+    ) -> None:
+        run(capsys, "validate", "--state", str(unit))
+        counts.reset()
+        run(capsys, "explain", _first_label(unit), "--state", str(unit))
+        assert counts.parsed == 0
+
+    @SETTINGS
+    @given(
+        edits=st.lists(
+            st.tuples(
+                st.sampled_from(["cpu", "instances", "node", "remove", "invalid", "reconcile"]),
+                st.integers(0, 11),
+                st.integers(1, 4),
+            ),
+            min_size=1,
+            max_size=5,
+        ),
+        as_json=st.booleans(),
+        allow_invalid=st.booleans(),
+    )
+    def test_along_random_edits_plan_and_validate_say_what_uncached_ones_say(
+        self,
+        tmp_path_factory: pytest.TempPathFactory,
+        capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch,
+        edits: list[tuple[str, int, int]],
+        as_json: bool,
+        allow_invalid: bool,
+    ) -> None:
+        """An invalid file keeps its last good version from the checkpoint with
+        --allow-invalid, never the cached one."""
+        base = tmp_path_factory.mktemp("plan-edits")
+        monkeypatch.setenv(readcache.CACHE_ENV, str(base / "cache"))
+        root = _unit(base / "unit", capsys, "unplaceable-15")
+        extra = (
+            *(("--json",) if as_json else ()),
+            *(("--allow-invalid",) if allow_invalid else ()),
+        )
+        for kind, which, value in edits:
+            _edit(root, capsys, kind, which, value)
+            for args in (
+                ("plan", "--state", str(root), *extra),
+                ("validate", "--state", str(root), *(("--json",) if as_json else ())),
+            ):
+                cached = run(capsys, *args)
+                assert cached == _uncached(capsys, monkeypatch, *args), (kind, args)
