@@ -35,7 +35,7 @@ from reconciler.accel.classes import (
     class_key,
     shape_of,
 )
-from reconciler.placement.ask import Ask, ask_for
+from reconciler.placement.ask import Ask, AskKey, ask_for, ask_key
 from reconciler.placement.instances import Cause, Instance, PreviousAllocation, Requested
 from reconciler.placement.nodestate import (
     NO_KEEP,
@@ -149,6 +149,7 @@ class ClassIndex:
         self.groups: dict[object, Group] = {}  # by service (see group)
         self.shape = shape_of()
         self.shapes: dict[Shape, Group] = {}
+        self.asked: dict[tuple[AskKey, tuple[int, int] | None], Group] = {}  # (see group)
         # per key of dynamic answers (see _refused), the nodes that refused it: reservations
         # only shrink what is free, so they stay refused until something is released
         self.refused: dict[object, set[int]] = {}  # (node ranks)
@@ -185,11 +186,17 @@ class ClassIndex:
         key: object = (id(instance.service), usage) if run.overloaded else id(instance.service)
         group = self.groups.get(key)
         if group is None:
-            ask = ask_for(instance, usage)
-            shape = self.shape(ask)
-            group = self.shapes.get(shape)
+            # services asking the same (most of a fleet of one-instance services) share one
+            # ask key: its shape, and so its group, is found once
+            asks = ask_key(instance.service)
+            group = self.asked.get((asks, usage))
             if group is None:
-                group = self.shapes[shape] = Group(ask, shape)
+                ask = ask_for(instance, usage, asks)
+                shape = self.shape(ask)
+                group = self.shapes.get(shape)
+                if group is None:
+                    group = self.shapes[shape] = Group(ask, shape)
+                self.asked[asks, usage] = group
             self.groups[key] = group
         return group
 

@@ -19,9 +19,11 @@ from reconciler.placement.sharing import ShareRequest
 
 __all__ = [
     "Ask",
+    "AskKey",
     "Platform",
     "RequestInputs",
     "ask_for",
+    "ask_key",
     "request_inputs",
     "requested",
     "requested_amounts",
@@ -168,25 +170,52 @@ def _device_order(d: DeviceRequest) -> str:
     return d.resource
 
 
-def ask_for(instance: Instance, usage: tuple[int, int] | None) -> Ask:
-    """What ``instance`` asks (``usage``: its measured cpu and ram, where known)."""
-    s = instance.service
+AskKey = tuple[
+    tuple[str, ...],
+    tuple[str, ...],
+    str | None,
+    Platform | None,
+    tuple[str, ...],
+    tuple[tuple[str, int, int | None], ...],
+    RequestInputs,
+]
+"""Everything :func:`ask_for` reads of a service, as plain values (``ask_key``): labels,
+runtime types, node id, platform, named resources, device requests (by resource) and the
+inputs of the requested amounts. The asks of services with equal keys differ only in their
+instance (and what the caller sets after: usage, cause, what pass 1 keeps)."""
+
+
+def ask_key(service: Service) -> AskKey:
+    """The :data:`AskKey` of ``service`` (what :func:`ask_for` builds its ask from)."""
+    s = service
     resources, devices = s.resources, s.devices
-    return Ask(
-        instance,
-        frozenset(s.labels),
-        frozenset(s.runtimes),
+    return (
+        s.labels,
+        s.runtimes,
         s.nodeId,
         _platform(s.image.platform),
-        tuple([ShareRequest(r.name) for r in resources]) if resources else (),
-        tuple(
-            [
-                ShareRequest(d.resource, d.count or 1, d.memory)
-                for d in sorted(devices, key=_device_order)
-            ]
-        )
+        tuple([r.name for r in resources]) if resources else (),
+        tuple([(d.resource, d.count or 1, d.memory) for d in sorted(devices, key=_device_order)])
         if devices
         else (),
         request_inputs(s),
+    )
+
+
+def ask_for(instance: Instance, usage: tuple[int, int] | None, key: AskKey | None = None) -> Ask:
+    """What ``instance`` asks (``usage``: its measured cpu and ram, where known); ``key``: its
+    service's :func:`ask_key`, when the caller has it."""
+    labels, runtimes, node_id, platform, resources, devices, amounts = (
+        key if key is not None else ask_key(instance.service)
+    )
+    return Ask(
+        instance,
+        frozenset(labels),
+        frozenset(runtimes),
+        node_id,
+        platform,
+        tuple([ShareRequest(r) for r in resources]) if resources else (),
+        tuple([ShareRequest(*d) for d in devices]) if devices else (),
+        amounts,
         usage=usage,
     )
