@@ -511,7 +511,68 @@ class ClassIndex:
         group = self.group(instances[0])
         if group.node_id is not None:
             return self._place_pinned(group, instances, cause)
+        if len(instances) == 1 and self._place_one(group, instances[0], cause):
+            return []
         return self._place_group(group, instances, cause)
+
+    def _place_one(self, group: Group, inst: Instance, cause: Cause | None) -> bool:
+        """:meth:`_place_group` for one instance, without its heap, while the best node of
+        the first level with any passes the dynamic filters: the heads of that level's classes
+        are found as ``_place_group`` opens them, and the smallest is the node it would take
+        first. False, and only that node noted as refused, when it refuses (then
+        ``_place_group`` goes on from there) or when no class has a node left."""
+        self._ensure_index()
+        if group.levels is None:
+            self._classes(group)
+        assert group.levels is not None and group.per_class is not None
+        refused = self._refused(group)
+        passed = group.passed
+        index, count = self.index, self.count
+        best = -1
+        for level in group.levels:
+            for cid, _ in level:
+                entries = index[cid]
+                end = len(entries)
+                known = passed.get(cid)
+                p = 0 if known is None else bisect_left(entries, known)
+                while p < end and entries[p] % count in refused:
+                    p += 1
+                if p < end:
+                    head = passed[cid] = entries[p]
+                    if best < 0 or head < best:
+                        best = head
+                else:
+                    passed[cid] = entries[-1] + 1
+            if best >= 0:
+                break
+        else:
+            return False
+        rank = best % count
+        cid = self.class_at[rank]
+        slot = self.slot_at[rank] or self.run.slot(self.ids[rank])
+        need = group.requested(self.class_slot[cid])
+        resources, devices = group.resources, group.devices
+        at, ids = claim(slot, need, group.per_class[cid], resources, devices, NO_KEEP)
+        if at < 0:
+            refused.add(rank)
+            if resources:
+                self._note_exhausted(slot, rank, resources)
+            return False
+        iid = inst.id
+        slot.placed[iid] = Reservation(inst, at, need, group.names, ids, devices, cause)
+        self.run.where[iid] = slot
+        # the node taken moves to its new place in its class's order
+        key = (
+            slot.order_base
+            - slot.cpu_pool.free * self.cpu_step
+            - slot.ram_pool.free * self.ram_step
+        )
+        entries = index[cid]
+        del entries[bisect_left(entries, best)]
+        self.entries[rank] = key
+        insort(entries, key)
+        self.moves.append(slot.id)
+        return True
 
     def _place_pinned(
         self, group: Group, instances: Sequence[Instance], cause: Cause | None
