@@ -89,6 +89,7 @@ class ClassIndex:
     def __init__(self, run: Run) -> None:
         self._run = weakref.ref(run)  # the run owns its search: no cycle for the collector
         self.overloaded = run.overloaded  # (fixed for the run: see Run.renew_usage)
+        self.where = run.where  # (the run's, which it never replaces)
         empty: frozenset[str] = frozenset()
         overload = run.overload
         class_ids: dict[tuple[object, ...], int] = {}
@@ -177,18 +178,18 @@ class ClassIndex:
     def group(self, instance: Instance) -> Group:
         """The group of ``instance``: one per shape, found once per service (and measured
         usage, in an overloaded run)."""
+        service = instance.service
+        key: object
         if not self.overloaded:  # (most runs: by service alone)
-            group = self.groups.get(id(instance.service))
-            if group is not None:
-                return group
-        run = self.run
-        usage = run.usage_of(instance)
-        key: object = (id(instance.service), usage) if run.overloaded else id(instance.service)
+            key, usage = id(service), None
+        else:
+            usage = self.run.usage_of(instance)
+            key = (id(service), usage)
         group = self.groups.get(key)
         if group is None:
             # services asking the same (most of a fleet of one-instance services) share one
             # ask key: its shape, and so its group, is found once
-            asks = ask_key(instance.service)
+            asks = ask_key(service)
             group = self.asked.get((asks, usage))
             if group is None:
                 ask = ask_for(instance, usage, asks)
@@ -521,15 +522,19 @@ class ClassIndex:
         are found as ``_place_group`` opens them, and the smallest is the node it would take
         first. False, and only that node noted as refused, when it refuses (then
         ``_place_group`` goes on from there) or when no class has a node left."""
-        self._ensure_index()
-        if group.levels is None:
+        if self.stale or not self.index_valid:
+            self._ensure_index()
+        levels, refused = group.levels, group.refused
+        if levels is None:
             self._classes(group)
-        assert group.levels is not None and group.per_class is not None
-        refused = self._refused(group)
+            levels = group.levels
+        if refused is None or group.names:
+            refused = self._refused(group)
+        assert levels is not None and group.per_class is not None
         passed = group.passed
         index, count = self.index, self.count
         best = -1
-        for level in group.levels:
+        for level in levels:
             for cid, _ in level:
                 entries = index[cid]
                 end = len(entries)
@@ -560,7 +565,7 @@ class ClassIndex:
             return False
         iid = inst.id
         slot.placed[iid] = Reservation(inst, at, need, group.names, ids, devices, cause)
-        self.run.where[iid] = slot
+        self.where[iid] = slot
         # the node taken moves to its new place in its class's order
         key = (
             slot.order_base

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from reconciler.model.documents import DeviceRequest, ImagePlatform, ResourceRatios, Service
+from reconciler.model.documents import DeviceRequest, ResourceRatios, Service
 from reconciler.placement.instances import (
     Cause,
     DeviceIds,
@@ -127,13 +127,6 @@ class Platform(NamedTuple):
     osFeatures: tuple[str, ...]
 
 
-def _platform(p: ImagePlatform | None) -> Platform | None:
-    if p is None:
-        return None
-    # (tuple.__new__: as Platform(...) without its Python-level __new__, once per service)
-    return tuple.__new__(Platform, (p.architecture, p.os, p.variant, p.osVersion, p.osFeatures))
-
-
 @dataclass(slots=True)
 class Ask:
     """What one instance asks of a candidate node (the same for every instance of a service,
@@ -188,12 +181,15 @@ instance (and what the caller sets after: usage, cause, what pass 1 keeps)."""
 def ask_key(service: Service) -> AskKey:
     """The :data:`AskKey` of ``service`` (what :func:`ask_for` builds its ask from)."""
     s = service
-    resources, devices = s.resources, s.devices
+    resources, devices, p = s.resources, s.devices, s.image.platform
     return (
         s.labels,
         s.runtimes,
         s.nodeId,
-        _platform(s.image.platform),
+        # (tuple.__new__: as Platform(...) without its Python-level __new__)
+        None
+        if p is None
+        else tuple.__new__(Platform, (p.architecture, p.os, p.variant, p.osVersion, p.osFeatures)),
         tuple([r.name for r in resources]) if resources else (),
         tuple([(d.resource, d.count or 1, d.memory) for d in sorted(devices, key=_device_order)])
         if devices
