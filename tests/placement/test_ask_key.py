@@ -5,6 +5,8 @@ own ask's shape."""
 
 from __future__ import annotations
 
+from functools import partial
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -75,15 +77,26 @@ def test_equal_keys_mean_one_shape(a: Service, b: Service, data: st.DataObject) 
 
 
 @SETTINGS
-@given(scenarios())
-def test_the_index_gives_each_instance_the_group_of_its_shape(scenario: Scenario) -> None:
-    run = Run(scenario.unit, scenario.nodes(), {}, search=ClassIndex)
+@given(scenarios(), st.booleans())
+def test_the_index_gives_each_instance_the_group_of_its_shape(
+    scenario: Scenario, told: bool
+) -> None:
+    # told: the index reads the services' ask keys up front (as accel.balance has it do)
+    search = partial(ClassIndex, services=scenario.services) if told else ClassIndex
+    run = Run(scenario.unit, scenario.nodes(), {}, search=search)
     index = run.search
     assert isinstance(index, ClassIndex)
+    assert len(index.ask_keys) == (len(scenario.services) if told else 0)
     shape = shape_of()
-    # twins of every service (asking the same under another id) hit the memo
+    # twins of every service (asking the same under another id, not told) hit the memo; and
+    # edited ones (another object, asking otherwise) do not find the key of the one told
     twins = [s.model_copy(update={"id": f"{s.id}-twin"}) for s in scenario.services]
-    for instance in expand_instances([*scenario.services, *twins]):
+    edited = [
+        s.model_copy(update={"labels": ("l3",), "id": f"{s.id}-edited"}) for s in scenario.services
+    ]
+    for s, e in zip(scenario.services, edited, strict=True):  # (as if e had taken s's id)
+        index.ask_keys[id(e)] = (s, ask_key(s))
+    for instance in expand_instances([*scenario.services, *twins, *edited]):
         group = index.group(instance)
         assert index.shapes[shape(_reference_ask(instance, None))] is group
         assert group.static_key == shape(_reference_ask(instance, None))[0]
