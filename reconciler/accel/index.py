@@ -541,27 +541,35 @@ class ClassIndex:
         if refused is None or group.names:
             refused = self._refused(group)
         assert levels is not None and group.per_class is not None
-        passed = group.passed
         index, count = self.index, self.count
         best = -1
-        for level in levels:
-            for cid, _ in level:
-                entries = index[cid]
-                end = len(entries)
-                known = passed.get(cid)
-                p = 0 if known is None else bisect_left(entries, known)
-                while p < end and entries[p] % count in refused:
-                    p += 1
-                if p < end:
-                    head = passed[cid] = entries[p]
-                    if best < 0 or head < best:
-                        best = head
-                else:
-                    passed[cid] = entries[-1] + 1
-            if best >= 0:
-                break
+        if not refused:  # each class's head is its first node (where a walk from passed ends)
+            if not levels:
+                return False
+            for cid, _ in levels[0]:
+                head = index[cid][0]
+                if best < 0 or head < best:
+                    best = head
         else:
-            return False
+            passed = group.passed
+            for level in levels:
+                for cid, _ in level:
+                    entries = index[cid]
+                    end = len(entries)
+                    known = passed.get(cid)
+                    p = 0 if known is None else bisect_left(entries, known)
+                    while p < end and entries[p] % count in refused:
+                        p += 1
+                    if p < end:
+                        head = passed[cid] = entries[p]
+                        if best < 0 or head < best:
+                            best = head
+                    else:
+                        passed[cid] = entries[-1] + 1
+                if best >= 0:
+                    break
+            else:
+                return False
         rank = best % count
         cid = self.class_at[rank]
         slot = self.slot_at[rank] or self.run.slot(self.ids[rank])
