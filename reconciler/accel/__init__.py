@@ -6,6 +6,7 @@ This package may import the semantics, never the reverse."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import partial
 
 from reconciler.accel.index import ClassIndex
 from reconciler.accel.memo import BalanceMemo, PreviousSince
@@ -14,7 +15,7 @@ from reconciler.placement import balancer
 from reconciler.placement.balancer import Explanation, Overload
 from reconciler.placement.instances import BalanceResult, Mode, PreviousAllocation
 from reconciler.placement.nodestate import NodeSlot
-from reconciler.placement.search import Exhaustive
+from reconciler.placement.search import Exhaustive, SearchFactory
 
 __all__ = ["BalanceMemo", "ClassIndex", "PreviousSince", "balance", "explain", "node_states"]
 
@@ -31,7 +32,7 @@ def balance(
 ) -> BalanceResult:
     """:func:`reconciler.placement.balancer.balance` with the class index (``exhaustive``: with
     the reference search instead, for comparison)."""
-    search = Exhaustive if exhaustive else ClassIndex
+    search: SearchFactory = Exhaustive if exhaustive else partial(ClassIndex, services=services)
     return balancer.balance(unit, nodes, services, previous, mode, overload, search=search)
 
 

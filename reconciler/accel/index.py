@@ -35,7 +35,8 @@ from reconciler.accel.classes import (
     class_key,
     shape_of,
 )
-from reconciler.placement.ask import Ask, ask_for
+from reconciler.model.documents import Service
+from reconciler.placement.ask import Ask, AskKey, ask_for, ask_key
 from reconciler.placement.instances import Cause, Instance, PreviousAllocation, Requested
 from reconciler.placement.nodestate import (
     NO_KEEP,
@@ -86,9 +87,18 @@ class ClassIndex:
         assert run is not None, "a search outlived its run"
         return run
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: Run, services: Iterable[Service] = ()) -> None:
+        """``services``: the run's services, when the caller has them (``functools.partial``):
+        their ask keys are read up front, in the caller's order (usually the order they were
+        made in, so near each other in memory; read in instance order, their fields come from
+        all over the heap, which takes about twice as long)."""
         self._run = weakref.ref(run)  # the run owns its search: no cycle for the collector
         self.overloaded = run.overloaded  # (fixed for the run: see Run.renew_usage)
+        self.where = run.where  # (the run's, which it never replaces)
+        # by id, with the service: held here, so no other object has its id meanwhile
+        self.ask_keys: dict[int, tuple[Service, AskKey]] = {
+            id(s): (s, ask_key(s)) for s in services
+        }
         empty: frozenset[str] = frozenset()
         overload = run.overload
         class_ids: dict[tuple[object, ...], int] = {}
@@ -149,6 +159,7 @@ class ClassIndex:
         self.groups: dict[object, Group] = {}  # by service (see group)
         self.shape = shape_of()
         self.shapes: dict[Shape, Group] = {}
+        self.asked: dict[tuple[AskKey, tuple[int, int] | None], Group] = {}  # (see group)
         # per key of dynamic answers (see _refused), the nodes that refused it: reservations
         # only shrink what is free, so they stay refused until something is released
         self.refused: dict[object, set[int]] = {}  # (node ranks)
@@ -176,20 +187,27 @@ class ClassIndex:
     def group(self, instance: Instance) -> Group:
         """The group of ``instance``: one per shape, found once per service (and measured
         usage, in an overloaded run)."""
+        service = instance.service
+        key: object
         if not self.overloaded:  # (most runs: by service alone)
-            group = self.groups.get(id(instance.service))
-            if group is not None:
-                return group
-        run = self.run
-        usage = run.usage_of(instance)
-        key: object = (id(instance.service), usage) if run.overloaded else id(instance.service)
+            key, usage = id(service), None
+        else:
+            usage = self.run.usage_of(instance)
+            key = (id(service), usage)
         group = self.groups.get(key)
         if group is None:
-            ask = ask_for(instance, usage)
-            shape = self.shape(ask)
-            group = self.shapes.get(shape)
+            # services asking the same (most of a fleet of one-instance services) share one
+            # ask key: its shape, and so its group, is found once
+            known = self.ask_keys.get(id(service))
+            asks = known[1] if known is not None and known[0] is service else ask_key(service)
+            group = self.asked.get((asks, usage))
             if group is None:
-                group = self.shapes[shape] = Group(ask, shape)
+                ask = ask_for(instance, usage, asks)
+                shape = self.shape(ask)
+                group = self.shapes.get(shape)
+                if group is None:
+                    group = self.shapes[shape] = Group(ask, shape)
+                self.asked[asks, usage] = group
             self.groups[key] = group
         return group
 
@@ -504,7 +522,80 @@ class ClassIndex:
         group = self.group(instances[0])
         if group.node_id is not None:
             return self._place_pinned(group, instances, cause)
+        if len(instances) == 1 and self._place_one(group, instances[0], cause):
+            return []
         return self._place_group(group, instances, cause)
+
+    def _place_one(self, group: Group, inst: Instance, cause: Cause | None) -> bool:
+        """:meth:`_place_group` for one instance, without its heap, while the best node of
+        the first level with any passes the dynamic filters: the heads of that level's classes
+        are found as ``_place_group`` opens them, and the smallest is the node it would take
+        first. False, and only that node noted as refused, when it refuses (then
+        ``_place_group`` goes on from there) or when no class has a node left."""
+        if self.stale or not self.index_valid:
+            self._ensure_index()
+        levels, refused = group.levels, group.refused
+        if levels is None:
+            self._classes(group)
+            levels = group.levels
+        if refused is None or group.names:
+            refused = self._refused(group)
+        assert levels is not None and group.per_class is not None
+        index, count = self.index, self.count
+        best = -1
+        if not refused:  # each class's head is its first node (where a walk from passed ends)
+            if not levels:
+                return False
+            for cid, _ in levels[0]:
+                head = index[cid][0]
+                if best < 0 or head < best:
+                    best = head
+        else:
+            passed = group.passed
+            for level in levels:
+                for cid, _ in level:
+                    entries = index[cid]
+                    end = len(entries)
+                    known = passed.get(cid)
+                    p = 0 if known is None else bisect_left(entries, known)
+                    while p < end and entries[p] % count in refused:
+                        p += 1
+                    if p < end:
+                        head = passed[cid] = entries[p]
+                        if best < 0 or head < best:
+                            best = head
+                    else:
+                        passed[cid] = entries[-1] + 1
+                if best >= 0:
+                    break
+            else:
+                return False
+        rank = best % count
+        cid = self.class_at[rank]
+        slot = self.slot_at[rank] or self.run.slot(self.ids[rank])
+        need = group.requested(self.class_slot[cid])
+        resources, devices = group.resources, group.devices
+        at, ids = claim(slot, need, group.per_class[cid], resources, devices, NO_KEEP)
+        if at < 0:
+            refused.add(rank)
+            if resources:
+                self._note_exhausted(slot, rank, resources)
+            return False
+        iid = inst.id
+        slot.placed[iid] = Reservation(inst, at, need, group.names, ids, devices, cause)
+        self.where[iid] = slot
+        # the node taken moves to its new place in its class's order
+        key = (
+            slot.order_base
+            - slot.cpu_pool.free * self.cpu_step
+            - slot.ram_pool.free * self.ram_step
+        )
+        entries = index[cid]
+        del entries[bisect_left(entries, best)]
+        self.entries[rank] = key
+        insort(entries, key)
+        self.moves.append(slot.id)
+        return True
 
     def _place_pinned(
         self, group: Group, instances: Sequence[Instance], cause: Cause | None

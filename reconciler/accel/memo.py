@@ -6,6 +6,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from itertools import chain, compress, count, groupby, repeat
 from operator import is_not
 
@@ -24,7 +25,7 @@ from reconciler.placement.instances import (
     expand_instances,
     service_order,
 )
-from reconciler.placement.search import Exhaustive
+from reconciler.placement.search import Exhaustive, SearchFactory
 
 __all__ = ["BalanceMemo", "PreviousSince"]
 
@@ -163,7 +164,7 @@ class BalanceMemo:
                 return got
         instances = self._flat()
         made: Made = {}
-        search = Exhaustive if exhaustive else ClassIndex
+        search: SearchFactory = Exhaustive if exhaustive else partial(ClassIndex, services=services)
         result, run = run_balance(
             unit, nodes, services, previous, mode, overload, search, instances, made
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from reconciler.model.documents import DeviceRequest, ImagePlatform, ResourceRatios, Service
+from reconciler.model.documents import DeviceRequest, ResourceRatios, Service
 from reconciler.placement.instances import (
     Cause,
     DeviceIds,
@@ -19,9 +19,11 @@ from reconciler.placement.sharing import ShareRequest
 
 __all__ = [
     "Ask",
+    "AskKey",
     "Platform",
     "RequestInputs",
     "ask_for",
+    "ask_key",
     "request_inputs",
     "requested",
     "requested_amounts",
@@ -125,13 +127,6 @@ class Platform(NamedTuple):
     osFeatures: tuple[str, ...]
 
 
-def _platform(p: ImagePlatform | None) -> Platform | None:
-    if p is None:
-        return None
-    # (tuple.__new__: as Platform(...) without its Python-level __new__, once per service)
-    return tuple.__new__(Platform, (p.architecture, p.os, p.variant, p.osVersion, p.osFeatures))
-
-
 @dataclass(slots=True)
 class Ask:
     """What one instance asks of a candidate node (the same for every instance of a service,
@@ -168,25 +163,55 @@ def _device_order(d: DeviceRequest) -> str:
     return d.resource
 
 
-def ask_for(instance: Instance, usage: tuple[int, int] | None) -> Ask:
-    """What ``instance`` asks (``usage``: its measured cpu and ram, where known)."""
-    s = instance.service
-    resources, devices = s.resources, s.devices
-    return Ask(
-        instance,
-        frozenset(s.labels),
-        frozenset(s.runtimes),
+AskKey = tuple[
+    tuple[str, ...],
+    tuple[str, ...],
+    str | None,
+    Platform | None,
+    tuple[str, ...],
+    tuple[tuple[str, int, int | None], ...],
+    RequestInputs,
+]
+"""Everything :func:`ask_for` reads of a service, as plain values (``ask_key``): labels,
+runtime types, node id, platform, named resources, device requests (by resource) and the
+inputs of the requested amounts. The asks of services with equal keys differ only in their
+instance (and what the caller sets after: usage, cause, what pass 1 keeps)."""
+
+
+def ask_key(service: Service) -> AskKey:
+    """The :data:`AskKey` of ``service`` (what :func:`ask_for` builds its ask from)."""
+    s = service
+    resources, devices, p = s.resources, s.devices, s.image.platform
+    return (
+        s.labels,
+        s.runtimes,
         s.nodeId,
-        _platform(s.image.platform),
-        tuple([ShareRequest(r.name) for r in resources]) if resources else (),
-        tuple(
-            [
-                ShareRequest(d.resource, d.count or 1, d.memory)
-                for d in sorted(devices, key=_device_order)
-            ]
-        )
+        # (tuple.__new__: as Platform(...) without its Python-level __new__)
+        None
+        if p is None
+        else tuple.__new__(Platform, (p.architecture, p.os, p.variant, p.osVersion, p.osFeatures)),
+        tuple([r.name for r in resources]) if resources else (),
+        tuple([(d.resource, d.count or 1, d.memory) for d in sorted(devices, key=_device_order)])
         if devices
         else (),
         request_inputs(s),
+    )
+
+
+def ask_for(instance: Instance, usage: tuple[int, int] | None, key: AskKey | None = None) -> Ask:
+    """What ``instance`` asks (``usage``: its measured cpu and ram, where known); ``key``: its
+    service's :func:`ask_key`, when the caller has it."""
+    labels, runtimes, node_id, platform, resources, devices, amounts = (
+        key if key is not None else ask_key(instance.service)
+    )
+    return Ask(
+        instance,
+        frozenset(labels),
+        frozenset(runtimes),
+        node_id,
+        platform,
+        tuple([ShareRequest(r) for r in resources]) if resources else (),
+        tuple([ShareRequest(*d) for d in devices]) if devices else (),
+        amounts,
         usage=usage,
     )

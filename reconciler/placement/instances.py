@@ -86,13 +86,19 @@ def expand_instances(services: Iterable[Service]) -> list[Instance]:
     out: list[Instance] = []
     last: tuple[int, str, str] | None = None
     tied = False
-    for key, s in sorted([(service_order(s), s) for s in services], key=itemgetter(0)):
+    # (what is read of a service is read in the given order, usually the order the services
+    # were made in and so near each other in memory, rather than in the sorted one)
+    by_order = [(service_order(s), s.instances, s) for s in services]
+    for key, count, s in sorted(by_order, key=itemgetter(0)):
         tied = tied or key == last
         last = key
-        item, subject = s.id, s.subject
+        _, item, subject = key
+        if count == 1:  # (many fleets' services mostly: no list of one)
+            out.append(new_instance(instance_ids(item, subject, 0, 1)[0], item, subject, 0, s))
+            continue
         out += [
             new_instance(iid, item, subject, i, s)
-            for i, iid in enumerate(instance_ids(item, subject, 0, s.instances))
+            for i, iid in enumerate(instance_ids(item, subject, 0, count))
         ]
     if tied:
         out.sort(key=Instance.order_key)
