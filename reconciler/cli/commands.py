@@ -1302,12 +1302,6 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
     view, diags = readcache.load_state_cached(state_dir, cache)
     _report_diagnostics(diags)
     services = view.services_sorted()
-    iid = find_instance(services, instance)
-    members = find_item(services, instance) if iid is None else []
-    if iid is None and not members:
-        close = suggestions(services, instance)
-        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-        raise click.ClickException(f"no desired instance {instance!r}{hint}")
     checkpoint_dir = state_dir / "checkpoint"
 
     @functools.cache
@@ -1320,6 +1314,17 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
     key = "" if cache is None or diags else readcache.balance_key(view, checkpoint_dir, mode, nodes)
     got = cache.get("balance", key) if cache is not None and key else None
     result = got if isinstance(got, BalanceResult) else None
+    # an instance id the balance placed or failed (every desired instance is one or the
+    # other) is found there, without a uuid5 of every instance
+    known = result is not None and (
+        instance in result.by_id or any(f.instance_id == instance for f in result.failures)
+    )
+    iid = instance if known else find_instance(services, instance)
+    members = find_item(services, instance) if iid is None else []
+    if iid is None and not members:
+        close = suggestions(services, instance)
+        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        raise click.ClickException(f"no desired instance {instance!r}{hint}")
     if result is None:
         result = balance(view.unit, nodes, services, loaded().checkpoint.previous(), _mode(mode))
         if cache is not None and key:

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import reconciler.accel
+import reconciler.cli.explainview as explainview
 from benchmarks.statedir import write_state_dir
 from reconciler.cli.commands import main
 from reconciler.io import fsio, loader, readcache
@@ -134,6 +135,33 @@ class TestTheNextExplainStartsWarm:
         code, out, _err = run(capsys, "explain", f"{services[1].stem}:0", "--state", str(unit))
         assert code == 0 and services[1].stem in out
         assert (counts.balances, counts.parsed) == (0, 0)
+
+    def test_an_instance_id_is_found_in_the_cached_balance(
+        self,
+        unit: Path,
+        capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch,
+        counts: Counts,
+    ) -> None:
+        """By its id or its label, the same explanation; by id on a warm cache, without
+        computing every instance's id."""
+        label = _first_label(unit)
+        by_label = run(capsys, "explain", label, "--state", str(unit), "--json")
+        iid = json.loads(by_label[1])["instanceId"]
+        expansions: list[int] = []
+        real = explainview.expand_instances
+
+        def expand(services: Any) -> Any:
+            expansions.append(1)
+            return real(services)
+
+        monkeypatch.setattr(explainview, "expand_instances", expand)
+        counts.reset()
+        assert run(capsys, "explain", iid, "--state", str(unit), "--json") == by_label
+        assert (counts.balances, counts.parsed, expansions) == (0, 0, [])
+        with monkeypatch.context() as m:
+            m.setenv(readcache.CACHE_ENV, "")
+            assert run(capsys, "explain", iid, "--state", str(unit), "--json") == by_label
 
     def test_an_item_is_explained_from_the_same_balance(
         self, unit: Path, capsys: pytest.CaptureFixture[str], counts: Counts

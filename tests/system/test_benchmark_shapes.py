@@ -92,3 +92,18 @@ def test_the_edit_benchmarks_edit_a_real_state_directory(demo_copy: Path) -> Non
     copy_state_dir(demo_copy, copy)
     assert (copy / target).read_text() == (demo_copy / target).read_text()
     assert not (copy / "out").exists()
+
+
+def test_the_explain_benchmark_times_a_first_next_and_uncached_explain() -> None:
+    args = ["--state", str(DEMO), "--repeat", "1", "--json"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.explain", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+        cwd=ROOT,
+    )
+    (row,) = json.loads(proc.stdout)["rows"]
+    assert row["shape"] == str(DEMO)
+    assert all(row[k] > 0 for k in ("first_s", "next_s", "uncached_s"))
