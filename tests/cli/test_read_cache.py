@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import reconciler.accel
-import reconciler.cli.explainview as explainview
 from benchmarks.statedir import write_state_dir
 from reconciler.cli.commands import main
 from reconciler.io import fsio, loader, readcache
+from reconciler.placement.instances import expand_instances
 
 SETTINGS = settings(
     max_examples=12,
@@ -149,13 +149,13 @@ class TestTheNextExplainStartsWarm:
         by_label = run(capsys, "explain", label, "--state", str(unit), "--json")
         iid = json.loads(by_label[1])["instanceId"]
         expansions: list[int] = []
-        real = explainview.expand_instances
+        real = expand_instances
 
         def expand(services: Any) -> Any:
             expansions.append(1)
             return real(services)
 
-        monkeypatch.setattr(explainview, "expand_instances", expand)
+        monkeypatch.setattr("reconciler.cli.explainview.expand_instances", expand)
         counts.reset()
         assert run(capsys, "explain", iid, "--state", str(unit), "--json") == by_label
         assert (counts.balances, counts.parsed, expansions) == (0, 0, [])
