@@ -55,6 +55,7 @@ from reconciler.io import checkpoint_files
 from reconciler.io.fsio import atomic_write
 from reconciler.io.loader import Diagnostic, LoadOptions, StateView, adopted, load_state
 from reconciler.model.documents import ActualState, Node, Service, UnitConfig
+from reconciler.model.policyregistry import policy_names
 from reconciler.placement.instances import Placement, Requested, new_placement
 
 __all__ = [
@@ -260,12 +261,18 @@ def _prune(root: Path) -> None:
         shutil.rmtree(root / name, ignore_errors=True)
 
 
+def _view_key(state_dir: Path) -> str:
+    """The state directory as given, and the sharing policies registered in this process
+    (which decide whether a node file naming one is valid)."""
+    return f"{state_dir}\0{','.join(policy_names())}"
+
+
 def cached_view(state_dir: Path, cache: ReadCache | None) -> StateView | None:
     """The view of ``state_dir`` the cache holds, to start a load from (see
     :func:`load_state_cached`); None when it holds none."""
     if cache is None:
         return None
-    got = cache.get(_VIEW, str(state_dir))
+    got = cache.get(_VIEW, _view_key(state_dir))
     return adopted(got) if isinstance(got, StateView) and got.root == state_dir else None
 
 
@@ -284,7 +291,7 @@ def keep_view(
     if cache is None or not exact(view):
         return
     if started is None or not _same_records(started, view):
-        cache.put(_VIEW, str(state_dir), view)
+        cache.put(_VIEW, _view_key(state_dir), view)
 
 
 def _same_records(before: StateView, after: StateView) -> bool:
@@ -316,5 +323,11 @@ def balance_key(
     checkpoint files' bytes (the previous allocations), the mode, and which nodes are marked
     stale, with the reason each says (``nodes`` as the command marked them)."""
     stale = sorted((n.id, n.no_report) for n in nodes if n.no_report is not None)
-    parts = (view.input_hash, checkpoint_files.fingerprint(checkpoint_dir), mode or "", stale)
+    parts = (
+        view.input_hash,
+        checkpoint_files.fingerprint(checkpoint_dir),
+        mode or "",
+        stale,
+        policy_names(),  # (the sharing policies' code is the package's: a name suffices)
+    )
     return hashlib.sha256(repr(parts).encode()).hexdigest()

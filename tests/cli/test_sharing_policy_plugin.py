@@ -203,3 +203,19 @@ def test_the_registered_policy_places_explains_and_reports(
     code, out, _ = run(capsys, "status", "--state", str(state))
     assert code == 0
     assert "example.com/npu: 2/2/2" in out
+
+
+def test_the_read_cache_follows_the_registered_policies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """validate keeps the loaded inputs for the next command; a node file naming a policy
+    that is no longer registered is invalid again, not the cached valid document."""
+    monkeypatch.setenv("RECONCILER_CACHE_DIR", str(tmp_path / "cache"))
+    root = unit(tmp_path / "state")
+    sharing.register(PairedPolicy())
+    try:
+        assert run(capsys, "validate", "--state", str(root))[0] == 0
+    finally:
+        sharing.unregister(PairedPolicy.name)
+    code, out, err = run(capsys, "validate", "--state", str(root))
+    assert code == 1 and "nodes/n1.yaml" in out + err and "paired" in out + err
