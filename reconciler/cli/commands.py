@@ -1319,7 +1319,7 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
     known = result is not None and (
         instance in result.by_id or any(f.instance_id == instance for f in result.failures)
     )
-    iid = instance if known else find_instance(services, instance)
+    iid = instance if known else find_instance(services, instance, view.services)
     members = find_item(services, instance) if iid is None else []
     if iid is None and not members:
         close = suggestions(services, instance)

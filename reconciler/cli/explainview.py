@@ -35,12 +35,17 @@ __all__ = [
 ]
 
 
-def find_instance(services: Sequence[Service], needle: str) -> str | None:
+def find_instance(
+    services: Sequence[Service],
+    needle: str,
+    by_key: Mapping[tuple[str, str], Service] | None = None,
+) -> str | None:
     """The id of the instance ``needle`` names: its id, ITEM:SUBJECT:INDEX, or ITEM:INDEX (the
     first such instance in placement order, whatever its subject); None when none.
 
     Ids hold no ``:``, so a needle with one is a label: its service is looked up and only that
-    id computed, rather than every instance's (20,000 uuid5 hashes at 5,000 x 20,000)."""
+    id computed, rather than every instance's (20,000 uuid5 hashes at 5,000 x 20,000);
+    ``by_key``: the services by (item, subject), for ITEM:SUBJECT:INDEX without a scan."""
     parts = needle.split(":")
     if len(parts) == 1:
         return next((i.id for i in expand_instances(list(services)) if i.id == needle), None)
@@ -48,6 +53,11 @@ def find_instance(services: Sequence[Service], needle: str) -> str | None:
     if len(parts) > 3 or not index.isdecimal() or index != str(int(index)):
         return None
     n = int(index)
+    if subject is not None and by_key is not None:  # (ITEM:SUBJECT:INDEX: one service)
+        service = by_key.get((parts[0], subject))
+        if service is None or n >= service.instances:
+            return None
+        return instance_id(service.id, service.subject, n)
     named = [
         s
         for s in services

@@ -75,9 +75,10 @@ def test_a_needle_names_what_a_scan_of_every_instance_finds(
 ) -> None:
     needle = data.draw(st.one_of(needles, near(services)))
     assert find_instance(services, needle) == scan(services, needle)
-    # as explain gets them: in key order
+    # as explain gets them: in key order, with the services by key
     in_order = sorted(services, key=lambda s: s.key)
-    assert find_instance(in_order, needle) == scan(in_order, needle)
+    by_key = {s.key: s for s in in_order}
+    assert find_instance(in_order, needle, by_key) == scan(in_order, needle)
 
 
 @settings(max_examples=100)
