@@ -551,6 +551,8 @@ class ClassIndex:
                 if best < 0 or head < best:
                     best = head
         else:
+            # (the head of each class past its refused nodes, as _place_group opens a level:
+            # the same lines inline, not a call per class, on this hot path)
             passed = group.passed
             for level in levels:
                 for cid, _ in level:
