@@ -39,6 +39,7 @@ import io
 import logging
 import os
 import pickle
+import re
 import shutil
 import stat
 import sys
@@ -200,9 +201,36 @@ class ReadCache:
             # not synced: a file torn by a crash fails its digest and is computed again
             atomic_write(self.directory / f"{kind}.pickle", data, sync=False)
             os.utime(self.directory)
+            _sweep_orphans(self.directory)
             _prune(self.directory.parent)
         except (OSError, pickle.PicklingError, RecursionError) as e:
             log.debug("read cache: %s not written: %s", kind, e)
+
+
+_TEMP = re.compile(r"\.[a-z]+\.pickle\.tmp-(\d+)")
+"""A write's temp file (``atomic_write``'s name for it): ``.<kind>.pickle.tmp-<pid>``."""
+
+
+def _sweep_orphans(directory: Path) -> None:
+    """Remove the temp files of writers that died before their rename (a process killed in
+    the middle of a write; any other end removes its own): those whose process is gone."""
+    with os.scandir(directory) as it:
+        for entry in it:
+            found = _TEMP.fullmatch(entry.name)
+            if found is None or _alive(int(found.group(1))):
+                continue
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # (another user's: alive)
+        return True
+    return True
 
 
 def same(value: object) -> object:

@@ -4,6 +4,9 @@ parts are stored once."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -120,3 +123,23 @@ def test_a_balance_is_read_back_as_it_was_stored(tmp_path: Path, shape: str) -> 
     for a, b in zip(result.placements, got.placements, strict=True):
         for name in a.__slots__:
             same_to_the_type(getattr(a, name), getattr(b, name), name)
+
+
+def test_a_write_killed_before_its_rename_leaves_no_temp_file_behind(tmp_path: Path) -> None:
+    """The temp file of a process that died mid-write is removed by the next write; a live
+    writer's is left alone."""
+    cache = readcache.open_cache(tmp_path, {readcache.CACHE_ENV: str(tmp_path / "cache")})
+    assert cache is not None
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    dead = cache.directory / f".view.pickle.tmp-{int(gone.stdout)}"
+    live = cache.directory / f".view.pickle.tmp-{os.getpid()}"
+    dead.write_bytes(b"torn")
+    live.write_bytes(b"being written")
+    cache.put("balance", "k", {"a": 1})
+    assert not dead.exists() and live.exists()
+    assert cache.get("balance", "k") == {"a": 1}
