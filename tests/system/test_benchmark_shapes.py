@@ -107,3 +107,21 @@ def test_the_explain_benchmark_times_a_first_next_and_uncached_explain() -> None
     (row,) = json.loads(proc.stdout)["rows"]
     assert row["shape"] == str(DEMO)
     assert all(row[k] > 0 for k in ("first_s", "next_s", "uncached_s"))
+
+
+def test_the_scaling_benchmark_compares_a_size_with_its_tenth() -> None:
+    args = ["--nodes", "40", "--instances", "160", "--shape", "homogeneous", "--json"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.scaling", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+        cwd=ROOT,
+    )
+    (row,) = json.loads(proc.stdout)["rows"]
+    assert row["shape"] == "homogeneous"
+    for key in ("balance_fresh_s", "balance_stable_s", "oneshot_s", "warm_ms"):
+        small, big = row["figures"]["tenth"][key], row["figures"]["full"][key]
+        assert small > 0 and big > 0
+        assert row["ratios"][key] == big / small
