@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -94,32 +95,29 @@ def test_the_edit_benchmarks_edit_a_real_state_directory(demo_copy: Path) -> Non
     assert not (copy / "out").exists()
 
 
-def test_the_explain_benchmark_times_a_first_next_and_uncached_explain() -> None:
-    args = ["--state", str(DEMO), "--repeat", "1", "--json"]
+def _benchmark_json(module: str, *args: str) -> dict[str, Any]:
+    """``python -m benchmarks.MODULE ARGS --json``'s document."""
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.explain", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-        cwd=ROOT,
-    )
-    (row,) = json.loads(proc.stdout)["rows"]
-    assert row["shape"] == str(DEMO)
-    assert all(row[k] > 0 for k in ("first_s", "next_s", "uncached_s"))
-
-
-def test_the_scaling_benchmark_compares_a_size_with_its_tenth() -> None:
-    args = ["--nodes", "40", "--instances", "160", "--shape", "homogeneous", "--json"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.scaling", *args],
+        [sys.executable, "-m", f"benchmarks.{module}", *args, "--json"],
         capture_output=True,
         text=True,
         timeout=600,
         check=True,
         cwd=ROOT,
     )
-    (row,) = json.loads(proc.stdout)["rows"]
+    doc: dict[str, Any] = json.loads(proc.stdout)
+    return doc
+
+
+def test_the_explain_benchmark_times_a_first_next_and_uncached_explain() -> None:
+    (row,) = _benchmark_json("explain", "--state", str(DEMO), "--repeat", "1")["rows"]
+    assert row["shape"] == str(DEMO)
+    assert all(row[k] > 0 for k in ("first_s", "next_s", "uncached_s"))
+
+
+def test_the_scaling_benchmark_compares_a_size_with_its_tenth() -> None:
+    args = ("--nodes", "40", "--instances", "160", "--shape", "homogeneous")
+    (row,) = _benchmark_json("scaling", *args)["rows"]
     assert row["shape"] == "homogeneous"
     for key in ("balance_fresh_s", "balance_stable_s", "oneshot_s", "warm_ms"):
         small, big = row["figures"]["tenth"][key], row["figures"]["full"][key]
