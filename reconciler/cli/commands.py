@@ -1329,8 +1329,8 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
         result = balance(view.unit, nodes, services, loaded().checkpoint.previous(), _mode(mode))
         if cache is not None and key:
             cache.put("balance", key, result)
-    networked = (view.unit is not None and view.unit.network is not None) or any(
-        s.networked for s in services
+    networked = (view.unit is not None and view.unit.network is not None) or (
+        view.summary().networked > 0  # (counted once per view, not a pass over the services)
     )
     if iid is None:
         network = loaded().checkpoint.network if networked else {}
