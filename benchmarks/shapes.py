@@ -138,13 +138,20 @@ def measure(
     if quick:
         return row
     rec = _run_json("reconcile", *size)
-    stages = rec["cold_stages_s"]
     floors = rec["rows_s"]
     parse = floors["floor: PyYAML CSafeLoader parse of the inputs"]
-    writes = stages.get("write", 0.0) + stages.get("status", 0.0)
-    before = rec["rows_s"]["cold reconcile"] - writes
-    row["cold_before_write_x"] = before / parse
-    row["cold_writes_x"] = writes / floors["floor: filesystem, out/ and checkpoint/ created once"]
+    # two cold runs, each beside a filesystem floor (the disk's speed drifts): the best of each
+    runs = [
+        (floors[name], rec[key].get("write", 0.0))
+        for name, key in (
+            ("cold reconcile", "cold_stages_s"),
+            ("cold reconcile again", "cold_again_stages_s"),
+        )
+    ]
+    # everything but its writes (loading, placing, building, planning, the status report made
+    # in memory, wherever in the run it happens) against the parse; its writes against the floor
+    row["cold_before_write_x"] = min(total - writes for total, writes in runs) / parse
+    row["cold_writes_x"] = min(writes for _total, writes in runs) / min(rec["fs_floors_s"])
     row["peak_rss_mib"] = max(rec["peak_rss_mib"].values())
     with tempfile.TemporaryDirectory(prefix=f"shape-{shape}-") as tmp:
         root = Path(tmp) / "state"
@@ -165,7 +172,7 @@ _COLUMNS = [
     ("warm_placeable_ms", "warm edit ms", "{:.0f}"),
     ("warm_unplaceable_ms", "warm edit (unpl.) ms", "{:.0f}"),
     ("plan_json_x", "cold plan x parse", "{:.2f}"),
-    ("cold_before_write_x", "cold before writes x parse", "{:.2f}"),
+    ("cold_before_write_x", "cold but writes x parse", "{:.2f}"),
     ("cold_writes_x", "writes x fs floor", "{:.2f}"),
     ("plan_shown_s", "plan shown s", "{:.2f}"),
     ("explain_s", "explain s", "{:.2f}"),

@@ -600,6 +600,8 @@ def _write_outputs(
         put(out / BASIS_FILE, basis_bytes(c, opts.mode, checkpoint, plan_digest))
     if manifest is not None:  # the configs' own record (see PendingManifest): after the plan
         batch.append((manifest.path, manifest.data(), 0o600))
+    if opts.on_stage is not None and batch:
+        opts.on_stage("writing the status report")
     flush()
     if page is not None and opts.cache is not None:
         opts.cache.page.source = page  # written
