@@ -5,19 +5,34 @@ This package may import the semantics, never the reverse."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
 from reconciler.accel.index import ClassIndex
-from reconciler.accel.memo import BalanceMemo, PreviousSince
+from reconciler.accel.memo import BalanceMemo, PreviousSince, states_of
 from reconciler.model.documents import Node, Service, UnitConfig
+from reconciler.model.gcpause import collector_paused
 from reconciler.placement import balancer
 from reconciler.placement.balancer import Explanation, Overload
 from reconciler.placement.instances import BalanceResult, Mode, PreviousAllocation
 from reconciler.placement.nodestate import NodeSlot
 from reconciler.placement.search import Exhaustive, SearchFactory
 
-__all__ = ["BalanceMemo", "ClassIndex", "PreviousSince", "balance", "explain", "node_states"]
+__all__ = [
+    "BalanceMemo",
+    "ClassIndex",
+    "FinalStates",
+    "PreviousSince",
+    "balance",
+    "balance_with_states",
+    "explain",
+    "node_states",
+]
+
+FinalStates = Callable[[], dict[str, NodeSlot] | None]
+"""Every node's state at the end of a balance, by node id: its result's placements reserved on
+the real capacities, as :func:`node_states` replays them (a test compares). Given once: the
+next call gives None (replay then)."""
 
 
 def balance(
@@ -34,6 +49,24 @@ def balance(
     the reference search instead, for comparison)."""
     search: SearchFactory = Exhaustive if exhaustive else partial(ClassIndex, services=services)
     return balancer.balance(unit, nodes, services, previous, mode, overload, search=search)
+
+
+def balance_with_states(
+    unit: UnitConfig | None,
+    nodes: Sequence[Node],
+    services: Sequence[Service],
+    previous: Mapping[str, PreviousAllocation] | None = None,
+    mode: Mode | None = None,
+    overload: Overload | None = None,
+) -> tuple[BalanceResult, FinalStates | None]:
+    """:func:`balance`, and its nodes' final states (made when asked: the status report reads
+    them instead of replaying the result; None when the result holds an instance at its old
+    place, whose replay differs). Keep the states only as long as needed: they hold the run."""
+    balancer.check_keys(services)
+    search = partial(ClassIndex, services=services)
+    with collector_paused():
+        result, run = balancer.run_balance(unit, nodes, services, previous, mode, overload, search)
+    return result, (None if result.held else states_of(run))
 
 
 def node_states(

@@ -4,7 +4,7 @@ next, so that an edit of a few services re-places only their instances."""
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from itertools import chain, compress, count, groupby, repeat
@@ -25,6 +25,7 @@ from reconciler.placement.instances import (
     expand_instances,
     service_order,
 )
+from reconciler.placement.nodestate import NodeSlot
 from reconciler.placement.search import Exhaustive, SearchFactory
 
 __all__ = ["BalanceMemo", "PreviousSince"]
@@ -136,6 +137,17 @@ class BalanceMemo:
                 # the next one starts from nothing)
                 self._run, self._seen, self._expanded, self._order = None, None, {}, []
                 raise
+
+    def final_states(
+        self, result: BalanceResult
+    ) -> Callable[[], dict[str, NodeSlot] | None] | None:
+        """The node states the last call ended with, if it ran in full and gave ``result``
+        (see ``accel.FinalStates``); None otherwise (an incremental call: the status report's
+        cache replays the few nodes that changed). Ask before the next call mutates them."""
+        run = self._run
+        if run is None or self.incremental or result is not self._result or result.held:
+            return None
+        return states_of(run)
 
     def _balance(
         self,
@@ -499,6 +511,14 @@ class BalanceMemo:
 
 _REVISIONS = count(1)
 """The revisions the memos give their results: unique in this process."""
+
+
+def states_of(run: Run) -> Callable[[], dict[str, NodeSlot] | None]:
+    """The run's node states by node id (see ``accel.FinalStates``): given once, then None,
+    so that their memory is freed as soon as the caller is done with them (the status report
+    is the peak of a oneshot's memory). Only the states are kept, not the run's index."""
+    taken: list[dict[str, NodeSlot]] = [{slot.id: slot for slot in run.all_slots()}]
+    return lambda: taken.pop() if taken else None
 
 
 def _numbered(result: BalanceResult) -> BalanceResult:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reconciler.accel import BalanceMemo, balance
+from reconciler.accel import BalanceMemo, FinalStates, balance_with_states
 from reconciler.accel.checkpoint import CheckpointCache
 from reconciler.accel.ids import IdsMemo
 from reconciler.accel.plans import PlanMemo
@@ -70,6 +70,7 @@ from reconciler.oci.writer import (
 )
 from reconciler.placement.alerts import AlertUpdate, observe
 from reconciler.placement.instances import BalanceResult, Failure, Mode, placement_order
+from reconciler.placement.nodestate import NodeSlot
 from reconciler.planning.checkpoint import (
     Checkpoint,
     assign_ids,
@@ -189,6 +190,15 @@ class Computed:
     nodes: Sequence[Node] | None = None
     """The nodes as the balancer saw them (a stale report's node marked disconnected), for the
     status report; None: the view's."""
+    final: tuple[BalanceResult, FinalStates] | None = field(default=None, repr=False, compare=False)
+    """The balance's result and its final node states: the status report reads them (instead
+    of replaying ``result``) while ``result`` is still that result."""
+
+    def final_states(self) -> dict[str, NodeSlot] | None:
+        """Every node's state with ``result`` reserved, if the balance's own are at hand (the
+        first call only: the states are let go once read)."""
+        final = self.final
+        return final[1]() if final is not None and final[0] is self.result else None
 
     def plan_inputs(self) -> dict[str, Any]:
         """``out/plan.json``'s ``inputs``: the fingerprint, and the mode asked for (so that
@@ -273,8 +283,9 @@ def compute_once(
     marks = opts.cache.stale if opts.cache is not None else StaleMarks()
     nodes = marks.apply(view.unit, view.nodes.values(), now)  # a too old report fails NodeState
     services = view.services_sorted()
+    final: FinalStates | None
     if opts.cache is None:
-        result = balance(view.unit, nodes, services, previous, mode, overload)
+        result, final = balance_with_states(view.unit, nodes, services, previous, mode, overload)
     else:
         result = opts.cache.balance.balance(
             view.unit,
@@ -288,6 +299,8 @@ def compute_once(
             # what changed since the last balance: the loader's, and the nodes marked stale or not
             inputs=_inputs(carried, view.changes, marks.changed),
         )
+        final = opts.cache.balance.final_states(result)
+    balanced = result
     # the network phase after placement (SPEC §17): failures leave the placements
     network = assign_networks(
         view.unit, view.services, result, cp.network, networked=summary.networked > 0
@@ -358,6 +371,7 @@ def compute_once(
         built_since,
         network if network.state else None,
         nodes,
+        None if final is None else (balanced, final),
     )
 
 
@@ -581,6 +595,7 @@ def _write_outputs(
         uids=uids,
         cache=status_cache,
         nodes=c.nodes,
+        states=c.final_states,
     )
     status_ident = content_key(status)
     put(out / "status.json", status, ident=status_ident)

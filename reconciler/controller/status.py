@@ -7,7 +7,7 @@ raised alerts, and the invalid input files with their errors.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC
 from typing import Any
 
@@ -160,14 +160,22 @@ def node_statuses(
     result: BalanceResult,
     cache: NodeStatusCache | None = None,
     nodes: Sequence[Node] | None = None,
+    states: Callable[[], Mapping[str, NodeSlot] | None] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The ``nodes`` section of the status: every node's inventories with the result's
     placements reserved, by node id. With ``cache``, only the nodes whose inputs changed since
     the cache's last call are replayed. ``nodes``: the nodes as the balancer saw them (one
-    whose report is too old marked disconnected), else the view's."""
+    whose report is too old marked disconnected), else the view's. ``states``: gives the
+    balance's own final node states (of these nodes, with the result reserved), or None; the
+    nodes to compute are read from them instead of a replay of the result."""
     every = list(view.nodes.values()) if nodes is None else list(nodes)
     if cache is None:
-        slots = node_states(view.unit, every, view.services_sorted(), result)
+        got = states() if states is not None else None
+        slots = (
+            got
+            if got is not None
+            else node_states(view.unit, every, view.services_sorted(), result)
+        )
         return {node_id: _node_status(slots[node_id]) for node_id in sorted(slots)}
     services = {s.key: s for s in view.services.values()}
     on_node: dict[str, list[Placement]] = {}
@@ -188,7 +196,10 @@ def node_statuses(
         if old is None or old[0] != key:
             stale.append(node)
     fresh: dict[str, dict[str, Any]] = {}
-    if stale:
+    final = states() if stale and states is not None else None
+    if final is not None:
+        fresh = {n.id: _node_status(final[n.id]) for n in stale}
+    elif stale:
         stale_ids = {n.id for n in stale}
         placements = tuple(p for p in result.placements if p.node_id in stale_ids)
         needed = {(p.item_id, p.subject_id) for p in placements}
@@ -301,12 +312,13 @@ def status_bytes(
     uids: Mapping[str, tuple[int, int]] | None = None,
     cache: NodeStatusCache,
     nodes: Sequence[Node] | None = None,
+    states: Callable[[], Mapping[str, NodeSlot] | None] | None = None,
 ) -> bytes:
     """``pretty_json(build_status(view, result, None, diagnostics, ...))``, put together from
     the pieces (:func:`jsonio.member`) of the nodes and instances ``cache`` holds while their
     inputs are the same (a node's entry object, an instance's placement object, state, ids).
-    ``nodes``: see :func:`node_statuses`."""
-    entries = node_statuses(view, result, cache, nodes)
+    ``nodes``, ``states``: see :func:`node_statuses`."""
+    entries = node_statuses(view, result, cache, nodes, states)
     old_nodes, old_instances = cache._node_fragments, cache._instance_fragments
     node_frags: dict[str, tuple[dict[str, Any], bytes]] = {}
     for node_id, entry in entries.items():
