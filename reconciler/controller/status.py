@@ -17,7 +17,7 @@ from reconciler.model.documents import ActualInstance, Node, Service, UnitConfig
 from reconciler.model.inventory import Inventory
 from reconciler.model.jsonbytes import document, fragment, join_object, member
 from reconciler.placement.instances import BalanceResult, Placement
-from reconciler.placement.nodestate import NodeSlot, system_usage
+from reconciler.placement.nodestate import NodeSlot, Pool, system_usage
 from reconciler.placement.sharing import REGISTRY
 from reconciler.placement.sharing.shared_count import UNLIMITED
 from reconciler.planning.plans import failure_json
@@ -62,15 +62,26 @@ def _inv(inv: Inventory | None) -> dict[str, Any] | None:
     return out
 
 
+def _pool(pool: Pool | None) -> dict[str, Any] | None:
+    """``_inv(pool.inventory)``, without making the inventory of a pool that has no settings
+    (a plain :class:`Pool`: its capacity is its total, nothing held back, ratio 1)."""
+    if pool is None:
+        return None
+    if type(pool) is Pool:
+        capacity, free = pool.capacity, pool.free
+        return {"capacity": capacity, "reserved": capacity - free, "free": free}
+    return _inv(pool.inventory)
+
+
 def _node_status(slot: NodeSlot) -> dict[str, Any]:
     node = slot.node
     runtimes = {}
     for rt in slot.runtimes:
         runtimes[rt.runtime.id] = {
             "type": rt.runtime.type,
-            "slots": _inv(rt.slots),  # None: unlimited
-            "cpu": _inv(rt.cpu),
-            "ram": _inv(rt.ram),
+            "slots": _pool(rt.slot_pool),  # None: unlimited
+            "cpu": _pool(rt.cpu_pool),
+            "ram": _pool(rt.ram_pool),
         }
     resources = {}
     for name, state in sorted(slot.resources.items()):
@@ -96,11 +107,11 @@ def _node_status(slot: NodeSlot) -> dict[str, Any]:
         "connected": node.connected,
         "priority": slot.priority,
         "labels": sorted(slot.labels),
-        "cpu": _inv(slot.cpu),
-        "ram": _inv(slot.ram),
+        "cpu": _pool(slot.cpu_pool),
+        "ram": _pool(slot.ram_pool),
         "partitions": {
-            "storage": _inv(slot.partition("storages")),
-            "state": _inv(slot.partition("states")),
+            "storage": _partition(slot, "storages"),
+            "state": _partition(slot, "states"),
         },
         "runtimes": runtimes,
         "resources": resources,
@@ -109,6 +120,11 @@ def _node_status(slot: NodeSlot) -> dict[str, Any]:
         **_system_usage(node),
         **_reported_at(node),
     }
+
+
+def _partition(slot: NodeSlot, kind: str) -> dict[str, Any] | None:
+    key = slot.partition_of.get(kind)
+    return _pool(slot.partition_pools[key]) if key is not None else None
 
 
 def _reported_at(node: Node) -> dict[str, Any]:

@@ -1,6 +1,7 @@
-"""The status report reads every node's state from the balance's own final state instead of
-replaying its result: the same entries, in every mode, with preemption, rebalances and a
-changed set of services; and the report a run writes is the same bytes either way."""
+"""The status report's node entries made the fast way equal the reference: every node's state
+read from the balance's own final state instead of a replay of its result (in every mode, with
+preemption, rebalances and a changed set of services; the report a run writes is the same bytes
+either way), and a pool's entry made without its inventory object."""
 
 from __future__ import annotations
 
@@ -23,10 +24,11 @@ from reconciler.controller.reconcile import (
     ReconcileOptions,
     reconcile,
 )
-from reconciler.controller.status import _node_status
+from reconciler.controller.status import _inv, _node_status, _pool
+from reconciler.model.inventory import Inventory
 from reconciler.placement.balancer import run_balance
 from reconciler.placement.instances import Mode
-from reconciler.placement.nodestate import NodeSlot
+from reconciler.placement.nodestate import InventoryPool, NodeSlot, Pool
 from tests.support.balancer_scenarios import SETTINGS, Scenario, scenarios
 from tests.support.builders import previous_of
 
@@ -112,3 +114,36 @@ def test_a_cold_runs_report_is_the_replayed_one(tmp_path: Path, shape: str, cach
         final = _cold(tmp_path / "final", final=True, cache=cache)
     replayed = _cold(tmp_path / "replayed", final=False, cache=cache)
     assert final == replayed
+
+
+@given(
+    capacity=st.integers(0, 10**12),
+    used=st.integers(0, 10**12),
+    settings=st.none()
+    | st.tuples(
+        st.integers(0, 10**6),  # reserved
+        st.sampled_from([1.0, 0.5, 1.5, 2.0, 16.0]),  # allocation ratio
+        st.integers(1, 4),  # min unit
+        st.integers(1, 4),  # step size
+    ),
+)
+def test_a_pools_entry_is_its_inventorys(
+    capacity: int, used: int, settings: tuple[int, float, int, int] | None
+) -> None:
+    """The report's pool entries are made from the pool without its inventory object where it
+    has no settings: the same entry as from the inventory."""
+    if settings is None:
+        pool: Pool = Pool("cpu", capacity)
+    else:
+        reserved, ratio, min_unit, step = settings
+        spec = Inventory(
+            "cpu",
+            total=capacity + reserved,
+            reserved=reserved,
+            allocation_ratio=ratio,
+            min_unit=min_unit,
+            step_size=step,
+        )
+        pool = InventoryPool(spec)
+    pool.free -= min(used, pool.capacity)
+    assert _pool(pool) == _inv(pool.inventory)
