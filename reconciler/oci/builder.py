@@ -780,11 +780,11 @@ def _build_reference(
 #
 # Most of a config depends on the service only: its part is computed once per service object
 # (per build_all call, see RunLookups.part) and each instance copies it and fills in the rest.
-# An instance with no named resource and no pool device (most) is not even built as a dict:
-# its service's config.json is serialized once with a marker in place of each value of the
-# instance (a _Template), and each instance's bytes are the template's pieces joined with its
-# values. The shared lists and dicts below and in a _ServicePart go into many configs' dicts,
-# which are only serialized: never mutate them.
+# An instance with no named resource and whose pool devices (if any) give it nothing but their
+# ids (most) is not even built as a dict: its service's config.json is serialized once with a
+# marker in place of each value of the instance (a _Template), and each instance's bytes are
+# the template with its values. The shared lists and dicts below and in a _ServicePart go into
+# many configs' dicts, which are only serialized: never mutate them.
 
 _INSTANCE_ENV = ("INSTANCE_ID", "ITEM_ID", "SUBJECT_ID", "INSTANCE_INDEX")
 _DENY_ALL: dict[str, Any] = {"allow": False, "access": "rwm"}
@@ -838,13 +838,16 @@ class _IndexedDraft(_Draft):
 _MARK_ID, _MARK_INDEX, _MARK_HOSTNAME = "\0e\0", "\0x\0", "\0i\0"
 _MARK_ROOTFS, _MARK_HOSTS, _MARK_RESOLV, _MARK_NETNS = "\0r\0", "\0h\0", "\0d\0", "\0p\0"
 _MARK_UID, _MARK_GID, _MARK_QUOTA = "\0U\0", "\0G\0", "\0Q\0"
-_MARKER_RE = re.compile(rb'"\\u0000([exirhdpUGQ])\\u0000"')
+_MARK_POOLS = tuple(f"\0{k}\0" for k in range(10))  # the pool devices' env entries, in order
+_MARKER_RE = re.compile(rb'"\\u0000([exirhdpUGQ0-9])\\u0000"')
 _NUL = b"\\u0000"  # how a NUL is written in JSON
-_FORMAT_KEYS = {letter: b"%(" + letter + b")b" for letter in (b"%c" % c for c in b"exirhdpUGQ")}
+_FORMAT_KEYS = {c: b"%(" + c + b")b" for c in (b"%c" % c for c in b"exirhdpUGQ0123456789")}
 
 _Template = bytes
 """A service's config.json with ``%(c)b`` in place of each value of the instance (``c``: the
-letter of its marker) and every other ``%`` doubled: ``template % values`` is an instance's."""
+letter or digit of its marker) and every other ``%`` doubled: ``template % values`` is an
+instance's."""
+_NO_TEMPLATE = b""  # (not made yet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -864,7 +867,9 @@ class _ServicePart:
     rlimits: list[dict[str, Any]]
     sysctl: dict[str, str]
     restart: str | None  # the restartPolicy annotation's value
-    templates: dict[bool, _Template | None] = field(default_factory=dict)  # by networked
+    templates: dict[tuple[bool, tuple[str, ...]], _Template | None] = field(
+        default_factory=dict
+    )  # by (networked, the resources of the pool devices)
 
     def instance_env(self, instance_id: str, index: object) -> list[str]:
         env = self.env.copy()
@@ -875,12 +880,15 @@ class _ServicePart:
         env[slot_index] = f"INSTANCE_INDEX={index}"
         return env
 
-    def template(self, networked: bool) -> _Template | None:
-        """The template of an instance without named resources or pool devices (None when
-        the service's own strings hold what looks like a marker: such are built as dicts)."""
-        if networked not in self.templates:
-            self.templates[networked] = _template(self, networked)
-        return self.templates[networked]
+    def template(self, networked: bool, pools: tuple[str, ...]) -> _Template | None:
+        """The template of an instance without named resources, whose pool devices are of
+        the resources ``pools`` and give it nothing but their ids (None when the service's own
+        strings hold what looks like a marker: such are built as dicts)."""
+        key = (networked, pools)
+        template = self.templates.get(key, _NO_TEMPLATE)
+        if template is _NO_TEMPLATE:
+            template = self.templates[key] = _template(self, networked, pools)
+        return template
 
 
 def _service_part(service: Service) -> _ServicePart:
@@ -1018,7 +1026,7 @@ def _assemble(
     return config
 
 
-def _template(part: _ServicePart, networked: bool) -> _Template | None:
+def _template(part: _ServicePart, networked: bool, pools: tuple[str, ...]) -> _Template | None:
     service = part.service
     mounts = part.mounts.copy()
     if networked:
@@ -1030,6 +1038,15 @@ def _template(part: _ServicePart, networked: bool) -> _Template | None:
     env[slot_item] = f"ITEM_ID={service.id}"  # (the placement's: build checks they are equal)
     env[slot_subject] = f"SUBJECT_ID={service.subject}"
     env[slot_index] = _MARK_INDEX
+    env_at = part.env_at.copy()
+    for resource, mark in zip(pools, _MARK_POOLS, strict=False):  # as _apply_pool_devices
+        name = devices_env_name(resource)  # sets them: each replaces an entry of its name
+        at = env_at.get(name)
+        if at is None:
+            env_at[name] = len(env)
+            env.append(mark)
+        else:
+            env[at] = mark
     config = _assemble(
         part,
         env=env,
@@ -1063,8 +1080,10 @@ def _fill(
     gid: int,
     hosts_path: str,
     network: InstanceAddress | None,
+    pool_env: list[bytes],
 ) -> bytes:
-    """An instance's config.json from its service's template."""
+    """An instance's config.json from its service's template (``pool_env``: the env entries
+    of its pool devices, see :func:`_bare_pools`)."""
     instance_id = placement.instance_id
     dumps = orjson.dumps
     values = {
@@ -1081,7 +1100,33 @@ def _fill(
     if network is not None:
         values[b"d"] = dumps(_resolv(hosts_path))
         values[b"p"] = dumps(_netns(placement.node_id, instance_id))
+    values.update(zip(_FORMAT_DIGITS, pool_env, strict=False))
     return template % values
+
+
+_FORMAT_DIGITS = tuple(b"%d" % k for k in range(10))
+
+
+def _bare_pools(placement: Placement, node: Node) -> list[bytes] | None:
+    """The env entries (as JSON) an instance's pool devices set, by resource, when they give it
+    nothing else (no device, env, mount or annotation); None when one does, or is not on the
+    node (what :func:`_apply_pool_devices` does or says then), or when the instance has more
+    pool devices' resources than a template has markers."""
+    if len(placement.devices) > len(_MARK_POOLS):
+        return None
+    pools = {p.resource: p for p in node.devicePools}
+    out = []
+    for resource, ids in placement.devices:
+        pool = pools.get(resource)
+        if pool is None:
+            return None
+        by_id = {d.id: d for d in pool.devices}
+        for device_id in ids:
+            dev = by_id.get(device_id)
+            if dev is None or dev.devices or dev.envs or dev.mounts or dev.annotations:
+                return None
+        out.append(orjson.dumps(f"{devices_env_name(resource)}={','.join(ids)}"))
+    return out
 
 
 def _build_fast(
@@ -1121,11 +1166,16 @@ def _build_fast(
             raise _Fail(str(e)) from None
     hostname = service.hostname or placement.instance_id
     hosts = _hosts(service, hostname, network)
-    if not service.resources and not placement.devices:
-        template = part.template(network is not None)
-        if template is not None:
-            data = _fill(template, placement, quota, rootfs, uid, gid, hosts_path, network)
-            return BuiltConfig(data, hosts)
+    if not service.resources:
+        pool_env = _bare_pools(placement, node) if placement.devices else []
+        if pool_env is not None:
+            pools = tuple(resource for resource, _ in placement.devices)
+            template = part.template(network is not None, pools)
+            if template is not None:
+                data = _fill(
+                    template, placement, quota, rootfs, uid, gid, hosts_path, network, pool_env
+                )
+                return BuiltConfig(data, hosts)
     env = part.instance_env(placement.instance_id, placement.index)
     mounts = part.mounts.copy()
     draft = _IndexedDraft(env, part.env_at.copy(), mounts)

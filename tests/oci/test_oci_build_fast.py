@@ -152,6 +152,8 @@ def _resource(name: str, variant: int) -> dict[str, Any]:
 
 
 def _pool(variant: int) -> dict[str, Any]:
+    """A device pool: g0 gives devices, envs, mounts and annotations, g1 devices, g4 envs, g5
+    mounts, g6 annotations; g2 and g3 only their ids."""
     g0: dict[str, Any] = {
         "id": "g0",
         "devices": ["/dev/zero:/dev/g0"],
@@ -159,12 +161,21 @@ def _pool(variant: int) -> dict[str, Any]:
         "mounts": [{"destination": "/opt/g0", "source": "/srv/g0"}],
         "annotations": {"example.com/g0": "yes", "a%": "%(x)b"},
     }
-    g1: dict[str, Any] = {"id": "g1", "devices": ["/dev/null:/dev/g1:r"], "envs": ["G=1"]}
+    g1: dict[str, Any] = {"id": "g1", "devices": ["/dev/null:/dev/g1:r"]}
     if variant == 1:  # a device whose lookup gives an invalid major
         g1["devices"] = ["/dev/bad:/dev/g1"]
     if variant == 2:
         g0["annotations"] = {"org.reconciler.x": "1"}
-    return {"resource": "example.com/gpu", "policy": "exclusive", "devices": [g0, g1]}
+    bare = [{"id": "g2"}, {"id": "g3", "memory": "1Gi"}]
+    g4 = {"id": "g4", "envs": ["G=4"]}
+    g5 = {"id": "g5", "mounts": [{"destination": "/opt/g5", "source": "/srv/g5"}]}
+    g6 = {"id": "g6", "annotations": {"example.com/g6": "%s"}}
+    devices = [g0, g1, *bare, g4, g5, g6]
+    return {"resource": "example.com/gpu", "policy": "exclusive", "devices": devices}
+
+
+# its env entry has the name of example.com/gpu's (DEVICES_EXAMPLE_COM_GPU): the last one wins
+TWIN_POOL = {"resource": "example.com-gpu", "policy": "exclusive", "devices": [{"id": "b0"}]}
 
 
 @st.composite
@@ -175,7 +186,7 @@ def nodes(draw: st.DrawFn) -> Node:
     ]
     return make_node(
         resources=resources,
-        pools=[_pool(draw(st.integers(0, 2)))],
+        pools=[_pool(draw(st.integers(0, 2))), TWIN_POOL],
         dmips=draw(st.sampled_from([1000, 4000, 2**40, 0])),  # 0: no cpu quota
         cores=draw(st.sampled_from([1, 4, 64])),
     )
@@ -233,6 +244,19 @@ POOL_DEVICES: list[tuple[tuple[str, Sequence[str]], ...]] = [
     (("example.com/gpu", ("g1", "g0")),),
     (("example.com/gpu", ("gX",)),),  # no such device
     (("example.com/tpu", ("g0",)),),  # no such pool
+    (("example.com/gpu", ("g2",)),),  # ids only: the template's path
+    (("example.com/gpu", ("g3", "g2")),),
+    (("example.com/gpu", ()),),
+    (("example.com-gpu", ("b0",)), ("example.com/gpu", ("g2",))),
+    (("example.com/gpu", ("g3",)), ("example.com-gpu", ("b0",))),
+    (("example.com/gpu", ("g2", "g0")),),  # one with more than ids
+    (("example.com/gpu", ("g2", "g4")),),
+    (("example.com/gpu", ("g5", "g2")),),
+    (("example.com/gpu", ("g6",)),),
+    (("example.com/gpu", ("g1",)),),
+    (("example.com-gpu", ("b0",)), ("example.com/gpu", ("g1",))),
+    (("example.com/gpu", ("g2",)), ("example.com/tpu", ("g0",))),
+    (("example.com/gpu", ("g2", "gX")),),
 ]
 
 
@@ -319,10 +343,28 @@ def test_a_service_part_is_made_once_per_call_and_its_template_used() -> None:
         parts.add(id(lookups.part(svc)))
     assert len(parts) == 1
     part = lookups.part(svc)
-    assert set(part.templates) == {False} and part.templates[False] is not None
+    assert set(part.templates) == {(False, ())} and part.templates[(False, ())] is not None
     (job,) = _jobs(svc, node, 1, net=("default", "10.0.0.1"))
     assert_same(oci.build_job(job, lookups, POLICY), reference(job), "networked")
-    assert set(part.templates) == {False, True} and part.templates[True] is not None
+    assert set(part.templates) == {(False, ()), (True, ())}
+    assert part.templates[(True, ())] is not None
+
+
+def test_instances_whose_pool_devices_give_only_ids_are_built_from_a_template() -> None:
+    svc = make_service(image={"cmd": ["run"], "env": ["DEVICES_EXAMPLE_COM_GPU=x", "Z=1"]})
+    node = make_node(pools=[_pool(0), TWIN_POOL])
+    lookups = RunLookups(GROUPS, DEVICES)
+    gpu, twin = "example.com/gpu", "example.com-gpu"
+    for devices in [((gpu, ("g2",)),), ((gpu, ("g3", "g2")),), ((twin, ("b0",)), (gpu, ("g3",)))]:
+        for job in _jobs(svc, node, 2, devices=devices):
+            assert_same(oci.build_job(job, lookups, POLICY), reference(job), str(devices))
+    more = [((gpu, (g,)),) for g in ("g0", "g1", "g4", "g5", "g6", "g9")]  # (g9: not there)
+    for devices in more:
+        for job in _jobs(svc, node, 2, devices=devices):
+            assert_same(oci.build_job(job, lookups, POLICY), reference(job), str(devices))
+    templates = lookups.part(svc).templates
+    assert set(templates) == {(False, (gpu,)), (False, (twin, gpu))}
+    assert None not in templates.values()
 
 
 def test_a_service_whose_strings_look_like_markers_is_built_without_a_template() -> None:
@@ -331,7 +373,7 @@ def test_a_service_whose_strings_look_like_markers_is_built_without_a_template()
     lookups = RunLookups(GROUPS, DEVICES)
     for job in _jobs(svc, node, 3):
         assert_same(oci.build_job(job, lookups, POLICY), reference(job), job.placement.label)
-    assert lookups.part(svc).templates == {False: None}
+    assert lookups.part(svc).templates == {(False, ()): None}
 
 
 def test_an_instance_failing_midway_leaves_the_others_of_its_service_as_built_alone() -> None:
