@@ -19,8 +19,10 @@ import ipaddress
 import json
 import posixpath
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Literal, Protocol
 
 import orjson
@@ -850,10 +852,11 @@ instance's."""
 _NO_TEMPLATE = b""  # (not made yet)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _ServicePart:
     """What a config takes from its service alone: steps 1-7 of :func:`_build_reference` but
-    for the instance env's values and the cpu quota (which needs the node)."""
+    for the instance env's values and the cpu quota (which needs the node). Never changed once
+    made, but for its templates (its lists and dicts are shared: copy them to change them)."""
 
     service: Service  # (kept: a part is found by the id of its service)
     nothing_to_run: bool
@@ -867,6 +870,7 @@ class _ServicePart:
     rlimits: list[dict[str, Any]]
     sysctl: dict[str, str]
     restart: str | None  # the restartPolicy annotation's value
+    templated: bool  # instances are built from templates (worth it for a few instances or more)
     templates: dict[tuple[bool, tuple[str, ...]], _Template | None] = field(
         default_factory=dict
     )  # by (networked, the resources of the pool devices)
@@ -891,12 +895,11 @@ class _ServicePart:
         return template
 
 
-def _service_part(service: Service) -> _ServicePart:
-    image = service.image
-    args = [*image.entrypoint, *image.cmd]
+def _env_of(image_env: Sequence[str]) -> tuple[list[str], dict[str, int]]:
+    """The env (and its index) after the defaults, the image's and the instance env's names."""
     env = list(DEFAULT_ENV)
     env_at = {_env_name(e): i for i, e in enumerate(env)}
-    for entry in (*image.env, *(f"{name}=" for name in _INSTANCE_ENV)):
+    for entry in (*image_env, *(f"{name}=" for name in _INSTANCE_ENV)):
         name = _env_name(entry)
         at = env_at.get(name)
         if at is None:
@@ -904,6 +907,16 @@ def _service_part(service: Service) -> _ServicePart:
             env.append(entry)
         else:
             env[at] = entry
+    return env, env_at
+
+
+_PLAIN_ENV = _env_of(())  # (an image without env: most; copied)
+
+
+def _service_part(service: Service, templated: bool = False) -> _ServicePart:
+    image = service.image
+    args = [*image.entrypoint, *image.cmd]
+    env, env_at = _env_of(image.env) if image.env else _PLAIN_ENV
     slots = (
         env_at["INSTANCE_ID"],
         env_at["ITEM_ID"],
@@ -939,6 +952,7 @@ def _service_part(service: Service) -> _ServicePart:
         rlimits=rlimits,
         sysctl={key: service.sysctl[key] for key in sorted(service.sysctl)},
         restart=None if restart == "always" else restart,
+        templated=templated,
     )
 
 
@@ -1166,7 +1180,7 @@ def _build_fast(
             raise _Fail(str(e)) from None
     hostname = service.hostname or placement.instance_id
     hosts = _hosts(service, hostname, network)
-    if not service.resources:
+    if part.templated and not service.resources:
         pool_env = _bare_pools(placement, node) if placement.devices else []
         if pool_env is not None:
             pools = tuple(resource for resource, _ in placement.devices)
@@ -1246,20 +1260,31 @@ class RunLookups:
     so that a memoized build can be checked against this call's answers.
 
     It also keeps, for the call, the part of a config that depends on the service alone,
-    computed once per service object (:meth:`part`): a pure function of the (frozen) service."""
+    computed once per service object (:meth:`part`): a pure function of the (frozen) service.
+    ``jobs``: the call's jobs, when known: a service with a few of them or more gets a template
+    of its configs (more work once, less per instance); unknown: every service does."""
 
-    def __init__(self, groups: GroupLookup, devices: DeviceLookup) -> None:
+    def __init__(
+        self, groups: GroupLookup, devices: DeviceLookup, jobs: Sequence[ConfigJob] | None = None
+    ) -> None:
         self._groups = groups
         self._devices = devices
         self._gids: dict[str, int | None] = {}
         self._nodes: dict[str, tuple[DeviceNode, ...] | str] = {}  # str: the lookup's error
         self._parts: dict[int, _ServicePart] = {}  # id of the service (the part holds it)
+        self._jobs = jobs
+        self._per_service: Counter[int] | None = None  # jobs per id of a service (held by them)
         self.asked: list[Asked] = []
 
     def part(self, service: Service) -> _ServicePart:
         part = self._parts.get(id(service))
         if part is None or part.service is not service:
-            part = self._parts[id(service)] = _service_part(service)
+            templated = True
+            if self._jobs is not None:
+                if self._per_service is None:  # (counted once a build needs it)
+                    self._per_service = Counter(map(id, map(_SERVICE, self._jobs)))
+                templated = self._per_service[id(service)] >= _TEMPLATED_FROM
+            part = self._parts[id(service)] = _service_part(service, templated)
         return part
 
     def gid(self, name: str) -> int | None:
@@ -1295,6 +1320,12 @@ class RunLookups:
             raise DeviceLookupError(answer)
         return answer
 
+
+_SERVICE = attrgetter("service")
+_TEMPLATED_FROM = 4
+"""The jobs of a service in a call from which its instances are built from a template (measured
+on 20,000 instances: with 4 per service, as fast as without; with 7, 25 % faster; with 1, 2 and
+3, slower)."""
 
 Asked = tuple[Literal["group", "device"], str, object]
 """A host lookup a build made: (kind, group name or host device path, the answer)."""
@@ -1374,10 +1405,11 @@ def build_all(
     same answers). This is the reference: a watcher builds through
     :class:`reconciler.accel.build.BuildMemo`, which gives the same result and reuses the last
     call's builds whose inputs and host answers are unchanged."""
-    lookups = RunLookups(groups, devices)
+    todo = list(jobs)
+    lookups = RunLookups(groups, devices, todo)
     built: dict[str, BuiltConfig] = {}
     errors: dict[str, str] = {}
-    for job in jobs:
+    for job in todo:
         outcome = build_job(job, lookups, policy)
         if isinstance(outcome, str):
             errors[job.placement.instance_id] = outcome

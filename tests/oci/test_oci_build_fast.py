@@ -110,8 +110,11 @@ def assert_same(got: BuiltConfig | str, expected: BuiltConfig | str, how: str) -
 
 # text with what JSON escapes, what %-formatting reads, and what looks like a template's marker
 TOKENS = ["a", "Z", "0", "_", "-", ".", "/", " ", "=", "%", "%%", "%(e)b", "%s", "\\", '"', "'"]
-TOKENS += ["é", "☃", "\n", "\t", "\x01", "\x7f", "\\u0000", "\\u0000e\\u0000", '"\\u0000U\\u0000"']
-TEXT = st.lists(st.sampled_from(TOKENS), max_size=5).map("".join)
+TOKENS += ["é", "☃", "\n", "\t", "\x01", "\x7f"]
+MARKERS = ["\\u0000", "\\u0000e\\u0000", '"\\u0000U\\u0000"']  # as a template writes its own
+TEXT = st.lists(st.sampled_from(TOKENS), max_size=5).map("".join) | st.lists(
+    st.sampled_from(TOKENS + MARKERS), max_size=5
+).map("".join)
 ENV_NAMES = ["PATH", "TERM", "HOME", "INSTANCE_ID", "ITEM_ID", "SUBJECT_ID", "INSTANCE_INDEX"]
 ENV_NAMES += ["G", "GPU_NAME", "DEVICES_EXAMPLE_COM_GPU", "A%"]
 ENV = st.builds(lambda n, v: f"{n}={v}", st.sampled_from(ENV_NAMES), TEXT)
@@ -264,7 +267,7 @@ POOL_DEVICES: list[tuple[tuple[str, Sequence[str]], ...]] = [
 def jobs_of(draw: st.DrawFn, svc: Service, node: Node) -> list[ConfigJob]:
     """Instances of one service (mostly good, some failing at one of the caller's checks)."""
     jobs = []
-    for index in draw(st.sets(st.integers(0, 20), min_size=1, max_size=4)):
+    for index in draw(st.sets(st.integers(0, 20), min_size=1, max_size=6)):
         devices = draw(st.sampled_from(POOL_DEVICES)) if draw(st.booleans()) else ()
         p = make_placement(svc, node, index, devices)
         iid = p.instance_id
@@ -365,6 +368,16 @@ def test_instances_whose_pool_devices_give_only_ids_are_built_from_a_template() 
     templates = lookups.part(svc).templates
     assert set(templates) == {(False, (gpu,)), (False, (twin, gpu))}
     assert None not in templates.values()
+
+
+def test_a_template_is_made_for_a_service_with_a_few_jobs_in_the_call_or_more() -> None:
+    many, one = make_service(id="com.example.many"), make_service(id="com.example.one")
+    node = make_node()
+    jobs = [*_jobs(many, node, oci._TEMPLATED_FROM), *_jobs(one, node, 1)]
+    lookups = RunLookups(GROUPS, DEVICES, jobs)
+    for job in jobs:
+        assert_same(oci.build_job(job, lookups, POLICY), reference(job), job.placement.label)
+    assert lookups.part(many).templates and not lookups.part(one).templates
 
 
 def test_a_service_whose_strings_look_like_markers_is_built_without_a_template() -> None:
