@@ -1192,17 +1192,24 @@ def _build_fast(
                 return BuiltConfig(data, hosts)
     env = part.instance_env(placement.instance_id, placement.index)
     mounts = part.mounts.copy()
-    draft = _IndexedDraft(env, part.env_at.copy(), mounts)
-    if service.resources:
-        _apply_resources(draft, service, node, groups, devices, policy)
-    if placement.devices:
-        _apply_pool_devices(draft, placement, node, devices, policy)
+    gids: list[int] = []
+    devs: list[dict[str, Any]] = []
+    rules: list[dict[str, Any]] = []
+    annotations: dict[str, str] = {}
+    if service.resources or placement.devices:
+        draft = _IndexedDraft(env, part.env_at.copy(), mounts)
+        if service.resources:
+            _apply_resources(draft, service, node, groups, devices, policy)
+        if placement.devices:
+            _apply_pool_devices(draft, placement, node, devices, policy)
+        gids, devs, rules = draft.gids, draft.devices, draft.rules
+        annotations = dict(sorted(draft.annotations.items()))
+        hosts += "".join(f"{ip} {name}\n" for ip, name in draft.hosts)
     netns = None
     if network is not None:
         netns = _netns(placement.node_id, placement.instance_id)
         resolv = _resolv(hosts_path)
         _put_mount(mounts, _mount("/etc/resolv.conf", "bind", resolv, _HOSTS_OPTIONS))
-    hosts += "".join(f"{ip} {name}\n" for ip, name in draft.hosts)
     _put_mount(mounts, _mount("/etc/hosts", "bind", hosts_path, _HOSTS_OPTIONS))
     config = _assemble(
         part,
@@ -1214,12 +1221,12 @@ def _build_fast(
         rootfs=rootfs,
         uid=uid,
         gid=gid,
-        gids=draft.gids,
-        devices=draft.devices,
-        rules=draft.rules,
-        annotations=dict(sorted(draft.annotations.items())),
+        gids=gids,
+        devices=devs,
+        rules=rules,
+        annotations=annotations,
     )
-    if draft.rules:  # (without an allow rule, nothing the final check reads can be wrong)
+    if rules:  # (without an allow rule, nothing the final check reads can be wrong)
         _check_final(config)
     return BuiltConfig.of(config, hosts)
 
