@@ -10,6 +10,11 @@ The steps run in the order of SPEC §11 (see docs/oci.md): defaults, uid/gid, ro
 the image, instance env, hostname and sysctl, quotas, the named resources in the service's order,
 the allocated pool devices, hosts. Every problem is an :class:`OciError` with one line naming the
 instance and the cause; :func:`build_all` builds many instances and keeps going past failures.
+
+The build computes what a config takes from its service alone once per service (per
+:func:`build_all` call), and for a service with several instances serializes its config.json
+once with markers where each instance's values go; ``_build_reference`` is the same build step
+by step, which the tests compare it with (bytes and errors).
 """
 
 from __future__ import annotations
