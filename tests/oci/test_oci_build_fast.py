@@ -1,9 +1,10 @@
 """The fast OCI build equals the step-by-step reference (issue 26).
 
 ``build_config``, ``build_all`` and ``BuildMemo.build_all`` build a config from its service's
-part (computed once per service per call) and, for an instance without named resources or
-pool devices, from its service's config.json template. ``_build_reference`` is the build step
-by step as SPEC §11 orders it. On drawn services (hostname or none, image env overriding the
+part (computed once per service per call) and, for an instance of a service with a few jobs in
+the call or more, without named resources and whose pool devices give it only their ids, from
+its service's config.json template. ``_build_reference`` is the build step by step as SPEC §11
+orders it. On drawn services (hostname or none, image env overriding the
 defaults and the instance env, every quota, sysctl, restartPolicy, named resources), nodes
 (resources and device pools, good and bad), placements, networks and caller inputs, every
 instance gives the reference's bytes and hosts file, or its very error message, whether built
