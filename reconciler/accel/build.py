@@ -152,7 +152,8 @@ class BuildMemo:
         built; the memo's entries of the other ids stay as they are (the caller knows each
         one's job is the very one of its entry, and that it asked the host nothing: see
         :meth:`asking`). The result holds the given jobs only."""
-        lookups = RunLookups(groups, devices)
+        todo = list(jobs)
+        lookups = RunLookups(groups, devices, todo)
         previous: dict[str, _Memoized] = {}
         interned: dict[tuple[Asked, ...], tuple[Asked, ...]] = {}
         same_lookups = self._lookups is not None and (
@@ -164,7 +165,6 @@ class BuildMemo:
             raise ValueError("a call with some jobs only needs the memo of the same lookups")
         # per id() of an asked tuple of `previous` (alive until the end of the call): it holds now
         checked: dict[int, bool] = {}
-        todo = list(jobs)
         iids = list(map(_instance_id_of, todo))
         olds: list[Any] = list(map(previous.get, iids, repeat(_ABSENT)))
         # a build whose job is the very object of the last call's, under the same policy, that

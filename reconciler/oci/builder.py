@@ -10,6 +10,11 @@ The steps run in the order of SPEC §11 (see docs/oci.md): defaults, uid/gid, ro
 the image, instance env, hostname and sysctl, quotas, the named resources in the service's order,
 the allocated pool devices, hosts. Every problem is an :class:`OciError` with one line naming the
 instance and the cause; :func:`build_all` builds many instances and keeps going past failures.
+
+The build computes what a config takes from its service alone once per service (per
+:func:`build_all` call), and for a service with several instances serializes its config.json
+once with markers where each instance's values go; ``_build_reference`` is the same build step
+by step, which the tests compare it with (bytes and errors).
 """
 
 from __future__ import annotations
@@ -19,9 +24,13 @@ import ipaddress
 import json
 import posixpath
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Literal, Protocol
+
+import orjson
 
 from reconciler.model.documents import Device, HostEntry, Mount, Node, Service
 from reconciler.model.jsonbytes import pretty_json
@@ -618,10 +627,9 @@ def build_config(
     container joins the namespace ``/run/netns/<nodeId>.<instanceId>`` the node agent makes,
     its hosts file names its address, and ``resolv.conf`` beside the hosts file is bound
     read-only at ``/etc/resolv.conf``."""
-    label = f"instance {placement.instance_id} ({placement.label})"
     try:
-        return _build(
-            service,
+        return _build_fast(
+            _service_part(service),
             placement,
             node,
             rootfs,
@@ -634,10 +642,14 @@ def build_config(
             network,
         )
     except _Fail as e:
-        raise OciError(label, str(e)) from None
+        raise OciError(_label(placement), str(e)) from None
 
 
-def _build(
+def _label(placement: Placement) -> str:
+    return f"instance {placement.instance_id} ({placement.label})"
+
+
+def _build_reference(
     service: Service,
     placement: Placement,
     node: Node,
@@ -650,6 +662,9 @@ def _build(
     policy: DevicePolicy,
     network: InstanceAddress | None = None,
 ) -> BuiltConfig:
+    """The build step by step in the order of SPEC §11, as docs/oci.md describes it: the
+    reference that :func:`_build_fast` (what :func:`build_config` runs) must equal byte for
+    byte and error for error (the tests compare them on drawn inputs). Change both together."""
     if service.key != (placement.item_id, placement.subject_id):
         raise _Fail(f"service {service.id}:{service.subject} does not match the placement")
     if node.id != placement.node_id:
@@ -768,6 +783,459 @@ def _build(
     return BuiltConfig.of(config, hosts)
 
 
+# ---------------------------------------------------------------- the fast build
+#
+# Most of a config depends on the service only: its part is computed once per service object
+# (per build_all call, see RunLookups.part) and each instance copies it and fills in the rest.
+# An instance with no named resource and whose pool devices (if any) give it nothing but their
+# ids (most) is not even built as a dict: its service's config.json is serialized once with a
+# marker in place of each value of the instance (a _Template), and each instance's bytes are
+# the template with its values. The shared lists and dicts below and in a _ServicePart go into
+# many configs' dicts, which are only serialized: never mutate them.
+
+_INSTANCE_ENV = ("INSTANCE_ID", "ITEM_ID", "SUBJECT_ID", "INSTANCE_INDEX")
+_DENY_ALL: dict[str, Any] = {"allow": False, "access": "rwm"}
+_SHARED_CAPS = list(_CAPABILITIES)
+_SHARED_CAPABILITIES = {
+    "bounding": _SHARED_CAPS,
+    "effective": _SHARED_CAPS,
+    "permitted": _SHARED_CAPS,
+}
+_SHARED_NAMESPACES: list[dict[str, Any]] = [{"type": t} for t in _NAMESPACES]
+_SHARED_MASKED = list(_MASKED_PATHS)
+_SHARED_READONLY = list(_READONLY_PATHS)
+_SHARED_MOUNTS = [_mount(d, t, s, o) for d, t, s, o in _DEFAULT_MOUNTS]
+
+
+def _env_name(entry: str) -> str:
+    return entry.split("=", 1)[0]
+
+
+def _put_mount(mounts: list[dict[str, Any]], mount: dict[str, Any]) -> None:
+    """:meth:`_Draft.set_mount` on a list."""
+    destination = mount["destination"]
+    for i, existing in enumerate(mounts):
+        if existing["destination"] == destination:
+            mounts[i] = mount
+            return
+    mounts.append(mount)
+
+
+class _IndexedDraft(_Draft):
+    """A :class:`_Draft` whose env is found by name through an index (name -> position)."""
+
+    def __init__(
+        self, env: list[str], env_at: dict[str, int], mounts: list[dict[str, Any]]
+    ) -> None:
+        super().__init__(env, mounts)
+        self.env_at = env_at
+
+    def set_env(self, entry: str) -> None:
+        name = _env_name(entry)
+        at = self.env_at.get(name)
+        if at is None:
+            self.env_at[name] = len(self.env)
+            self.env.append(entry)
+        else:
+            self.env[at] = entry
+
+
+# A template's markers: a string of NUL (which no string of a document holds), one letter and
+# NUL in place of each value of the instance (a number too: the marker's quotes go with it).
+_MARK_ID, _MARK_INDEX, _MARK_HOSTNAME = "\0e\0", "\0x\0", "\0i\0"
+_MARK_ROOTFS, _MARK_HOSTS, _MARK_RESOLV, _MARK_NETNS = "\0r\0", "\0h\0", "\0d\0", "\0p\0"
+_MARK_UID, _MARK_GID, _MARK_QUOTA = "\0U\0", "\0G\0", "\0Q\0"
+_MARK_POOLS = tuple(f"\0{k}\0" for k in range(10))  # the pool devices' env entries, in order
+_MARKER_RE = re.compile(rb'"\\u0000([exirhdpUGQ0-9])\\u0000"')
+_NUL = b"\\u0000"  # how a NUL is written in JSON
+_FORMAT_KEYS = {c: b"%(" + c + b")b" for c in (b"%c" % c for c in b"exirhdpUGQ0123456789")}
+
+_Template = bytes
+"""A service's config.json with ``%(c)b`` in place of each value of the instance (``c``: the
+letter or digit of its marker) and every other ``%`` doubled: ``template % values`` is an
+instance's."""
+_NO_TEMPLATE = b""  # (not made yet)
+
+
+@dataclass(slots=True)
+class _ServicePart:
+    """What a config takes from its service alone: steps 1-7 of :func:`_build_reference` but
+    for the instance env's values and the cpu quota (which needs the node). Never changed once
+    made, but for its templates (its lists and dicts are shared: copy them to change them)."""
+
+    service: Service  # (kept: a part is found by the id of its service)
+    nothing_to_run: bool
+    args: list[str]
+    env: list[str]  # defaults, the image's, then the instance env's names (values filled in)
+    env_at: dict[str, int]  # env: name -> position
+    slots: tuple[int, int, int, int]  # env: the positions of _INSTANCE_ENV
+    mounts: list[dict[str, Any]]  # the defaults and /tmp
+    cpu_limit: int | None
+    limits: dict[str, Any]  # linux.resources' memory and pids
+    rlimits: list[dict[str, Any]]
+    sysctl: dict[str, str]
+    restart: str | None  # the restartPolicy annotation's value
+    templated: bool  # instances are built from templates (worth it for a few instances or more)
+    templates: dict[tuple[bool, tuple[str, ...]], _Template | None] = field(
+        default_factory=dict
+    )  # by (networked, the resources of the pool devices)
+
+    def instance_env(self, instance_id: str, index: object) -> list[str]:
+        env = self.env.copy()
+        slot_id, slot_item, slot_subject, slot_index = self.slots
+        env[slot_id] = f"INSTANCE_ID={instance_id}"
+        env[slot_item] = f"ITEM_ID={self.service.id}"
+        env[slot_subject] = f"SUBJECT_ID={self.service.subject}"
+        env[slot_index] = f"INSTANCE_INDEX={index}"
+        return env
+
+    def template(self, networked: bool, pools: tuple[str, ...]) -> _Template | None:
+        """The template of an instance without named resources, whose pool devices are of
+        the resources ``pools`` and give it nothing but their ids (None when the service's own
+        strings hold what looks like a marker: such are built as dicts)."""
+        key = (networked, pools)
+        template = self.templates.get(key, _NO_TEMPLATE)
+        if template is _NO_TEMPLATE:
+            template = self.templates[key] = _template(self, networked, pools)
+        return template
+
+
+def _env_of(image_env: Sequence[str]) -> tuple[list[str], dict[str, int]]:
+    """The env (and its index) after the defaults, the image's and the instance env's names."""
+    env = list(DEFAULT_ENV)
+    env_at = {_env_name(e): i for i, e in enumerate(env)}
+    for entry in (*image_env, *(f"{name}=" for name in _INSTANCE_ENV)):
+        name = _env_name(entry)
+        at = env_at.get(name)
+        if at is None:
+            env_at[name] = len(env)
+            env.append(entry)
+        else:
+            env[at] = entry
+    return env, env_at
+
+
+_PLAIN_ENV = _env_of(())  # (an image without env: most; copied)
+
+
+def _service_part(service: Service, templated: bool = False) -> _ServicePart:
+    image = service.image
+    args = [*image.entrypoint, *image.cmd]
+    env, env_at = _env_of(image.env) if image.env else _PLAIN_ENV
+    slots = (
+        env_at["INSTANCE_ID"],
+        env_at["ITEM_ID"],
+        env_at["SUBJECT_ID"],
+        env_at["INSTANCE_INDEX"],
+    )
+    quotas = service.quotas
+    limits: dict[str, Any] = {}
+    if quotas.ramLimit is not None:
+        limits["memory"] = {"limit": quotas.ramLimit}
+    if quotas.pidsLimit is not None:
+        limits["pids"] = {"limit": quotas.pidsLimit}
+    rlimits: list[dict[str, Any]] = []
+    if quotas.noFileLimit is not None:
+        rlimits.append(
+            {"type": "RLIMIT_NOFILE", "soft": quotas.noFileLimit, "hard": quotas.noFileLimit}
+        )
+    mounts = _SHARED_MOUNTS.copy()
+    if quotas.tmpLimit is not None:
+        options = (*_TMP_OPTIONS, f"size={quotas.tmpLimit}")
+        _put_mount(mounts, _mount("/tmp", "tmpfs", "tmpfs", options))
+    restart = service.restartPolicy
+    return _ServicePart(
+        service=service,
+        nothing_to_run=not args,
+        args=args,
+        env=env,
+        env_at=env_at,
+        slots=slots,
+        mounts=mounts,
+        cpu_limit=quotas.cpuDMIPSLimit,
+        limits=limits,
+        rlimits=rlimits,
+        sysctl={key: service.sysctl[key] for key in sorted(service.sysctl)},
+        restart=None if restart == "always" else restart,
+        templated=templated,
+    )
+
+
+def _netns(node_id: str, instance_id: str) -> str:
+    return f"{NETNS_DIR}/{node_id}.{instance_id}"
+
+
+def _resolv(hosts_path: str) -> str:
+    return hosts_path.rsplit("/", 1)[0] + "/resolv.conf"
+
+
+def _hosts(service: Service, hostname: str, network: InstanceAddress | None) -> str:
+    """The hosts file but for the named resources' entries."""
+    if network is None:
+        return f"127.0.0.1 localhost\n127.0.1.1 {hostname}\n"
+    net_id, address = network
+    named = f"{address}\t{net_id}" + (f" {service.hostname}" if service.hostname else "")
+    return f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n{named}\n"
+
+
+def _assemble(
+    part: _ServicePart,
+    *,
+    env: list[str],
+    hostname: str,
+    quota: object,
+    mounts: list[dict[str, Any]],
+    netns: str | None,
+    rootfs: str,
+    uid: object,
+    gid: object,
+    gids: list[int],
+    devices: list[dict[str, Any]],
+    rules: list[dict[str, Any]],
+    annotations: dict[str, str],
+) -> dict[str, Any]:
+    """The config of :func:`_build_reference` from its pieces (``mounts``: /etc/hosts and
+    /etc/resolv.conf included; ``quota``: None without a cpu limit)."""
+    user: dict[str, Any] = {"uid": uid, "gid": gid}
+    if gids:
+        user["additionalGids"] = gids
+    process: dict[str, Any] = {
+        "terminal": False,
+        "user": user,
+        "args": part.args,
+        "env": env,
+        "cwd": part.service.image.workingDir,
+        "capabilities": _SHARED_CAPABILITIES,
+        "noNewPrivileges": True,
+    }
+    if part.rlimits:
+        process["rlimits"] = part.rlimits
+    resources: dict[str, Any] = {"devices": [_DENY_ALL, *rules]}
+    if quota is not None:
+        resources["cpu"] = {"quota": quota, "period": CPU_PERIOD}
+    if part.limits:
+        resources.update(part.limits)
+    namespaces = _SHARED_NAMESPACES
+    if netns is not None:
+        namespaces = [
+            {"type": t, "path": netns} if t == "network" else {"type": t} for t in _NAMESPACES
+        ]
+    linux: dict[str, Any] = {
+        "resources": resources,
+        "namespaces": namespaces,
+        "maskedPaths": _SHARED_MASKED,
+        "readonlyPaths": _SHARED_READONLY,
+    }
+    if devices:
+        linux["devices"] = devices
+    if part.sysctl:
+        linux["sysctl"] = part.sysctl
+    config: dict[str, Any] = {
+        "ociVersion": OCI_VERSION,
+        "process": process,
+        "root": {"path": rootfs, "readonly": False},
+        "hostname": hostname,
+        "mounts": mounts,
+        "linux": linux,
+    }
+    if part.restart is not None:
+        annotations[RESTART_POLICY_ANNOTATION] = part.restart
+    if annotations:
+        config["annotations"] = annotations
+    return config
+
+
+def _template(part: _ServicePart, networked: bool, pools: tuple[str, ...]) -> _Template | None:
+    service = part.service
+    mounts = part.mounts.copy()
+    if networked:
+        _put_mount(mounts, _mount("/etc/resolv.conf", "bind", _MARK_RESOLV, _HOSTS_OPTIONS))
+    _put_mount(mounts, _mount("/etc/hosts", "bind", _MARK_HOSTS, _HOSTS_OPTIONS))
+    env = part.env.copy()
+    slot_id, slot_item, slot_subject, slot_index = part.slots
+    env[slot_id] = _MARK_ID
+    env[slot_item] = f"ITEM_ID={service.id}"  # (the placement's: build checks they are equal)
+    env[slot_subject] = f"SUBJECT_ID={service.subject}"
+    env[slot_index] = _MARK_INDEX
+    env_at = part.env_at.copy()
+    for resource, mark in zip(pools, _MARK_POOLS, strict=False):  # as _apply_pool_devices
+        name = devices_env_name(resource)  # sets them: each replaces an entry of its name
+        at = env_at.get(name)
+        if at is None:
+            env_at[name] = len(env)
+            env.append(mark)
+        else:
+            env[at] = mark
+    config = _assemble(
+        part,
+        env=env,
+        hostname=service.hostname or _MARK_HOSTNAME,
+        quota=None if part.cpu_limit is None else _MARK_QUOTA,
+        mounts=mounts,
+        netns=_MARK_NETNS if networked else None,
+        rootfs=_MARK_ROOTFS,
+        uid=_MARK_UID,
+        gid=_MARK_GID,
+        gids=[],
+        devices=[],
+        rules=[],
+        annotations={},
+    )
+    data = pretty_json(config)
+    cut = _MARKER_RE.split(data.replace(b"%", b"%%"))  # literal, letter, literal, ...
+    # every NUL written is a marker's (else a string of the service holds one: no template)
+    if data.count(_NUL) != len(cut) - 1:
+        return None
+    cut[1::2] = [_FORMAT_KEYS[letter] for letter in cut[1::2]]
+    return b"".join(cut)
+
+
+def _fill(
+    template: _Template,
+    placement: Placement,
+    quota: int | None,
+    rootfs: str,
+    uid: int,
+    gid: int,
+    hosts_path: str,
+    network: InstanceAddress | None,
+    pool_env: list[bytes],
+) -> bytes:
+    """An instance's config.json from its service's template (``pool_env``: the env entries
+    of its pool devices, see :func:`_bare_pools`)."""
+    instance_id = placement.instance_id
+    dumps = orjson.dumps
+    values = {
+        b"e": dumps(f"INSTANCE_ID={instance_id}"),
+        b"x": dumps(f"INSTANCE_INDEX={placement.index}"),
+        b"i": dumps(instance_id),
+        b"r": dumps(rootfs),
+        b"h": dumps(hosts_path),
+        b"U": dumps(uid),
+        b"G": dumps(gid),
+    }
+    if quota is not None:
+        values[b"Q"] = dumps(quota)
+    if network is not None:
+        values[b"d"] = dumps(_resolv(hosts_path))
+        values[b"p"] = dumps(_netns(placement.node_id, instance_id))
+    values.update(zip(_FORMAT_DIGITS, pool_env, strict=False))
+    return template % values
+
+
+_FORMAT_DIGITS = tuple(b"%d" % k for k in range(10))
+
+
+def _bare_pools(placement: Placement, node: Node) -> list[bytes] | None:
+    """The env entries (as JSON) an instance's pool devices set, by resource, when they give it
+    nothing else (no device, env, mount or annotation); None when one does, or is not on the
+    node (what :func:`_apply_pool_devices` does or says then), or when the instance has more
+    pool devices' resources than a template has markers."""
+    if len(placement.devices) > len(_MARK_POOLS):
+        return None
+    pools = {p.resource: p for p in node.devicePools}
+    out = []
+    for resource, ids in placement.devices:
+        pool = pools.get(resource)
+        if pool is None:
+            return None
+        by_id = {d.id: d for d in pool.devices}
+        for device_id in ids:
+            dev = by_id.get(device_id)
+            if dev is None or dev.devices or dev.envs or dev.mounts or dev.annotations:
+                return None
+        out.append(orjson.dumps(f"{devices_env_name(resource)}={','.join(ids)}"))
+    return out
+
+
+def _build_fast(
+    part: _ServicePart,
+    placement: Placement,
+    node: Node,
+    rootfs: str,
+    uid: int,
+    gid: int,
+    hosts_path: str,
+    groups: GroupLookup,
+    devices: DeviceLookup,
+    policy: DevicePolicy,
+    network: InstanceAddress | None,
+) -> BuiltConfig:
+    """:func:`_build_reference` from the service's part: the same bytes, the same errors."""
+    service = part.service
+    if service.key != (placement.item_id, placement.subject_id):
+        raise _Fail(f"service {service.id}:{service.subject} does not match the placement")
+    if node.id != placement.node_id:
+        raise _Fail(f"placed on node {placement.node_id!r}, not {node.id!r}")
+    if not rootfs.startswith("/"):
+        raise _Fail(f"rootfs {rootfs!r} is not an absolute path")
+    if not hosts_path.startswith("/"):
+        raise _Fail(f"hosts file path {hosts_path!r} is not absolute")
+    if not 0 <= uid <= _MAX_ID:
+        raise _Fail(f"uid {uid} is out of range")
+    if not 0 <= gid <= _MAX_ID:
+        raise _Fail(f"gid {gid} is out of range")
+    if part.nothing_to_run:
+        raise _Fail("the image has neither entrypoint nor cmd: nothing to run")
+    quota: int | None = None
+    if part.cpu_limit is not None:
+        try:
+            quota = cpu_quota(part.cpu_limit, node.numCores, node.maxDMIPS)
+        except ValueError as e:
+            raise _Fail(str(e)) from None
+    hostname = service.hostname or placement.instance_id
+    hosts = _hosts(service, hostname, network)
+    if part.templated and not service.resources:
+        pool_env = _bare_pools(placement, node) if placement.devices else []
+        if pool_env is not None:
+            pools = tuple(resource for resource, _ in placement.devices)
+            template = part.template(network is not None, pools)
+            if template is not None:
+                data = _fill(
+                    template, placement, quota, rootfs, uid, gid, hosts_path, network, pool_env
+                )
+                return BuiltConfig(data, hosts)
+    env = part.instance_env(placement.instance_id, placement.index)
+    mounts = part.mounts.copy()
+    gids: list[int] = []
+    devs: list[dict[str, Any]] = []
+    rules: list[dict[str, Any]] = []
+    annotations: dict[str, str] = {}
+    if service.resources or placement.devices:
+        draft = _IndexedDraft(env, part.env_at.copy(), mounts)
+        if service.resources:
+            _apply_resources(draft, service, node, groups, devices, policy)
+        if placement.devices:
+            _apply_pool_devices(draft, placement, node, devices, policy)
+        gids, devs, rules = draft.gids, draft.devices, draft.rules
+        annotations = dict(sorted(draft.annotations.items()))
+        hosts += "".join(f"{ip} {name}\n" for ip, name in draft.hosts)
+    netns = None
+    if network is not None:
+        netns = _netns(placement.node_id, placement.instance_id)
+        resolv = _resolv(hosts_path)
+        _put_mount(mounts, _mount("/etc/resolv.conf", "bind", resolv, _HOSTS_OPTIONS))
+    _put_mount(mounts, _mount("/etc/hosts", "bind", hosts_path, _HOSTS_OPTIONS))
+    config = _assemble(
+        part,
+        env=env,
+        hostname=hostname,
+        quota=quota,
+        mounts=mounts,
+        netns=netns,
+        rootfs=rootfs,
+        uid=uid,
+        gid=gid,
+        gids=gids,
+        devices=devs,
+        rules=rules,
+        annotations=annotations,
+    )
+    if rules:  # (without an allow rule, nothing the final check reads can be wrong)
+        _check_final(config)
+    return BuiltConfig.of(config, hosts)
+
+
 # ---------------------------------------------------------------- many instances
 
 
@@ -801,14 +1269,35 @@ class BuildResult:
 class RunLookups:
     """The host lookups of one :func:`build_all` call: each distinct question (a group name, a
     device path) is asked of the host once per call, and every answer a build used is recorded,
-    so that a memoized build can be checked against this call's answers."""
+    so that a memoized build can be checked against this call's answers.
 
-    def __init__(self, groups: GroupLookup, devices: DeviceLookup) -> None:
+    It also keeps, for the call, the part of a config that depends on the service alone,
+    computed once per service object (:meth:`part`): a pure function of the (frozen) service.
+    ``jobs``: the call's jobs, when known: a service with a few of them or more gets a template
+    of its configs (more work once, less per instance); unknown: every service does."""
+
+    def __init__(
+        self, groups: GroupLookup, devices: DeviceLookup, jobs: Sequence[ConfigJob] | None = None
+    ) -> None:
         self._groups = groups
         self._devices = devices
         self._gids: dict[str, int | None] = {}
         self._nodes: dict[str, tuple[DeviceNode, ...] | str] = {}  # str: the lookup's error
+        self._parts: dict[int, _ServicePart] = {}  # id of the service (the part holds it)
+        self._jobs = jobs
+        self._per_service: Counter[int] | None = None  # jobs per id of a service (held by them)
         self.asked: list[Asked] = []
+
+    def part(self, service: Service) -> _ServicePart:
+        part = self._parts.get(id(service))
+        if part is None or part.service is not service:
+            templated = True
+            if self._jobs is not None:
+                if self._per_service is None:  # (counted once a build needs it)
+                    self._per_service = Counter(map(id, map(_SERVICE, self._jobs)))
+                templated = self._per_service[id(service)] >= _TEMPLATED_FROM
+            part = self._parts[id(service)] = _service_part(service, templated)
+        return part
 
     def gid(self, name: str) -> int | None:
         if name not in self._gids:
@@ -843,6 +1332,12 @@ class RunLookups:
             raise DeviceLookupError(answer)
         return answer
 
+
+_SERVICE = attrgetter("service")
+_TEMPLATED_FROM = 4
+"""The jobs of a service in a call from which its instances are built from a template (measured
+on 20,000 instances: with 4 per service, as fast as without; with 7, 25 % faster; with 1, 2 and
+3, slower)."""
 
 Asked = tuple[Literal["group", "device"], str, object]
 """A host lookup a build made: (kind, group name or host device path, the answer)."""
@@ -891,22 +1386,23 @@ def build_job(job: ConfigJob, lookups: RunLookups, policy: DevicePolicy) -> Buil
     """One job's config, or its one-line error (an :class:`OciError`'s message). The host
     lookups it makes are recorded in ``lookups.asked`` (emptied first)."""
     lookups.asked = []
-    try:
-        return build_config(
-            job.service,
-            job.placement,
+    placement = job.placement
+    try:  # (build_config, with the service's part of this call)
+        return _build_fast(
+            lookups.part(job.service),
+            placement,
             job.node,
-            rootfs=job.rootfs,
-            uid=job.uid,
-            gid=job.gid,
-            hosts_path=job.hosts_path,
-            groups=lookups.group,
-            devices=lookups,
-            policy=policy,
-            network=job.network,
+            job.rootfs,
+            job.uid,
+            job.gid,
+            job.hosts_path,
+            lookups.group,
+            lookups,
+            policy,
+            job.network,
         )
-    except OciError as e:
-        return str(e)
+    except _Fail as e:
+        return str(OciError(_label(placement), str(e)))
 
 
 def build_all(
@@ -921,10 +1417,11 @@ def build_all(
     same answers). This is the reference: a watcher builds through
     :class:`reconciler.accel.build.BuildMemo`, which gives the same result and reuses the last
     call's builds whose inputs and host answers are unchanged."""
-    lookups = RunLookups(groups, devices)
+    todo = list(jobs)
+    lookups = RunLookups(groups, devices, todo)
     built: dict[str, BuiltConfig] = {}
     errors: dict[str, str] = {}
-    for job in jobs:
+    for job in todo:
         outcome = build_job(job, lookups, policy)
         if isinstance(outcome, str):
             errors[job.placement.instance_id] = outcome
