@@ -649,6 +649,30 @@ def _label(placement: Placement) -> str:
     return f"instance {placement.instance_id} ({placement.label})"
 
 
+def _check_inputs(
+    service: Service,
+    placement: Placement,
+    node: Node,
+    rootfs: str,
+    hosts_path: str,
+    uid: int,
+    gid: int,
+) -> None:
+    """The caller's inputs, checked before any step (both builds)."""
+    if service.key != (placement.item_id, placement.subject_id):
+        raise _Fail(f"service {service.id}:{service.subject} does not match the placement")
+    if node.id != placement.node_id:
+        raise _Fail(f"placed on node {placement.node_id!r}, not {node.id!r}")
+    if not rootfs.startswith("/"):
+        raise _Fail(f"rootfs {rootfs!r} is not an absolute path")
+    if not hosts_path.startswith("/"):
+        raise _Fail(f"hosts file path {hosts_path!r} is not absolute")
+    if not 0 <= uid <= _MAX_ID:
+        raise _Fail(f"uid {uid} is out of range")
+    if not 0 <= gid <= _MAX_ID:
+        raise _Fail(f"gid {gid} is out of range")
+
+
 def _build_reference(
     service: Service,
     placement: Placement,
@@ -665,17 +689,7 @@ def _build_reference(
     """The build step by step in the order of SPEC §11, as docs/oci.md describes it: the
     reference that :func:`_build_fast` (what :func:`build_config` runs) must equal byte for
     byte and error for error (the tests compare them on drawn inputs). Change both together."""
-    if service.key != (placement.item_id, placement.subject_id):
-        raise _Fail(f"service {service.id}:{service.subject} does not match the placement")
-    if node.id != placement.node_id:
-        raise _Fail(f"placed on node {placement.node_id!r}, not {node.id!r}")
-    if not rootfs.startswith("/"):
-        raise _Fail(f"rootfs {rootfs!r} is not an absolute path")
-    if not hosts_path.startswith("/"):
-        raise _Fail(f"hosts file path {hosts_path!r} is not absolute")
-    for what, value in (("uid", uid), ("gid", gid)):
-        if not 0 <= value <= _MAX_ID:
-            raise _Fail(f"{what} {value} is out of range")
+    _check_inputs(service, placement, node, rootfs, hosts_path, uid, gid)
 
     # 1. defaults
     draft = _Draft(
@@ -1163,18 +1177,7 @@ def _build_fast(
 ) -> BuiltConfig:
     """:func:`_build_reference` from the service's part: the same bytes, the same errors."""
     service = part.service
-    if service.key != (placement.item_id, placement.subject_id):
-        raise _Fail(f"service {service.id}:{service.subject} does not match the placement")
-    if node.id != placement.node_id:
-        raise _Fail(f"placed on node {placement.node_id!r}, not {node.id!r}")
-    if not rootfs.startswith("/"):
-        raise _Fail(f"rootfs {rootfs!r} is not an absolute path")
-    if not hosts_path.startswith("/"):
-        raise _Fail(f"hosts file path {hosts_path!r} is not absolute")
-    if not 0 <= uid <= _MAX_ID:
-        raise _Fail(f"uid {uid} is out of range")
-    if not 0 <= gid <= _MAX_ID:
-        raise _Fail(f"gid {gid} is out of range")
+    _check_inputs(service, placement, node, rootfs, hosts_path, uid, gid)
     if part.nothing_to_run:
         raise _Fail("the image has neither entrypoint nor cmd: nothing to run")
     quota: int | None = None
