@@ -286,6 +286,8 @@ def compute_once(
     final: FinalStates | None
     if opts.cache is None:
         result, final = balance_with_states(view.unit, nodes, services, previous, mode, overload)
+        if read_only:  # (no status report: the states would only hold memory)
+            final = None
     else:
         result = opts.cache.balance.balance(
             view.unit,

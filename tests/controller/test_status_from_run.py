@@ -22,6 +22,7 @@ from reconciler.controller.reconcile import (
     Computed,
     ReconcileCache,
     ReconcileOptions,
+    compute_once,
     reconcile,
 )
 from reconciler.controller.status import _inv, _node_status, _pool
@@ -147,3 +148,12 @@ def test_a_pools_entry_is_its_inventorys(
         pool = InventoryPool(spec)
     pool.free -= min(used, pool.capacity)
     assert _pool(pool) == _inv(pool.inventory)
+
+
+def test_a_read_only_computation_keeps_no_node_states(tmp_path: Path) -> None:
+    """``plan`` (a read-only computation) makes no status report: it keeps no node states in
+    memory; a run that writes keeps them for its report."""
+    write_state_dir(tmp_path / "state", 40, 160, shape="devices")
+    opts = ReconcileOptions(configs=default_config_builder())
+    assert compute_once(tmp_path / "state", opts, read_only=True).final is None
+    assert compute_once(tmp_path / "state", opts).final is not None
