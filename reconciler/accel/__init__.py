@@ -59,9 +59,9 @@ def balance_with_states(
     mode: Mode | None = None,
     overload: Overload | None = None,
 ) -> tuple[BalanceResult, FinalStates | None]:
-    """:func:`balance`, and its nodes' final states (made when asked: the status report reads
-    them instead of replaying the result; None when the result holds an instance at its old
-    place, whose replay differs). Keep the states only as long as needed: they hold the run."""
+    """:func:`balance`, and its nodes' final states (the status report reads them instead of
+    replaying the result; None when the result holds an instance at its old place, whose
+    replay differs). Keep them only as long as needed: they hold every node's state."""
     balancer.check_keys(services)
     search = partial(ClassIndex, services=services)
     with collector_paused():

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reconciler.accel import BalanceMemo, FinalStates, balance_with_states
+from reconciler.accel import BalanceMemo, FinalStates, balance, balance_with_states
 from reconciler.accel.checkpoint import CheckpointCache
 from reconciler.accel.ids import IdsMemo
 from reconciler.accel.plans import PlanMemo
@@ -283,11 +283,11 @@ def compute_once(
     marks = opts.cache.stale if opts.cache is not None else StaleMarks()
     nodes = marks.apply(view.unit, view.nodes.values(), now)  # a too old report fails NodeState
     services = view.services_sorted()
-    final: FinalStates | None
-    if opts.cache is None:
+    final: FinalStates | None = None  # (read-only: no status report to make them for)
+    if opts.cache is None and read_only:
+        result = balance(view.unit, nodes, services, previous, mode, overload)
+    elif opts.cache is None:
         result, final = balance_with_states(view.unit, nodes, services, previous, mode, overload)
-        if read_only:  # (no status report: the states would only hold memory)
-            final = None
     else:
         result = opts.cache.balance.balance(
             view.unit,
