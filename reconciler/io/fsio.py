@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import errno
 import os
+import shutil
 import stat
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -36,9 +37,11 @@ __all__ = [
     "iter_files",
     "read_bytes_at",
     "remove_stale_temp_files",
+    "remove_stale_temp_tree",
     "settled_key",
     "stat_key",
     "write_groups",
+    "write_new_tree",
     "write_if_changed",
 ]
 
@@ -481,6 +484,79 @@ def write_groups(
                     os.unlink(f"{g.directory}/.{name}.tmp-{pid}")
         raise
     return stats
+
+
+def write_new_tree(
+    parent: str,
+    name: str,
+    groups: Sequence[DirWrite],
+    *,
+    hook: WriteHook | None = None,
+    sync: bool = True,
+) -> list[list[FileStat]]:
+    """Make the directory ``parent/name``, which must not exist, holding ``groups`` (each
+    ``directory`` a name relative to it, made, with its files), all at once: the whole tree is
+    written under a temp name (``.<name>.tmp-<pid>``) with the files' final names, the
+    filesystem is flushed (``syncfs``; an fsync per file and directory where there is none), the
+    tree is renamed into place and flushed once more. A reader sees no directory or the whole
+    tree; a crash before the rename leaves only the temp tree, which
+    :func:`remove_stale_temp_tree` removes. One rename for the tree instead of one per file:
+    what a first run that writes tens of thousands of new files costs beyond creating them.
+
+    The hook sees the same steps as :func:`write_groups`'. Returns, per group, its files'
+    stats as ``lstat`` reads them once renamed (a rename keeps them)."""
+    step = hook or (lambda _name: None)
+    per_file_fsync = sync and _SYNCFS is None
+    temp = f"{parent}/.{name}.tmp-{os.getpid()}"
+    remove_stale_temp_tree(parent, temp.rsplit("/", 1)[1])  # a killed writer's, same pid
+    stats: list[list[FileStat]] = []
+    try:
+        step("open")
+        os.mkdir(temp, 0o755)
+        for g in groups:
+            d = f"{temp}/{g.directory}"
+            os.mkdir(d, 0o755)
+            stats.append(
+                [_write_temp(f"{d}/{n}", data, mode, per_file_fsync) for n, data, mode in g.files]
+            )
+        step("write")
+        step("fsync")
+        if sync:
+            if _SYNCFS is None:
+                for g in groups:
+                    fsync_dir(Path(f"{temp}/{g.directory}"))
+                fsync_dir(Path(temp))
+            else:
+                _sync_filesystem_of(Path(temp))
+        step("rename")
+        if os.path.lexists(f"{parent}/{name}"):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), f"{parent}/{name}")
+        os.rename(temp, f"{parent}/{name}")
+    except BaseException:
+        remove_stale_temp_tree(parent, temp.rsplit("/", 1)[1])
+        raise
+    step("fsync-dir")
+    if sync:
+        if _SYNCFS is None:
+            fsync_dir(Path(parent))
+        else:
+            _sync_filesystem_of(Path(parent))
+    return stats
+
+
+def remove_stale_temp_tree(parent: str, name: str) -> bool:
+    """Remove ``parent/name``, a temp tree a killed :func:`write_new_tree` left, if it is a
+    real directory (a symlink or a file in its place is left alone; nothing below it is
+    followed). Call only while holding the lock. Whether one was removed."""
+    path = f"{parent}/{name}"
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return not os.path.lexists(path)
 
 
 def _flush(

@@ -11,7 +11,10 @@ All the files to write go out in one durable batch (:func:`reconciler.io.fsio.wr
 directory of a new instance is made by that batch and its files are not compared with anything
 (a cold ``out/instances`` costs a listing, a ``mkdir`` and two new files per instance, not an
 lstat and a read per file), and what the manifest records of each file written comes from the
-writer's own ``fstat``, not another ``lstat``.
+writer's own ``fstat``, not another ``lstat``. A first run, with no ``out/instances`` at all,
+writes the whole directory under a temp name with the files' final names and renames it into
+place once (:func:`reconciler.io.fsio.write_new_tree`): the files created, two flushes and one
+rename, where the batch pays two renames per instance.
 """
 
 from __future__ import annotations
@@ -38,8 +41,10 @@ from reconciler.io.fsio import (
     atomic_write_many,
     read_bytes_at,
     remove_stale_temp_files,
+    remove_stale_temp_tree,
     stat_key,
     write_groups,
+    write_new_tree,
 )
 from reconciler.model.jsonbytes import fragment, join_object, member, pretty_json
 from reconciler.model.values import validate_id
@@ -348,9 +353,14 @@ def _mark(path: str) -> None:
 def sweep_instance_temps(state_dir: Path) -> int:
     """Remove the temp files a killed writer left under ``out/instances``: those of the
     directory itself (the manifest's) always, and those of every instance directory when a
-    writer died mid-batch (:data:`WRITING` left behind), then the marker. Call under the lock,
-    in a verifying run. Returns the number of files removed."""
+    writer died mid-batch (:data:`WRITING` left behind), then the marker; and the temp tree of
+    a first run killed before its rename (``out/.instances.tmp-<pid>``). Call under the lock,
+    in a verifying run. Returns the number of files (and temp trees) removed."""
     removed = remove_stale_temp_files(state_dir, "out/instances")
+    out = instances_dir(state_dir).parent
+    if not out.is_symlink() and out.is_dir():  # a first run's whole tree (write_new_tree)
+        for temp in sorted(out.glob(".instances.tmp-*")):
+            removed += 1 if remove_stale_temp_tree(str(out), temp.name) else 0
     marker = instances_dir(state_dir) / WRITING
     if marker.is_file() and not marker.is_symlink():
         removed += remove_stale_temp_files(state_dir, "out/instances", subdirs=True)
@@ -410,7 +420,10 @@ def write_instance_outputs(
         for iid in itertools.filterfalse(validated.__contains__, ids):
             validate_id(iid, "instance id")
     _ensure_dir(out)
-    _ensure_dir(root)
+    # a first run: out/instances is made whole, at once (see below)
+    fresh = not os.path.lexists(root_str)
+    if not fresh:
+        _ensure_dir(root)
 
     written: list[str] = []
     unchanged: list[str] = []
@@ -432,7 +445,11 @@ def write_instance_outputs(
     kept = 0  # instances known unchanged without reading their files
     # without a manifest every instance is compared: one listing of the directory, not an
     # lstat per instance (None: look at each instance's directory)
-    listing = _list_dir(root_str) if prev is None and not manifest else None
+    listing: dict[str, bool] | None = None
+    if fresh:
+        listing = {}
+    elif prev is None and not manifest:
+        listing = _list_dir(root_str)
     todo = ids
     if patching:
         assert prev is not None and named is not None
@@ -518,12 +535,21 @@ def write_instance_outputs(
     # one batch: every temp written (the new directories made first), one filesystem flush,
     # every rename, one more flush; an instance's hosts file is renamed before its config, so a
     # config never names a missing hosts file; the manifest comes after
-    marker = f"{root_str}/{WRITING}"
-    if groups:
-        _mark(marker)
-    stats = write_groups(groups, sync=sync)
-    if groups:
-        os.unlink(marker)
+    # a first run writes the whole directory under a temp name with the files' final names and
+    # renames it into place: one rename, not two per instance (a reader sees no out/instances
+    # or all of it; a killed writer's temp tree is swept like its temp files)
+    if fresh and groups:
+        tree = [DirWrite(iid, g.files, True) for iid, g in zip(group_ids, groups, strict=True)]
+        stats = write_new_tree(str(out), "instances", tree, sync=sync)
+    else:
+        if fresh:
+            _ensure_dir(root)
+        marker = f"{root_str}/{WRITING}"
+        if groups:
+            _mark(marker)
+        stats = write_groups(groups, sync=sync)
+        if groups:
+            os.unlink(marker)
     both: dict[str, list[FileStat]] = {}  # instances whose two files were both written
     for iid, group, group_stats in zip(group_ids, groups, stats, strict=True):
         if len(group.files) == len(_FILES):

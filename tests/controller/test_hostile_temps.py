@@ -23,14 +23,19 @@ from reconciler.controller.configs import default_config_builder
 from reconciler.controller.reconcile import ReconcileOptions, reconcile
 
 state, target = Path(sys.argv[1]), sys.argv[2]
-real = os.replace
+real_replace, real_rename = os.replace, os.rename
 
 def replace(src, dst, *args, **kwargs):
     if str(dst).endswith(target):  # every temp of the batch is written: die before renaming
         os.kill(os.getpid(), signal.SIGKILL)
-    return real(src, dst, *args, **kwargs)
+    return real_replace(src, dst, *args, **kwargs)
 
-os.replace = replace
+def rename(src, dst, *args, **kwargs):
+    if str(dst).endswith(target):  # a first run's whole tree is written: die before renaming
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real_rename(src, dst, *args, **kwargs)
+
+os.replace, os.rename = replace, rename
 reconcile(state, ReconcileOptions(configs=default_config_builder()))
 """
 
@@ -52,6 +57,8 @@ def temps(state: Path) -> list[str]:
 
 
 def test_a_killed_writers_temps_in_out_instances_are_swept(demo_copy: Path) -> None:
+    # out/instances exists (not a first run, which makes it whole: see below)
+    (demo_copy / "out" / "instances").mkdir(parents=True)
     first = killed_run(demo_copy, "/config.json")  # killed with every config in its temp
     left = temps(demo_copy)
     in_instances = [t for t in left if t.startswith("out/instances/") and t.count("/") == 3]
@@ -76,6 +83,27 @@ def test_a_killed_writers_temps_in_out_instances_are_swept(demo_copy: Path) -> N
     # and what the killed runs meant to write is there, whole
     configs = list((demo_copy / "out" / "instances").glob("*/config.json"))
     assert len(configs) >= 4 and (demo_copy / "out" / "instances" / ".manifest.json").is_file()
+
+
+def test_a_first_run_killed_before_its_rename_leaves_a_temp_tree_the_next_run_sweeps(
+    demo_copy: Path,
+) -> None:
+    pid = killed_run(demo_copy, "/out/instances")
+    out = demo_copy / "out"
+    assert not (out / "instances").exists()  # no instance directory, rather than some of them
+    tree = out / f".instances.tmp-{pid}"
+    assert len(list(tree.glob("*/config.json"))) >= 4
+    proc = subprocess.run(
+        [sys.executable, "-m", "reconciler", "reconcile", "--state", str(demo_copy)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert not tree.exists() and temps(demo_copy) == []
+    configs = list((out / "instances").glob("*/config.json"))
+    assert len(configs) >= 4 and (out / "instances" / ".manifest.json").is_file()
 
 
 def test_a_watchers_event_runs_leave_them_to_the_next_verifying_run(demo_copy: Path) -> None:

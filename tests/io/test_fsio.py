@@ -245,3 +245,74 @@ def test_groups_without_syncfs_fsync_files_and_directories(
     # six files, the three directories and the parent of the one made
     assert len(synced) == 6 + 3 + 1
     _check_groups(groups, {})
+
+
+def _tree() -> list[fsio.DirWrite]:
+    return [
+        fsio.DirWrite(name, [("hosts", f"h {name}".encode(), 0o644), ("config.json", b"{}", 0o600)])
+        for name in ("i-1", "i-2", "i-3")
+    ]
+
+
+def _tree_files(top: Path) -> dict[str, tuple[bytes, int]]:
+    return {
+        str(p.relative_to(top)): (p.read_bytes(), stat.S_IMODE(p.lstat().st_mode))
+        for p in sorted(top.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.mark.parametrize("step", ["open", "write", "fsync", "rename", "fsync-dir"])
+def test_a_new_tree_interrupted_at_each_step_is_absent_or_whole(tmp_path: Path, step: str) -> None:
+    def hook(name: str) -> None:
+        if name == step:
+            raise Boom(name)
+
+    with pytest.raises(Boom):
+        fsio.write_new_tree(str(tmp_path), "top", _tree(), hook=hook)
+    assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []
+    if step == "fsync-dir":  # the hook runs before the step: the rename is done
+        assert len(_tree_files(tmp_path / "top")) == 6
+    else:
+        assert not (tmp_path / "top").exists()
+
+
+def test_a_new_tree_has_its_modes_and_stats_and_never_replaces_a_directory(
+    tmp_path: Path,
+) -> None:
+    old_umask = os.umask(0o077)
+    try:
+        stats = fsio.write_new_tree(str(tmp_path), "top", _tree())
+    finally:
+        os.umask(old_umask)
+    want = {
+        f"{g.directory}/{name}": (data, mode) for g in _tree() for name, data, mode in g.files
+    }
+    assert _tree_files(tmp_path / "top") == want
+    for g, got in zip(_tree(), stats, strict=True):
+        for (name, _data, _mode), s in zip(g.files, got, strict=True):
+            st = os.lstat(tmp_path / "top" / g.directory / name)
+            assert s == fsio.FileStat(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode)
+    # the target appeared meanwhile (an empty directory would be replaced by a plain rename)
+    (tmp_path / "other").mkdir()
+    with pytest.raises(FileExistsError):
+        fsio.write_new_tree(str(tmp_path), "other", _tree())
+    assert list((tmp_path / "other").iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []
+
+
+def test_a_new_tree_without_syncfs_fsyncs_every_file_and_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[int] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(fsio, "_SYNCFS", None)
+    monkeypatch.setattr(os, "fsync", fsync)
+    fsio.write_new_tree(str(tmp_path), "top", _tree())
+    # six files, the three directories, the temp tree, then the parent after the rename
+    assert len(synced) == 6 + 3 + 1 + 1

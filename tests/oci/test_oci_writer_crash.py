@@ -111,3 +111,94 @@ def test_a_failure_at_each_call_leaves_old_or_new(
         write_instance_outputs(state, new, memo=memo, verify=False)
         assert _files(state) == expected_files(new)
         assert write_instance_outputs(state, new).written == ()
+
+
+@pytest.mark.parametrize(
+    "target",
+    [(os, "mkdir"), (os, "open"), (os, "write"), (os, "rename"), (fsio, "_sync_filesystem_of")],
+    ids=["mkdir", "open", "write", "rename", "syncfs"],
+)
+def test_a_first_run_interrupted_leaves_no_instances_directory_or_all_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: tuple[Any, str]
+) -> None:
+    """A first run (no out/instances) makes the directory whole, in one rename: a failure at
+    any call leaves none of it or all of it, never some instances; the next call converges."""
+    new = built_configs(5)
+
+    def run(k: int) -> tuple[Path, FailAt]:
+        state = tmp_path / f"k{k}"
+        state.mkdir()
+        fault = FailAt(k, OSError(28, "No space left on device"))
+        monkeypatch.setattr(*target, fault.wrap(getattr(*target)))
+        try:
+            write_instance_outputs(state, new)
+        except OSError as e:
+            assert e is fault.error
+        finally:
+            monkeypatch.undo()
+        return state, fault
+
+    _, counted = run(0)
+    assert counted.calls >= 1  # (one rename: the tree's)
+    for k in range(1, counted.calls + 1):
+        state, _fault = run(k)
+        root = state / "out" / "instances"
+        if root.exists():
+            assert _files(state) == expected_files(new), k
+        # a writer that failed (not killed) removes its own temp tree
+        assert [p.name for p in state.rglob("*") if ".tmp-" in p.name] == []
+        write_instance_outputs(state, new)
+        assert _files(state) == expected_files(new)
+        assert write_instance_outputs(state, new).written == ()
+
+
+def test_a_first_run_renames_once_not_per_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What makes a first run cheap: its files are created under their final names in a temp
+    tree renamed once; the next run's changes go through the per-file batch."""
+    renames: list[str] = []
+    real_rename, real_replace = os.rename, os.replace
+
+    def rename(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+        renames.append(str(dst))
+        real_rename(src, dst, *args, **kwargs)
+
+    def replace(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+        renames.append(str(dst))
+        real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rename", rename)
+    monkeypatch.setattr(os, "replace", replace)
+    built = built_configs(20)
+    write_instance_outputs(tmp_path, built)
+    root = tmp_path / "out" / "instances"
+    assert renames == [str(root), str(root / oci_writer.MANIFEST)]
+    assert _files(tmp_path) == expected_files(built)
+    # the manifest describes what was written: the next run reads no file and writes none
+    assert write_instance_outputs(tmp_path, built).written == ()
+    renames.clear()
+    changed = dict(built)
+    one = sorted(built)[0]
+    changed[one] = BuiltConfig.of(built[one].config, "other hosts\n")
+    assert write_instance_outputs(tmp_path, changed).written == (f"instances/{one}/hosts",)
+    assert renames == [str(root / one / "hosts"), str(root / oci_writer.MANIFEST)]
+
+
+def test_a_killed_first_runs_temp_tree_is_swept_and_never_followed(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (out / ".instances.tmp-4242" / "i-1").mkdir(parents=True)
+    (out / ".instances.tmp-4242" / "i-1" / "config.json").write_text("{}")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep").write_text("mine")
+    (out / ".instances.tmp-4243").symlink_to(elsewhere)
+    # this process's own pid: a killed writer that had it (pids are reused)
+    (out / f".instances.tmp-{os.getpid()}" / "x").mkdir(parents=True)
+    built = built_configs(3)
+    write_instance_outputs(tmp_path, built)  # removes the one it would have used
+    assert not (out / f".instances.tmp-{os.getpid()}").exists()
+    assert _files(tmp_path) == expected_files(built)
+    assert oci_writer.sweep_instance_temps(tmp_path) == 1
+    assert sorted(p.name for p in out.iterdir()) == [".instances.tmp-4243", "instances"]
+    assert (elsewhere / "keep").read_text() == "mine"
