@@ -30,10 +30,11 @@ What is measured, in this order, in one process:
 - peak RSS (``ru_maxrss``) after the cold run and at the end;
 - the filesystem's floor: ``out/``'s directories and files (same count, same sizes) created and
   written once each in a scratch directory, then one ``syncfs``: what any writer of SPEC §2's
-  layout pays here, whatever its language (the cold run also writes temp files, renames them
-  and makes each batch durable). The disk's speed changes several-fold within minutes, so the
-  floor is measured twice, before and after a second cold run on a fresh copy of the inputs;
-  the writes row is the better of the two cold runs' and the floor the better of its two.
+  layout pays here, whatever its language (the cold run also writes temp files or a temp
+  tree, renames them and makes each batch durable). The disk's speed changes several-fold
+  within minutes, so the floor is measured twice, before and after a second cold run on a
+  fresh copy of the inputs; the writes row is the better of the two cold runs' and the floor
+  the better of its two. Nothing is deleted until every figure is taken.
 
 ``--profile`` adds a cold ``reconcile()`` of a second, identical fresh directory under cProfile
 (after every measurement above, so the profiler slows nothing else) and prints its top 15.
@@ -152,7 +153,8 @@ def filesystem_floor(shape: TreeShape, scratch: Path) -> tuple[float, float, int
     """The least any writer of that layout (:func:`tree_shape`) pays on this filesystem: as
     many directories and files, of the same sizes, each created and written once (no temp
     file, no rename, no fsync, no comparison), then one ``syncfs``. Returns (create seconds,
-    sync seconds, directories, files); ``scratch`` is removed afterwards."""
+    sync seconds, directories, files); ``scratch`` is left for the caller to remove once every
+    measurement is taken (on a ``discard`` mount, deleting 45,000 files slows what follows)."""
     blob = b"x" * max((size for _rel, sizes in shape for size in sizes), default=0)
     scratch.mkdir()
     t0 = time.perf_counter()
@@ -177,7 +179,6 @@ def filesystem_floor(shape: TreeShape, scratch: Path) -> tuple[float, float, int
     finally:
         os.close(fd)
     t2 = time.perf_counter()
-    shutil.rmtree(scratch)
     return t1 - t0, t2 - t1, n_dirs, n_files
 
 
@@ -525,12 +526,13 @@ def _bench(args: argparse.Namespace, base: Path, root: Path) -> None:
     t_steady, steady_plan = _best(lambda: make_plan(result, steady, node_ids), 3)
     rss_end = peak_rss_mib()
 
-    # last: deleting its 45,000 files slows this filesystem's next inode allocations. The
-    # disk's speed changes several-fold from minute to minute here, so the writes are measured
-    # twice, each beside a floor: the floor, a second cold run (a fresh process's: new caches,
-    # the pristine inputs), the floor again; the writes' ratio is best against best
+    # last, and nothing deleted until the end: deleting 45,000 files slows this filesystem's
+    # next inode allocations. The disk's speed changes several-fold from minute to minute
+    # here, so the writes are measured twice, each beside a floor: the floor, a second cold
+    # run (a fresh process's: new caches, the pristine inputs), the floor again; the writes'
+    # ratio is best against best
     _progress("filesystem floor: the cold run's directories and files created once, then syncfs")
-    floors_fs = [filesystem_floor(written_shape, base / "fs-floor")]
+    floors_fs = [filesystem_floor(written_shape, base / "fs-floor-1")]
     _progress("cold reconcile again, on a fresh copy of the inputs")
     again_opts = ReconcileOptions(
         configs=None if args.no_configs else default_config_builder(), cache=ReconcileCache()
@@ -540,7 +542,7 @@ def _bench(args: argparse.Namespace, base: Path, root: Path) -> None:
     del _again
     gc.collect()
     _progress("filesystem floor again")
-    floors_fs.append(filesystem_floor(written_shape, base / "fs-floor"))
+    floors_fs.append(filesystem_floor(written_shape, base / "fs-floor-2"))
     fs_create, fs_sync, fs_dirs, fs_files = min(floors_fs, key=lambda f: f[0] + f[1])
 
     cold_d = cold_stages.durations()

@@ -1367,6 +1367,7 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
         )
     if as_json:
         runtimes = runtime_json(exp)
+        feasible, n_nodes, counts = exp.feasibility()
         _print_json(
             {
                 "network": None if net is None else net.to_json(),
@@ -1384,6 +1385,7 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
                 },
                 "version": exp.instance.version,
                 "failure": None if exp.failure is None else failure_json(exp.failure),
+                "feasibility": {"feasible": feasible, "nodes": n_nodes, "droppedBy": dict(counts)},
                 "nodes": [
                     {
                         "nodeId": node_id,

@@ -17,6 +17,7 @@ from reconciler.cli.textout import (
 )
 from reconciler.placement.balancer import Explanation
 from reconciler.placement.instances import BalanceResult
+from reconciler.placement.pipeline import nodes_feasible
 from reconciler.planning.plans import Action, Plan
 
 if TYPE_CHECKING:
@@ -196,6 +197,8 @@ def render_explanation(console: TextConsole, exp: Explanation) -> None:
         p = exp.placement
         text = f"placed on {p.node_id} runtime {p.runtime_id}"
         lines.extend(wrap_marked(paint, text, width, "", p.node_id, "green"))
+        # (a failure's summary says it: "0/N nodes feasible: ...")
+        lines.extend(wrap(nodes_feasible(*exp.feasibility()), width))
     elif exp.failure is not None:
         text = f"unplaceable: {exp.failure.summary}"
         lines.extend(wrap_marked(paint, text, width, "", "unplaceable", "red"))

@@ -76,6 +76,7 @@ from reconciler.placement.pipeline import (
     best_runtime,
     evaluate,
     failure,
+    ordered_counts,
     summarize,
     summarize_counts,
     unresolvable,
@@ -869,6 +870,11 @@ class Explanation:
     # per node: (node id, per runtime: (runtime id, per runtime filter None=pass or why not))
     result: BalanceResult | None = field(default=None, compare=False, repr=False)
     """The balance the matrix was evaluated after (for the phases after placement)."""
+
+    def feasibility(self) -> tuple[int, int, tuple[tuple[str, int], ...]]:
+        """(nodes feasible, nodes, how many nodes each code dropped: by count, then code)."""
+        counts = Counter(dropped for _node, _cells, dropped in self.rows if dropped is not None)
+        return len(self.rows) - counts.total(), len(self.rows), ordered_counts(counts)
 
 
 def explain(

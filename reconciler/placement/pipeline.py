@@ -25,6 +25,8 @@ __all__ = [
     "evaluate",
     "failure",
     "most_room",
+    "nodes_feasible",
+    "ordered_counts",
     "static_drop",
     "static_runtime_verdict",
     "static_runtimes",
@@ -255,20 +257,30 @@ def summarize(instance: Instance, n_nodes: int, charges: Iterable[str]) -> Failu
 
 def summarize_counts(instance: Instance, n_nodes: int, counts: Mapping[str, int]) -> Failure:
     """The failure of ``instance`` from how many nodes each filter drops (no zero counts)."""
-    ordered = tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    ordered = ordered_counts(counts)
     reason = max(counts, key=filters.FILTER_CODES.index) if counts else NO_NODES
     return failure(instance, n_nodes, reason, ordered)
+
+
+def ordered_counts(counts: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+    """How many nodes each code dropped, as summaries list them: by count, then code."""
+    return tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def nodes_feasible(feasible: int, n_nodes: int, ordered: Sequence[tuple[str, int]]) -> str:
+    """``"1/4 nodes feasible: 2 Cpu, 1 Labels"``: how many nodes passed every filter, and how
+    many each filter dropped (``ordered``: by count, then code), in the Kubernetes style."""
+    if not n_nodes:
+        return "0/0 nodes feasible: the unit has no nodes"
+    detail = ", ".join(f"{n} {code}" for code, n in ordered)
+    return f"{feasible}/{n_nodes} nodes feasible" + (f": {detail}" if detail else "")
 
 
 def failure(
     instance: Instance, n_nodes: int, reason: str, ordered: tuple[tuple[str, int], ...]
 ) -> Failure:
     """A failure with the one-line summary of SPEC §7.7."""
-    if ordered:
-        detail = ", ".join(f"{n} {code}" for code, n in ordered)
-        summary = f"{instance.label}: 0/{n_nodes} nodes feasible: {detail}"
-    else:
-        summary = f"{instance.label}: 0/0 nodes feasible: the unit has no nodes"
+    summary = f"{instance.label}: {nodes_feasible(0, n_nodes, ordered)}"
     return Failure(
         instance.id,
         instance.item_id,

@@ -200,6 +200,7 @@ class TestPlanAndExplain:
         assert doc["placement"] is None
         assert doc["failure"]["reason"] == "Labels"
         assert doc["failure"]["summary"] == "needs3:default:0: 0/4 nodes feasible: 4 Labels"
+        assert doc["feasibility"] == {"feasible": 0, "nodes": 4, "droppedBy": {"Labels": 4}}
         assert [n["nodeId"] for n in doc["nodes"]] == ["A", "B", "C", "D"]
         for node in doc["nodes"]:
             assert node["droppedBy"] == "Labels"
@@ -223,6 +224,11 @@ class TestPlanAndExplain:
         assert doc["failure"] is None
         dropped = {n["nodeId"]: n["droppedBy"] for n in doc["nodes"]}
         assert dropped == {"A": "Labels", "B": None, "C": "Labels", "D": "Labels"}
+        # the Kubernetes-style count above the matrix: B passes, three nodes lack a label
+        assert doc["feasibility"] == {"feasible": 1, "nodes": 4, "droppedBy": {"Labels": 3}}
+        code, out, _ = run(capsys, "explain", "needs2:default:1", "--state", str(state))
+        assert code == 0
+        assert out.splitlines()[1:3] == ["placed on B runtime runc", "1/4 nodes feasible: 3 Labels"]
 
     def test_explain_prints_the_matrix(
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
