@@ -683,6 +683,7 @@ def _reconcile_and_show(
     help="After the run (failed or not), write Prometheus metrics to this file in the "
     "node-exporter textfile format, atomically (e.g. in node-exporter's textfile directory).",
 )
+@one_shot
 def reconcile_cmd(
     state_dir: Path,
     store_url: str | None,
@@ -727,6 +728,7 @@ def reconcile_cmd(
 @state_option
 @json_option
 @_allow_empty_option
+@one_shot
 def apply(planfile: Path, state_dir: Path, as_json: bool, allow_empty: bool) -> int:
     """Apply a saved plan if its inputs have not changed since.
 
@@ -771,6 +773,7 @@ def apply(planfile: Path, state_dir: Path, as_json: bool, allow_empty: bool) -> 
 @state_option
 @json_option
 @_allow_empty_option
+@one_shot
 def rebalance(state_dir: Path, as_json: bool, allow_empty: bool) -> int:
     """Rebalance now: place everything afresh, pinning balancingPolicy: disabled instances.
 
