@@ -18,6 +18,7 @@ from reconciler.planning.checkpoint import (
     Checkpoint,
     as_decoded,
     canonical,
+    canonical_plain,
     checkpoint_bytes,
     decode_checkpoint,
     decoded_form,
@@ -185,14 +186,15 @@ class CheckpointMemo:
             got = known.get(iid)
             if got is None or got[0] is not a:
                 self.serialised += 1
-                part = b"," + canonical(iid) + b":" + canonical(a.to_json())
-                if not decoded_form(a):
+                if not decoded_form(a):  # (its types unchecked: the stdlib serialiser)
+                    part = b"," + canonical(iid) + b":" + canonical(a.to_json())
                     if got is not None:  # mutable, could change under us: not kept
                         del known[iid]
                     chunks.append(part)
                     every = False
                     continue
                 self.converted += 1
+                part = b"," + canonical_plain(iid) + b":" + canonical_plain(a.to_json())
                 got = known[iid] = (a, part, a.previous())
             chunks.append(got[1])
             if every:
@@ -263,7 +265,7 @@ class CheckpointMemo:
                     return None
                 self.serialised += 1
                 self.converted += 1
-                part = b"," + canonical(iid) + b":" + canonical(a.to_json())
+                part = b"," + canonical_plain(iid) + b":" + canonical_plain(a.to_json())
                 got = known[iid] = (a, part, a.previous())
             if present:
                 frags[pos] = got[1]

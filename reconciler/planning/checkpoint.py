@@ -20,6 +20,8 @@ from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Any, Protocol
 
+import orjson
+
 from reconciler.model.documents import ActualState
 from reconciler.placement.instances import (
     BalanceResult,
@@ -43,6 +45,7 @@ __all__ = [
     "assign_gids",
     "assign_ids",
     "canonical",
+    "canonical_plain",
     "checkpoint_bytes",
     "collect_allocations",
     "decode_checkpoint",
@@ -74,6 +77,18 @@ class CheckpointError(ValueError):
 def canonical(value: Any) -> bytes:
     """Sorted keys, no spaces, UTF-8: the bytes the checksum covers."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def canonical_plain(value: Any) -> bytes:
+    """:func:`canonical`'s very bytes for a value made of strings, integers, booleans, None,
+    lists and objects with string keys (no float: the two serialisers spell some differently),
+    by orjson (an allocation's in a few microseconds: 20,000 of them are written by a cold
+    run). Anything orjson refuses (an integer beyond 64 bits, a key that is not a string) is
+    serialised by :func:`canonical`."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return canonical(value)
 
 
 @dataclass(frozen=True, slots=True)
