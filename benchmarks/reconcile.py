@@ -32,9 +32,14 @@ What is measured, in this order, in one process:
   written once each in a scratch directory, then one ``syncfs``: what any writer of SPEC §2's
   layout pays here, whatever its language (the cold run also writes temp files or a temp
   tree, renames them and makes each batch durable). The disk's speed changes several-fold
-  within minutes, so the floor is measured twice, before and after a second cold run on a
-  fresh copy of the inputs; the writes row is the better of the two cold runs' and the floor
-  the better of its two. Nothing is deleted until every figure is taken.
+  within minutes, so the floor is measured in rounds alternating with cold runs on fresh
+  copies of the inputs (``--write-rounds``, 2: floor, run, floor, run, floor); the writes row
+  is the best of the cold runs' and the floor the best of its own. Nothing is deleted until
+  every figure is taken. The cold runs model ``reconciler reconcile``'s process: the cyclic
+  collector off from before the run to after it (``--dir`` puts everything on another
+  filesystem, e.g. an ext4 image in RAM, docs/performance.md);
+- ``inputs checked again``: the stat of every input after the writes (a run that finds an
+  edit made while it ran runs again), its own stage.
 
 ``--profile`` adds a cold ``reconcile()`` of a second, identical fresh directory under cProfile
 (after every measurement above, so the profiler slows nothing else) and prints its top 15.
@@ -95,6 +100,7 @@ _STAGE_NAMES = (
     ("planning", "plan"),
     ("writing", "write"),
     ("reporting", "status"),
+    ("checking", "recheck"),
 )
 
 
@@ -294,8 +300,17 @@ def _generate(root: Path, args: argparse.Namespace) -> None:
 
 
 def _run(
-    root: Path, opts: ReconcileOptions, label: str, previous: StateView | None = None
+    root: Path,
+    opts: ReconcileOptions,
+    label: str,
+    previous: StateView | None = None,
+    *,
+    oneshot: bool = False,
 ) -> tuple[ReconcileReport, Stages]:
+    """One ``reconcile()``, its stages timed. ``oneshot``: as ``reconciler reconcile`` runs
+    it, with the cyclic collector off from before the run until after it (the program's
+    process ends when the command returns; a watcher collects while idle instead): the
+    collection of a heap allocated with the collector paused is not counted in the run."""
     stages = Stages()
 
     def on_stage(text: str) -> None:
@@ -303,9 +318,16 @@ def _run(
         _progress(f"  {label}: {text}")
 
     run_opts = dataclasses.replace(opts, on_stage=on_stage)
-    stages.start = time.perf_counter()
-    report = reconcile(root, run_opts, previous)
-    stages.end = time.perf_counter()
+    was_enabled = gc.isenabled()
+    if oneshot:
+        gc.disable()
+    try:
+        stages.start = time.perf_counter()
+        report = reconcile(root, run_opts, previous)
+        stages.end = time.perf_counter()
+    finally:
+        if was_enabled:
+            gc.enable()
     return report, stages
 
 
@@ -397,6 +419,12 @@ def main() -> None:
     parser.add_argument("--node-format", choices=("yaml", "json"), default="yaml")
     add_unit_options(parser)
     parser.add_argument("--no-configs", action="store_true", help="do not build OCI configs")
+    parser.add_argument(
+        "--write-rounds",
+        type=int,
+        default=2,
+        help="cold runs again, each between two filesystem floors (default 2)",
+    )
     parser.add_argument("--dir", type=Path, help="where to create the state dirs (default: /tmp)")
     parser.add_argument("--keep", action="store_true", help="keep the state dirs")
     parser.add_argument("--profile", action="store_true", help="cProfile a second cold run")
@@ -430,8 +458,10 @@ def _bench(args: argparse.Namespace, base: Path, root: Path) -> None:
         _generate(root, args)
     files = list(iter_input_files(root))
     n_bytes = sum(p.stat().st_size for p in files)
-    pristine = base / "cold-again"  # the inputs as generated, for the second cold run
-    copy_state_dir(root, pristine)
+    # the inputs as generated, for the cold runs again (one copy each)
+    pristines = [base / f"cold-again-{k + 1}" for k in range(args.write_rounds)]
+    for pristine in pristines:
+        copy_state_dir(root, pristine)
 
     _progress(f"floor: PyYAML CSafeLoader over {len(files)} files, 3 times")
     floors = [floor_parse(files) for _ in range(3)]
@@ -440,7 +470,7 @@ def _bench(args: argparse.Namespace, base: Path, root: Path) -> None:
 
     # cold
     _progress("cold reconcile")
-    cold, cold_stages = _run(root, opts, "cold")
+    cold, cold_stages = _run(root, opts, "cold", oneshot=True)
     rss_cold = peak_rss_mib()
     written_shape = tree_shape([root / "out", root / "checkpoint"])  # the cold run's writes
     view = cold.computed.view
@@ -527,23 +557,28 @@ def _bench(args: argparse.Namespace, base: Path, root: Path) -> None:
     rss_end = peak_rss_mib()
 
     # last, and nothing deleted until the end: deleting 45,000 files slows this filesystem's
-    # next inode allocations. The disk's speed changes several-fold from minute to minute
-    # here, so the writes are measured twice, each beside a floor: the floor, a second cold
-    # run (a fresh process's: new caches, the pristine inputs), the floor again; the writes'
-    # ratio is best against best
+    # next inode allocations. This VM's disk and CPU change speed from minute to minute, so
+    # the writes are measured in rounds, floor and cold run alternating: the floor, a cold run
+    # (a fresh process's: new caches, the pristine inputs), the floor again, ... (--write-rounds
+    # cold runs, one floor more); the writes' ratio is best against best
     _progress("filesystem floor: the cold run's directories and files created once, then syncfs")
-    floors_fs = [filesystem_floor(written_shape, base / "fs-floor-1")]
-    _progress("cold reconcile again, on a fresh copy of the inputs")
-    again_opts = ReconcileOptions(
-        configs=None if args.no_configs else default_config_builder(), cache=ReconcileCache()
-    )
-    gc.collect()
-    _again, again_stages = _run(pristine, again_opts, "cold again")
-    del _again
-    gc.collect()
-    _progress("filesystem floor again")
-    floors_fs.append(filesystem_floor(written_shape, base / "fs-floor-2"))
+    floors_fs = [filesystem_floor(written_shape, base / "fs-floor-0")]
+    again_runs: list[Stages] = []
+    for k, pristine in enumerate(pristines, 1):
+        _progress(f"cold reconcile again ({k}/{len(pristines)}), on a fresh copy of the inputs")
+        again_opts = ReconcileOptions(
+            configs=None if args.no_configs else default_config_builder(), cache=ReconcileCache()
+        )
+        gc.collect()
+        _again, stages = _run(pristine, again_opts, "cold again", oneshot=True)
+        again_runs.append(stages)
+        del _again
+        gc.collect()
+        _progress("filesystem floor again")
+        floors_fs.append(filesystem_floor(written_shape, base / f"fs-floor-{k}"))
     fs_create, fs_sync, fs_dirs, fs_files = min(floors_fs, key=lambda f: f[0] + f[1])
+    # the round whose writes were fastest (its stages are the "cold reconcile again" row)
+    again_stages = min(again_runs, key=lambda st: st.durations().get("write", 0.0))
 
     cold_d = cold_stages.durations()
     again_d = again_stages.durations()
@@ -560,7 +595,7 @@ def _bench(args: argparse.Namespace, base: Path, root: Path) -> None:
         f"{fs_dirs} directories + {fs_files} files of the sizes the cold run wrote in out/ and "
         "checkpoint/, each created and written "
         f"once (no temp, rename, fsync or comparison) {fs_create * 1000:.0f} ms, then syncfs "
-        f"{fs_sync * 1000:.0f} ms; best of 2, measured beside each cold run's writes "
+        f"{fs_sync * 1000:.0f} ms; best of {len(floors_fs)}, alternating with the cold runs "
         f"({', '.join(f'{c + y:.3f}' for c, y, _d, _f in floors_fs)} s)",
     )
     table.add(
@@ -573,7 +608,8 @@ def _bench(args: argparse.Namespace, base: Path, root: Path) -> None:
     table.add(
         "cold reconcile again",
         again_stages.total,
-        "a fresh copy of the inputs, new caches, between the two filesystem floors",
+        f"the best of {len(again_runs)} rounds' writes, each on a fresh copy of the inputs with "
+        "new caches, between two filesystem floors",
     )
     table.add("", None, "  " + _breakdown(again_stages))
     table.add(
@@ -625,12 +661,12 @@ def _bench(args: argparse.Namespace, base: Path, root: Path) -> None:
         t_steady,
         f"best of 3; all {n_placed} running where placed: {len(steady_plan.actions)} actions",
     )
-    writes = [d.get("write", 0.0) for d in (cold_d, again_d)]
+    writes = [d.get("write", 0.0) for d in (cold_d, *(r.durations() for r in again_runs))]
     table.add(
         "output writing, cold",
         min(writes),
-        f"best of the two cold runs ({', '.join(f'{w:.3f}' for w in writes)} s): checkpoint, "
-        f"out/, status files, last-good copies, re-read of inputs; out/ {out_files} files "
+        f"best of the {len(writes)} cold runs ({', '.join(f'{w:.3f}' for w in writes)} s): "
+        f"checkpoint, out/, status files, last-good copies; out/ {out_files} files "
         f"{out_bytes / 1e6:.1f} MB, checkpoint/ {cp_files} files {cp_bytes / 1e6:.1f} MB",
     )
     table.add(
@@ -638,11 +674,16 @@ def _bench(args: argparse.Namespace, base: Path, root: Path) -> None:
         cold_d.get("status", 0.0),
         "status.json's report and status.html's page made, in memory (written with the above)",
     )
+    table.add(
+        "inputs checked again, cold",
+        cold_d.get("recheck", 0.0),
+        "every input stat'ed after the writes (an edit made during the run is run again)",
+    )
     if "configs" in cold_d:
         table.add("building OCI configs, cold", cold_d["configs"], "in memory, before writing")
     table.add(
         "output writing, unchanged",
-        second_d.get("write", 0.0) + second_d.get("status", 0.0),
+        second_d.get("write", 0.0) + second_d.get("status", 0.0) + second_d.get("recheck", 0.0),
         "nothing to rewrite",
     )
 

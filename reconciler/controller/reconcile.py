@@ -742,6 +742,8 @@ def reconcile(
                 )
             # level-triggered after all: every input stat'ed (a watcher's hint may have missed
             # an event; an edit may have landed during the run)
+            if opts.on_stage is not None:
+                opts.on_stage("checking the inputs again")
             after, _ = load_state(state_dir, c.view)
             if after.input_hash == c.view.input_hash:
                 # the same objects (the loader keeps them for the same content), with the stat
