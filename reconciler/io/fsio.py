@@ -41,8 +41,8 @@ __all__ = [
     "settled_key",
     "stat_key",
     "write_groups",
-    "write_new_tree",
     "write_if_changed",
+    "write_new_tree",
 ]
 
 StatKey = tuple[int, int, int, int, int]

@@ -285,9 +285,7 @@ def test_a_new_tree_has_its_modes_and_stats_and_never_replaces_a_directory(
         stats = fsio.write_new_tree(str(tmp_path), "top", _tree())
     finally:
         os.umask(old_umask)
-    want = {
-        f"{g.directory}/{name}": (data, mode) for g in _tree() for name, data, mode in g.files
-    }
+    want = {f"{g.directory}/{name}": (data, mode) for g in _tree() for name, data, mode in g.files}
     assert _tree_files(tmp_path / "top") == want
     for g, got in zip(_tree(), stats, strict=True):
         for (name, _data, _mode), s in zip(g.files, got, strict=True):
