@@ -52,6 +52,17 @@ def killed_run(state: Path, target: str) -> int:
     return proc.pid
 
 
+def reconcile_in_a_new_process(state: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "reconciler", "reconcile", "--state", str(state)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
 def temps(state: Path) -> list[str]:
     return sorted(str(p.relative_to(state)) for p in state.rglob(".*.tmp-*"))
 
@@ -71,14 +82,7 @@ def test_a_killed_writers_temps_in_out_instances_are_swept(demo_copy: Path) -> N
     assert f"out/instances/..manifest.json.tmp-{second}" in left
     assert all(t.endswith(f".tmp-{second}") for t in left), left
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "reconciler", "reconcile", "--state", str(demo_copy)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
+    reconcile_in_a_new_process(demo_copy)
     assert temps(demo_copy) == []
     # and what the killed runs meant to write is there, whole
     configs = list((demo_copy / "out" / "instances").glob("*/config.json"))
@@ -93,14 +97,7 @@ def test_a_first_run_killed_before_its_rename_leaves_a_temp_tree_the_next_run_sw
     assert not (out / "instances").exists()  # no instance directory, rather than some of them
     tree = out / f".instances.tmp-{pid}"
     assert len(list(tree.glob("*/config.json"))) >= 4
-    proc = subprocess.run(
-        [sys.executable, "-m", "reconciler", "reconcile", "--state", str(demo_copy)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
+    reconcile_in_a_new_process(demo_copy)
     assert not tree.exists() and temps(demo_copy) == []
     configs = list((out / "instances").glob("*/config.json"))
     assert len(configs) >= 4 and (out / "instances" / ".manifest.json").is_file()

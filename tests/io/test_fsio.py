@@ -228,9 +228,9 @@ def test_groups_never_write_through_a_planted_temp_name(tmp_path: Path) -> None:
     assert sorted(p.name for p in d.iterdir()) == ["config.json", "hosts"]
 
 
-def test_groups_without_syncfs_fsync_files_and_directories(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def fsyncs_without_syncfs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A system without syncfs; the descriptors fsync'ed, in order."""
     synced: list[int] = []
     real = os.fsync
 
@@ -240,6 +240,13 @@ def test_groups_without_syncfs_fsync_files_and_directories(
 
     monkeypatch.setattr(fsio, "_SYNCFS", None)
     monkeypatch.setattr(os, "fsync", fsync)
+    return synced
+
+
+def test_groups_without_syncfs_fsync_files_and_directories(
+    tmp_path: Path, fsyncs_without_syncfs: list[int]
+) -> None:
+    synced = fsyncs_without_syncfs
     groups, _old = _groups(tmp_path)
     fsio.write_groups(groups)
     # six files, the three directories and the parent of the one made
@@ -300,17 +307,8 @@ def test_a_new_tree_has_its_modes_and_stats_and_never_replaces_a_directory(
 
 
 def test_a_new_tree_without_syncfs_fsyncs_every_file_and_directory(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fsyncs_without_syncfs: list[int]
 ) -> None:
-    synced: list[int] = []
-    real = os.fsync
-
-    def fsync(fd: int) -> None:
-        synced.append(fd)
-        real(fd)
-
-    monkeypatch.setattr(fsio, "_SYNCFS", None)
-    monkeypatch.setattr(os, "fsync", fsync)
     fsio.write_new_tree(str(tmp_path), "top", _tree())
     # six files, the three directories, the temp tree, then the parent after the rename
-    assert len(synced) == 6 + 3 + 1 + 1
+    assert len(fsyncs_without_syncfs) == 6 + 3 + 1 + 1
