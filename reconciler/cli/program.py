@@ -15,8 +15,8 @@ goes on (the tests): what the command line leaves out there to start and end soo
   the commands that write, it spares the collection that would follow the run's pause:
   ``reconcile()`` allocates a few million objects with the collector paused, and the first
   collection after the pause walks them all (~0.4 s at 20,000 instances) just before the
-  process exits. A
-  long-running command (``watch``, ``agent``) keeps the collector and collects while idle.
+  process exits. A long-running command (``watch``, ``agent``) keeps the collector and collects
+  while idle.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ __all__ = [
     "iter_files",
     "read_bytes_at",
     "remove_stale_temp_files",
-    "remove_stale_temp_tree",
+    "remove_stale_temp_trees",
     "settled_key",
     "stat_key",
     "write_groups",
@@ -500,7 +500,7 @@ def write_new_tree(
     filesystem is flushed (``syncfs``; an fsync per file and directory where there is none), the
     tree is renamed into place and flushed once more. A reader sees no directory or the whole
     tree; a crash before the rename leaves only the temp tree, which
-    :func:`remove_stale_temp_tree` removes. One rename for the tree instead of one per file:
+    :func:`remove_stale_temp_trees` removes. One rename for the tree instead of one per file:
     what a first run that writes tens of thousands of new files costs beyond creating them.
 
     The hook sees the same steps as :func:`write_groups`'. Returns, per group, its files'
@@ -508,47 +508,52 @@ def write_new_tree(
     step = hook or (lambda _name: None)
     per_file_fsync = sync and _SYNCFS is None
     temp = f"{parent}/.{name}.tmp-{os.getpid()}"
-    remove_stale_temp_tree(parent, temp.rsplit("/", 1)[1])  # a killed writer's, same pid
+    _remove_temp_tree(temp)  # a killed writer's that had this pid
+    # the groups where they are written (as write_groups' own: directories made)
+    placed = [DirWrite(f"{temp}/{g.directory}", g.files, True) for g in groups]
     stats: list[list[FileStat]] = []
     try:
         step("open")
         os.mkdir(temp, 0o755)
-        for g in groups:
-            d = f"{temp}/{g.directory}"
-            os.mkdir(d, 0o755)
+        for g in placed:
+            os.mkdir(g.directory, 0o755)
             stats.append(
-                [_write_temp(f"{d}/{n}", data, mode, per_file_fsync) for n, data, mode in g.files]
+                [
+                    _write_temp(f"{g.directory}/{n}", data, mode, per_file_fsync)
+                    for n, data, mode in g.files
+                ]
             )
         step("write")
         step("fsync")
-        if sync:
-            if _SYNCFS is None:
-                for g in groups:
-                    fsync_dir(Path(f"{temp}/{g.directory}"))
-                fsync_dir(Path(temp))
-            else:
-                _sync_filesystem_of(Path(temp))
+        if sync:  # the files, and the directories made (the temp tree's too)
+            _flush(placed, stats, directories=True)
         step("rename")
         if os.path.lexists(f"{parent}/{name}"):
             raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), f"{parent}/{name}")
         os.rename(temp, f"{parent}/{name}")
     except BaseException:
-        remove_stale_temp_tree(parent, temp.rsplit("/", 1)[1])
+        _remove_temp_tree(temp)
         raise
     step("fsync-dir")
-    if sync:
-        if _SYNCFS is None:
-            fsync_dir(Path(parent))
-        else:
-            _sync_filesystem_of(Path(parent))
+    if sync:  # the rename: the parent directory (its filesystem)
+        _flush([DirWrite(parent, ())], [[]], directories=True)
     return stats
 
 
-def remove_stale_temp_tree(parent: str, name: str) -> bool:
-    """Remove ``parent/name``, a temp tree a killed :func:`write_new_tree` left, if it is a
-    real directory (a symlink or a file in its place is left alone; nothing below it is
-    followed). Call only while holding the lock. Whether one was removed."""
-    path = f"{parent}/{name}"
+def remove_stale_temp_trees(parent: str, name: str) -> int:
+    """Remove the temp trees killed :func:`write_new_tree` calls left for ``parent/name``
+    (``.<name>.tmp-<pid>``), each only if it is a real directory (a symlink or a file in its
+    place is left alone; nothing below it is followed). Call only while holding the lock.
+    Returns how many were removed."""
+    try:
+        with os.scandir(parent) as it:
+            names = sorted(e.name for e in it if e.name.startswith(f".{name}.tmp-"))
+    except OSError:
+        return 0
+    return sum(_remove_temp_tree(f"{parent}/{n}") for n in names)
+
+
+def _remove_temp_tree(path: str) -> bool:
     try:
         st = os.lstat(path)
     except OSError:

@@ -41,7 +41,7 @@ from reconciler.io.fsio import (
     atomic_write_many,
     read_bytes_at,
     remove_stale_temp_files,
-    remove_stale_temp_tree,
+    remove_stale_temp_trees,
     stat_key,
     write_groups,
     write_new_tree,
@@ -358,9 +358,8 @@ def sweep_instance_temps(state_dir: Path) -> int:
     in a verifying run. Returns the number of files (and temp trees) removed."""
     removed = remove_stale_temp_files(state_dir, "out/instances")
     out = instances_dir(state_dir).parent
-    if not out.is_symlink() and out.is_dir():  # a first run's whole tree (write_new_tree)
-        for temp in sorted(out.glob(".instances.tmp-*")):
-            removed += 1 if remove_stale_temp_tree(str(out), temp.name) else 0
+    if not out.is_symlink():  # a first run's whole tree (write_new_tree)
+        removed += remove_stale_temp_trees(str(out), "instances")
     marker = instances_dir(state_dir) / WRITING
     if marker.is_file() and not marker.is_symlink():
         removed += remove_stale_temp_files(state_dir, "out/instances", subdirs=True)
