@@ -661,6 +661,11 @@ def _reconcile_and_show(
             )
             + f" in {report.passes} pass(es)."
         )
+    if store_url is None:  # (a command with --store uses no read cache)
+        # what the first explain after this run would load and balance (its read cache)
+        from reconciler.controller.explaincache import keep_for_explain
+
+        keep_for_explain(state_dir, comp, opts.mode)
     return EXIT_OK
 
 

@@ -193,6 +193,9 @@ class Computed:
     final: tuple[BalanceResult, FinalStates] | None = field(default=None, repr=False, compare=False)
     """The balance's result and its final node states: the status report reads them (instead
     of replaying ``result``) while ``result`` is still that result."""
+    balanced: BalanceResult | None = field(default=None, repr=False, compare=False)
+    """The balancer's own result, before the network phase and the configs took any placement
+    out (``result`` is this very object when they took none)."""
 
     def final_states(self) -> dict[str, NodeSlot] | None:
         """Every node's state with ``result`` reserved, if the balance's own are at hand (the
@@ -374,6 +377,7 @@ def compute_once(
         network if network.state else None,
         nodes,
         None if final is None else (balanced, final),
+        balanced,
     )
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import watchfiles
 
+from reconciler.controller.explaincache import keep_for_explain
 from reconciler.controller.reconcile import (
     ReconcileCache,
     ReconcileError,
@@ -91,6 +92,7 @@ class WatchOptions:
     resync: float = 60.0  # seconds between full resyncs without events
     max_batch: float = 5.0  # never wait longer than this while events keep coming
     stream_idle: float = 300.0  # etcd: re-open a watch stream silent this long (ha.WATCH_IDLE)
+    explain_idle: float = 2.0  # seconds of quiet after a run before explain's cache is written
 
 
 def summary(report: ReconcileReport, elapsed: float) -> str:
@@ -145,6 +147,7 @@ def watch_loop(
     stop_on_signals(stop, log)
 
     last_view: list[StateView] = []  # the view of the last run: parse cache, last good versions
+    unkept: list[ReconcileReport] = []  # the last run, until it is in explain's read cache
 
     def run(reason: str, verify: bool = True, changed: frozenset[str] | None = None) -> None:
         """One run; ``verify=False`` (an event's run) trusts the cache that out/ holds what
@@ -162,8 +165,16 @@ def watch_loop(
         for d in report.computed.diagnostics:
             log.warning("%s", d)
         log.info("%s (%s)", summary(report, time.monotonic() - t0), reason)
+        unkept[:] = [report]
         if on_run is not None:
             on_run(report)
+
+    def keep_when_idle() -> None:
+        """The last run in explain's read cache, once the unit has been quiet for a while
+        (pickling a large unit's inputs takes a few hundred ms: not between an edit and its
+        plan)."""
+        if unkept and time.monotonic() - last >= wopts.explain_idle:
+            keep_for_explain(state_dir, unkept.pop().computed, opts.mode)
 
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     log.info(
@@ -227,6 +238,8 @@ def watch_loop(
             elif fresh and inputs_changed():
                 run("changed while the watcher started")
                 last = time.monotonic()
+            else:
+                keep_when_idle()
             fresh = False
     log.info("stopped")
     return 0

@@ -132,9 +132,12 @@ def _cache_root(environ: Mapping[str, str]) -> Path | None:
     return Path(home) / ".cache" / "reconciler" if home else None
 
 
-def open_cache(state_dir: Path, environ: Mapping[str, str] | None = None) -> ReadCache | None:
-    """The cache of ``state_dir`` (created when missing), or None: turned off, inside
-    :func:`disabled`, or no private directory can be had (the commands then run uncached)."""
+def open_cache(
+    state_dir: Path, environ: Mapping[str, str] | None = None, *, create: bool = True
+) -> ReadCache | None:
+    """The cache of ``state_dir`` (created when missing, unless not ``create``), or None:
+    turned off, inside :func:`disabled`, missing and not to be created, or no private directory
+    can be had (the commands then run uncached)."""
     if _off.get():
         return None
     root = _cache_root(os.environ if environ is None else environ)
@@ -143,6 +146,8 @@ def open_cache(state_dir: Path, environ: Mapping[str, str] | None = None) -> Rea
     # the path as given and as resolved: the view's paths are the given ones
     name = hashlib.sha256(f"{os.path.realpath(state_dir)}\0{state_dir}".encode()).hexdigest()
     directory = root / name[:32]
+    if not create and not directory.is_dir():
+        return None
     try:
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
         directory.mkdir(mode=0o700, exist_ok=True)

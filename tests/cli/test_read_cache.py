@@ -5,10 +5,13 @@ start their loads from the cached inputs too, with the same guarantee."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,7 +23,11 @@ from hypothesis import strategies as st
 
 import reconciler.accel
 from benchmarks.statedir import write_state_dir
+from benchmarks.synth import SHAPES
 from reconciler.cli.commands import main
+from reconciler.controller.configs import default_config_builder
+from reconciler.controller.reconcile import ReconcileOptions
+from reconciler.controller.watch import WatchOptions, watch_loop
 from reconciler.io import fsio, loader, readcache
 from reconciler.placement.instances import expand_instances
 
@@ -74,9 +81,25 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _unit(root: Path, capsys: pytest.CaptureFixture[str], shape: str = "homogeneous") -> Path:
+    """A small unit of ``shape``, reconciled with the cache off (what these tests see is what
+    the read-only commands keep themselves)."""
     write_state_dir(root, 12, 40, seed=3, shape=shape)
-    assert run(capsys, "reconcile", "--state", str(root))[0] == 0
+    with _cache_off():
+        assert run(capsys, "reconcile", "--state", str(root))[0] == 0
     return root
+
+
+@contextlib.contextmanager
+def _cache_off() -> Iterator[None]:
+    was = os.environ.get(readcache.CACHE_ENV)
+    os.environ[readcache.CACHE_ENV] = ""
+    try:
+        yield
+    finally:
+        if was is None:
+            del os.environ[readcache.CACHE_ENV]
+        else:
+            os.environ[readcache.CACHE_ENV] = was
 
 
 @pytest.fixture
@@ -195,6 +218,136 @@ class TestTheNextExplainStartsWarm:
         monkeypatch.setattr(loader, "read_bytes_at", reading)
         run(capsys, *args)
         assert reads == []
+
+
+class TestTheControllerLeavesItsRunThere:
+    """``reconcile`` and ``watch`` leave what they loaded and balanced in the read cache
+    (reconciler.controller.explaincache): the first explain after them parses and balances
+    nothing, and says exactly what an uncached explain says."""
+
+    @pytest.mark.parametrize("shape", SHAPES)
+    def test_the_first_explain_after_a_reconcile_starts_warm(
+        self,
+        tmp_path: Path,
+        capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch,
+        cache_dir: Path,
+        counts: Counts,
+        shape: str,
+    ) -> None:
+        root = _unit(tmp_path / shape, capsys, shape)
+        assert run(capsys, "validate", "--state", str(root))[0] == 0  # (its cache made)
+        services = sorted((root / "desired").glob("*.yaml"))
+        count = yaml.safe_load(services[0].read_text())["instances"]
+        _edit_yaml(services[0], _set(("instances",), count + 1))  # (and a new checkpoint)
+        assert run(capsys, "reconcile", "--state", str(root))[0] == 0
+        for target in (_first_label(root), f"{services[-1].stem}:0", services[1].stem):
+            for extra in ((), ("--json",)):
+                args = ("explain", target, "--state", str(root), *extra)
+                counts.reset()
+                cached = run(capsys, *args)
+                assert (counts.balances, counts.parsed) == (0, 0), (target, extra)
+                assert cached == _uncached(capsys, monkeypatch, *args), (target, extra)
+
+    def test_a_state_directory_no_command_read_gets_no_cache(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str], cache_dir: Path
+    ) -> None:
+        """A unit no one explains does not pay for pickling its inputs on every run."""
+        root = tmp_path / "unit"
+        write_state_dir(root, 12, 40, seed=3)
+        assert run(capsys, "reconcile", "--state", str(root))[0] == 0
+        assert not cache_dir.exists() or list(cache_dir.iterdir()) == []
+        assert run(capsys, "validate", "--state", str(root))[0] == 0
+        assert len(list(cache_dir.glob("*/view.pickle"))) == 1
+        assert not list(cache_dir.glob("*/balance.pickle"))
+        _edit_yaml(sorted((root / "desired").glob("*.yaml"))[0], _set(("instances",), 5))
+        assert run(capsys, "reconcile", "--state", str(root))[0] == 0
+        assert list(cache_dir.glob("*/balance.pickle"))  # from then on, each run kept there
+
+    def test_a_rebalance_leaves_the_inputs_only(
+        self,
+        tmp_path: Path,
+        capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch,
+        cache_dir: Path,
+        counts: Counts,
+    ) -> None:
+        """A rebalance balanced in a mode explain cannot ask for: its result is not the
+        balance explain computes."""
+        root = _unit(tmp_path / "unit", capsys, "preemption")
+        assert run(capsys, "validate", "--state", str(root))[0] == 0  # (its cache made)
+        assert run(capsys, "rebalance", "--state", str(root))[0] == 0
+        args = ("explain", _first_label(root), "--state", str(root), "--json")
+        counts.reset()
+        cached = run(capsys, *args)
+        assert (counts.balances, counts.parsed) == (1, 0)
+        assert cached == _uncached(capsys, monkeypatch, *args)
+
+    def test_a_placement_taken_out_after_the_balance_leaves_the_inputs_only(
+        self,
+        demo_copy: Path,
+        capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch,
+        cache_dir: Path,
+        counts: Counts,
+    ) -> None:
+        """A config that cannot be built takes its instance out after the balance: the
+        checkpoint does not hold that placement, so the run's result is not what explain
+        computes from it (here the instance is placed again, and fails again)."""
+        res = demo_copy / "resources" / "edge-1.json"
+        res.write_text(res.read_text().replace('"groups": ["video"]', '"groups": ["no-group-x"]'))
+        assert run(capsys, "validate", "--state", str(demo_copy))[0] == 0  # (its cache made)
+        assert run(capsys, "reconcile", "--state", str(demo_copy))[0] == 0
+        balances = []
+        for target in ("com.example.nav:0", "com.example.logger:1"):
+            args = ("explain", target, "--state", str(demo_copy), "--json")
+            counts.reset()
+            cached = run(capsys, *args)
+            balances.append(counts.balances)
+            assert cached == _uncached(capsys, monkeypatch, *args), target
+        assert balances == [1, 0]  # (the first explain balanced, and kept it)
+
+    def test_the_watcher_leaves_its_run_once_the_unit_is_quiet(
+        self,
+        demo_copy: Path,
+        capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch,
+        cache_dir: Path,
+        counts: Counts,
+    ) -> None:
+        def kept() -> bool:
+            return any(cache_dir.glob("*/balance.pickle"))
+
+        def watch(idle: float, wait: float) -> bool:
+            """Whether a watcher kept its first run within ``wait`` seconds of its plan."""
+            stop = threading.Event()
+            opts = ReconcileOptions(configs=default_config_builder())
+            wopts = WatchOptions(debounce=0.05, resync=3600.0, explain_idle=idle)
+            thread = threading.Thread(target=watch_loop, args=(demo_copy, opts, wopts, stop))
+            thread.start()
+            try:
+                plan = demo_copy / "out" / "plan.json"
+                deadline = time.monotonic() + 20
+                while not plan.exists() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert plan.exists()
+                deadline = time.monotonic() + wait
+                while not kept() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                return kept()
+            finally:
+                stop.set()
+                thread.join(20)
+
+        assert run(capsys, "validate", "--state", str(demo_copy))[0] == 0  # (its cache made)
+        # its idle ticks come every 0.5 s: after 1.5 s, not before the quiet time has passed
+        assert not watch(3600.0, 1.5)
+        assert watch(0.0, 20)
+        args = ("explain", "com.example.logger:2", "--state", str(demo_copy), "--json")
+        counts.reset()
+        cached = run(capsys, *args)
+        assert counts.balances == 0
+        assert cached == _uncached(capsys, monkeypatch, *args)
 
 
 def _inputs(root: Path) -> list[Path]:
