@@ -108,7 +108,7 @@ UnitInstanceLimit = Annotated[int, Strict(), Field(ge=1, le=UNIT_MAX_INSTANCES_L
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True, defer_build=True)
 
 
 def _unique(values: list[str], what: str) -> None:

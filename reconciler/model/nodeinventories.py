@@ -50,7 +50,7 @@ Units = tuple[int, int | None, int]
 class _Settings(BaseModel):
     """The settings of one resource's inventory; each kind gives its fields their units."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True, defer_build=True)
 
     reserved: int = 0
     allocationRatio: float = 1.0
@@ -111,7 +111,7 @@ class ByteInventory(_Settings):
 class NodeInventories(BaseModel):
     """``inventories`` of a node file: per resource, its inventory settings."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True, defer_build=True)
 
     cpu: CpuInventory = CpuInventory()
     """Inventory settings of CPU (DMIPS)."""

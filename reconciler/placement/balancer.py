@@ -76,6 +76,7 @@ from reconciler.placement.pipeline import (
     best_runtime,
     evaluate,
     failure,
+    matrix_drop,
     ordered_counts,
     summarize,
     summarize_counts,
@@ -903,11 +904,12 @@ def explain(
     for slot in run.all_slots():
         cells: list[str | None] = [f.check(slot, ask) for f in filters.NODE_FILTERS]
         grid = [[rf.check(slot, rt, ask) for rf in filters.RUNTIME_FILTERS] for rt in slot.runtimes]
+        dropped = matrix_drop(cells, grid)  # (what evaluate(slot, ask) would ask them again)
         for k in range(len(filters.RUNTIME_FILTERS)):
             reasons = [checks[k] for checks in grid]
             ok = any(r is None for r in reasons)
             cells.append(None if ok else (reasons[-1] if reasons else "no runtimes"))
-        rows.append((slot.id, tuple(cells), evaluate(slot, ask).dropped_by))
+        rows.append((slot.id, tuple(cells), dropped))
         ids = (rt.runtime.id for rt in slot.runtimes)
         per_runtime.append((slot.id, tuple(zip(ids, map(tuple, grid), strict=True))))
     failure = next((f for f in result.failures if f.instance_id == instance_id), None)

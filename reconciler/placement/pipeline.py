@@ -24,6 +24,7 @@ __all__ = [
     "dynamic_drop",
     "evaluate",
     "failure",
+    "matrix_drop",
     "most_room",
     "nodes_feasible",
     "ordered_counts",
@@ -67,6 +68,27 @@ def evaluate(slot: NodeSlot, ask: Ask) -> Verdict:
             return Verdict((), rf.name, why)
         alive = survivors
     return Verdict(tuple(alive), None)
+
+
+def matrix_drop(
+    node_cells: Sequence[str | None], grid: Sequence[Sequence[str | None]]
+) -> str | None:
+    """``evaluate(slot, ask).dropped_by`` from what ``explain`` already asked every filter:
+    ``node_cells``, each node filter's answer in :data:`filters.NODE_FILTERS` order, and
+    ``grid``, each runtime's answers to :data:`filters.RUNTIME_FILTERS` (the filters are pure:
+    asking them again answers the same)."""
+    for nf, why in zip(filters.NODE_FILTERS, node_cells, strict=True):
+        if why is not None:
+            return nf.name
+    runtime_filters = filters.RUNTIME_FILTERS
+    if not grid:
+        return runtime_filters[0].name
+    alive: Sequence[int] = range(len(grid))
+    for k, rf in enumerate(runtime_filters):
+        alive = [i for i in alive if grid[i][k] is None]
+        if not alive:
+            return rf.name
+    return None
 
 
 def _leading_static(fs: Sequence[filters.NodeFilter] | Sequence[filters.RuntimeFilter]) -> int:

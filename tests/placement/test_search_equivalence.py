@@ -13,11 +13,12 @@ from hypothesis import strategies as st
 from benchmarks.synth import LATE_PREFIX, SHAPES, synth_unit
 from reconciler.accel import BalanceMemo, balance, node_states
 from reconciler.accel import index as class_index
-from reconciler.placement import balancer, pipeline
+from reconciler.placement import balancer, filters, pipeline
 from reconciler.placement.instances import BalanceResult
 from reconciler.placement.pipeline import (
     dynamic_drop,
     evaluate,
+    matrix_drop,
     static_drop,
     static_runtime_verdict,
 )
@@ -165,6 +166,34 @@ def test_the_dynamic_charge_is_the_pipelines_on_every_shape(shape: str, seed: in
                 assert dynamic_drop(slot, ask, static) == evaluate(slot, ask).dropped_by
                 asked += 1
     assert asked
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@SMALL
+@given(seed=st.integers(0, 10_000))
+def test_explains_matrix_drops_each_node_as_the_pipeline_does(shape: str, seed: int) -> None:
+    """``explain`` charges each node from the answers it already has (``matrix_drop``: each
+    node filter's, each runtime's to each runtime filter), not by asking the filters again:
+    the code the whole pipeline gives, on node states with the unit's placements reserved
+    (and on a node without runtimes)."""
+    unit, nodes, services = synth_unit(40, 160, seed, shape)
+    result = balance(unit, nodes, services, mode="fresh")
+    slots = [
+        *node_states(unit, nodes, services, result).values(),
+        slot_of(make_node("bare", runtimes=[])),
+    ]
+    codes = set()
+    for service in services:
+        ask = ask_of(service)
+        for slot in slots:
+            cells = [f.check(slot, ask) for f in filters.NODE_FILTERS]
+            grid = [
+                [f.check(slot, rt, ask) for f in filters.RUNTIME_FILTERS] for rt in slot.runtimes
+            ]
+            want = evaluate(slot, ask).dropped_by
+            assert matrix_drop(cells, grid) == want, slot.id
+            codes.add(want)
+    assert len(codes) > 1
 
 
 def test_the_dynamic_charge_of_a_node_whose_runtimes_all_fail_a_static_filter() -> None:
