@@ -6,8 +6,8 @@ cache").
 The controller only ever writes the cache, never reads it: its own runs start from its own
 memory (a watcher) or from the files (a oneshot), exactly as before. And it only refreshes a
 cache a read-only command of the same user made for the state directory (``explain``,
-``plan``, ``validate``): pickling a large unit's inputs costs about a tenth of its parse, which
-a unit no one explains should not pay on every run.
+``plan``, ``validate``): pickling a large unit's inputs costs an eighth to a fifth of its
+parse, which a unit no one explains should not pay on every run.
 
 What is kept, and why it is what ``explain`` would compute itself:
 
