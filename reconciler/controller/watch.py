@@ -154,6 +154,7 @@ def watch_loop(
         the last run wrote; the first run and every resync check it. ``changed``: the
         events' paths, loaded first (the run stats every input after writing)."""
         t0 = time.monotonic()
+        unkept.clear()  # (a run superseded before it was kept: not held through this one)
         run_opts = opts if verify else dataclasses.replace(opts, verify=False)
         if changed is not None:
             run_opts = dataclasses.replace(run_opts, changed=changed)

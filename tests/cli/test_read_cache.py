@@ -5,13 +5,12 @@ start their loads from the cached inputs too, with the same guarantee."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -84,22 +83,9 @@ def _unit(root: Path, capsys: pytest.CaptureFixture[str], shape: str = "homogene
     """A small unit of ``shape``, reconciled with the cache off (what these tests see is what
     the read-only commands keep themselves)."""
     write_state_dir(root, 12, 40, seed=3, shape=shape)
-    with _cache_off():
+    with readcache.disabled():
         assert run(capsys, "reconcile", "--state", str(root))[0] == 0
     return root
-
-
-@contextlib.contextmanager
-def _cache_off() -> Iterator[None]:
-    was = os.environ.get(readcache.CACHE_ENV)
-    os.environ[readcache.CACHE_ENV] = ""
-    try:
-        yield
-    finally:
-        if was is None:
-            del os.environ[readcache.CACHE_ENV]
-        else:
-            os.environ[readcache.CACHE_ENV] = was
 
 
 @pytest.fixture
