@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import NamedTuple, cast
 
 __all__ = [
+    "Commit",
     "DirWrite",
     "FileReadError",
     "FileStat",
@@ -431,59 +432,286 @@ def _write_temp(path: str, data: bytes, mode: int, fsync: bool) -> FileStat:
     return FileStat(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st_mode)
 
 
+class Commit:
+    """Writes made durable together and visible in order: the form of every batched write
+    here (:func:`write_groups`, :func:`write_new_tree`, :func:`atomic_write_many`), and what
+    ``reconcile`` writes a run through (its last-good copies, checkpoint, configs, network and
+    component files and plan with two flushes, where each had two of its own).
+
+    Each write puts its bytes in a temp file beside its target now (``.<name>.tmp-<pid>``,
+    exclusive create, no symlink followed; a new directory tree under a temp name) and queues
+    the step that makes it visible (a rename); unlinks and removals of directories are queued as
+    steps too. :meth:`flush` makes every step queued so far durable, in order: the filesystems
+    are flushed once (``syncfs``; an ``fsync`` per file as it is written, and per directory,
+    where there is no syncfs), the steps are applied in the order queued, and the filesystems
+    are flushed once more. A crash before the steps leaves every target as it was (the temps
+    are swept by the next run); in the middle of them, the steps queued first (the journal of
+    ext4, xfs or btrfs commits a directory operation after those before it): put a file that
+    names another after it. Every file is old or new, never torn.
+
+    A failure while writing a temp, in a sync or in a step spends the commit: the temps of the
+    steps not applied are removed (:meth:`abort`; as a context manager, on an exception) and
+    the commit refuses further use; a failed sync is never retried. The hook sees ``open``
+    before the first write after a flush, then ``write``, ``fsync``, ``rename`` and
+    ``fsync-dir`` at each flush, each before it happens; ``sync=False`` skips the flushes (the
+    steps are still reported)."""
+
+    __slots__ = (
+        "_devices",
+        "_dirs",
+        "_hook",
+        "_index",
+        "_made",
+        "_opened",
+        "_pending",
+        "_pid",
+        "_spent",
+        "_sync",
+    )
+
+    def __init__(self, *, hook: WriteHook | None = None, sync: bool = True) -> None:
+        self._hook = hook
+        self._sync = sync
+        self._pid = os.getpid()
+        self._pending: list[tuple[str, str, str] | None] = []  # (kind, source, target)
+        self._index: dict[str, int] = {}  # a renamed target's place in _pending
+        self._devices: dict[int, str] = {}  # a directory per filesystem written to
+        self._dirs: set[str] = set()  # (no syncfs) the directories whose entries the steps change
+        self._made: set[str] = set()  # (no syncfs) the directories of a tree, before its rename
+        self._opened = False
+        self._spent = False
+
+    def __enter__(self) -> Commit:
+        return self
+
+    def __exit__(self, kind: object, _value: object, _tb: object) -> None:
+        if kind is None:
+            self.flush()
+        else:
+            self.abort()
+
+    @property
+    def _per_file_fsync(self) -> bool:
+        return self._sync and _SYNCFS is None
+
+    def _step(self, name: str) -> None:
+        if self._hook is not None:
+            self._hook(name)
+
+    def _begin(self) -> None:
+        if self._spent:
+            raise RuntimeError("this commit failed or was aborted; start another")
+        if not self._opened:
+            self._opened = True
+            self._step("open")
+
+    def _temp(self, directory: str, name: str) -> str:
+        return f"{directory}/.{name}.tmp-{self._pid}"
+
+    def _noted(self, dev: int, directory: str) -> None:
+        if dev not in self._devices:
+            self._devices[dev] = directory
+        if _SYNCFS is None:
+            self._dirs.add(directory)
+
+    def _queue(self, kind: str, source: str, target: str) -> None:
+        if kind == "rename":
+            # a target written again before the flush: its last write, at its last place (the
+            # two share their temp name)
+            earlier = self._index.get(target)
+            if earlier is not None:
+                self._pending[earlier] = None
+            self._index[target] = len(self._pending)
+        self._pending.append((kind, source, target))
+
+    def replace(self, path: str | Path, data: bytes, mode: int = 0o600) -> FileStat:
+        """Write ``data`` for ``path`` (with exactly ``mode``), renamed over it at the next
+        flush; its stat as ``lstat`` will read it then."""
+        return self.groups(
+            [DirWrite(os.path.dirname(path) or ".", ((os.path.basename(path), data, mode),))]
+        )[0][0]
+
+    def groups(self, groups: Sequence[DirWrite]) -> list[list[FileStat]]:
+        """Each group's files written beside their targets (a ``create`` group's directory
+        made now, mode 0755 less the umask), renamed at the next flush group after group, each
+        group's files in their order; per group, its files' stats as ``lstat`` will read them
+        once renamed."""
+        self._begin()
+        stats: list[list[FileStat]] = []
+        try:
+            for g in groups:
+                d = g.directory
+                if g.create:
+                    os.mkdir(d, 0o755)
+                    if _SYNCFS is None:
+                        self._dirs.add(os.path.dirname(d) or ".")
+                out: list[FileStat] = []
+                stats.append(out)
+                for name, data, mode in g.files:
+                    temp = self._temp(d, name)
+                    self._queue("rename", temp, f"{d}/{name}")  # (before: abort removes it)
+                    out.append(_write_temp(temp, data, mode, self._per_file_fsync))
+                if out:
+                    self._noted(out[0].dev, d)
+                elif g.create:
+                    self._noted(os.stat(d).st_dev, d)
+        except BaseException:
+            self.abort()
+            raise
+        return stats
+
+    def new_tree(self, parent: str, name: str, groups: Sequence[DirWrite]) -> list[list[FileStat]]:
+        """The directory ``parent/name``, which must not exist then, holding ``groups`` (each
+        ``directory`` a name relative to it, made, with its files), renamed into place at the
+        next flush (``FileExistsError`` there if something took its name): the whole tree is
+        written now under a temp name with the files' final names. A reader sees no directory
+        or the whole tree; a crash before the rename leaves only the temp tree, which
+        :func:`remove_stale_temp_trees` removes. Per group, its files' stats (a rename keeps
+        them)."""
+        self._begin()
+        temp = self._temp(parent, name)
+        _remove_temp_tree(temp)  # a killed writer's that had this pid
+        stats: list[list[FileStat]] = []
+        try:
+            os.mkdir(temp, 0o755)
+            self._queue("tree", temp, f"{parent}/{name}")
+            fsync = self._per_file_fsync
+            for g in groups:
+                d = f"{temp}/{g.directory}"
+                os.mkdir(d, 0o755)
+                stats.append(
+                    [_write_temp(f"{d}/{n}", data, mode, fsync) for n, data, mode in g.files]
+                )
+                if _SYNCFS is None:
+                    self._made.add(d)
+            if _SYNCFS is None:
+                self._made.add(temp)
+                self._dirs.add(parent)
+            self._noted(os.stat(temp).st_dev, parent)
+        except BaseException:
+            self.abort()
+            raise
+        return stats
+
+    def link(self, source: str | Path, path: str | Path) -> None:
+        """``path`` becomes another name of ``source``'s inode (a hard link, made now under a
+        temp name and renamed over ``path`` at the next flush); ``OSError`` when the
+        filesystem has no hard links (nothing is queued then)."""
+        self._begin()
+        directory, name = os.path.split(os.fspath(path))
+        temp = self._temp(directory or ".", name)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        os.link(source, temp, follow_symlinks=False)
+        self._queue("rename", temp, os.fspath(path))
+        self._noted(os.lstat(temp).st_dev, directory or ".")
+
+    def unlink(self, path: str | Path) -> None:
+        """Remove the file ``path`` at the next flush (gone already: nothing to do)."""
+        self._begin()
+        directory = os.path.dirname(os.fspath(path)) or "."
+        self._queue("unlink", "", os.fspath(path))
+        self._noted(os.stat(directory).st_dev, directory)
+
+    def remove_tree(self, path: str | Path) -> None:
+        """Remove the directory ``path`` and everything below it at the next flush (nothing
+        below it is followed)."""
+        self._begin()
+        directory = os.path.dirname(os.fspath(path)) or "."
+        self._queue("rmtree", "", os.fspath(path))
+        self._noted(os.stat(directory).st_dev, directory)
+
+    @property
+    def pending(self) -> bool:
+        """Whether a step waits for the next flush."""
+        return bool(self._pending)
+
+    def flush(self) -> None:
+        """Make every step queued so far durable, in order (see the class); the commit stays
+        open for more."""
+        if self._spent:
+            raise RuntimeError("this commit failed or was aborted; start another")
+        if not self._pending:
+            return
+        step = self._step
+        applied = 0
+        try:
+            step("write")
+            step("fsync")
+            if self._sync:
+                self._flush_filesystems(self._made)
+            step("rename")
+            for op in self._pending:
+                if op is not None:
+                    _apply(*op)
+                applied += 1
+            step("fsync-dir")
+            if self._sync:
+                self._flush_filesystems(self._dirs)
+        except BaseException:
+            del self._pending[:applied]
+            self.abort()
+            raise
+        self._pending.clear()
+        self._index.clear()
+        self._devices.clear()
+        self._dirs.clear()
+        self._made.clear()
+        self._opened = False
+
+    def _flush_filesystems(self, directories: set[str]) -> None:
+        """syncfs once per filesystem written to; without syncfs, the files were fsynced as
+        they were written, and each of ``directories`` is fsynced."""
+        if _SYNCFS is None:
+            for directory in sorted(directories):
+                fsync_dir(Path(directory))
+            return
+        for directory in sorted(self._devices.values()):
+            _sync_filesystem_of(Path(directory))
+
+    def abort(self) -> None:
+        """Remove the temps of every step not applied; the commit is spent."""
+        self._spent = True
+        for op in self._pending:
+            if op is None:
+                continue
+            kind, source, _target = op
+            if kind == "rename":
+                with contextlib.suppress(OSError):
+                    os.unlink(source)
+            elif kind == "tree":
+                _remove_temp_tree(source)
+        self._pending.clear()
+        self._index.clear()
+
+
+def _apply(kind: str, source: str, target: str) -> None:
+    if kind == "rename":
+        os.replace(source, target)
+    elif kind == "tree":
+        if os.path.lexists(target):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), target)
+        os.rename(source, target)
+    elif kind == "unlink":
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(target)
+    else:  # rmtree
+        st = os.lstat(target) if os.path.lexists(target) else None
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(target)
+        elif st is not None:
+            os.unlink(target)
+
+
 def write_groups(
     groups: Sequence[DirWrite], *, hook: WriteHook | None = None, sync: bool = True
 ) -> list[list[FileStat]]:
     """Replace many files durably, each old or new after a crash, never torn (the batch form
-    of :func:`atomic_write`). Every temp file is made beside its target (``.<name>.tmp-<pid>``,
-    exclusive create, no symlink followed), the filesystems are flushed once (``syncfs``; one
-    ``fsync`` per file where there is no syncfs), every temp is renamed over its target, group
-    after group, each group's files in their order, and the filesystems are flushed once more
-    (that makes the renames, and the directories made, durable). A failure before the renames,
-    a failed sync included, leaves every target as it was and removes the temps; a failed sync
-    is never retried.
-
-    The hook sees ``open``, ``write``, ``fsync``, ``rename`` and ``fsync-dir``, each before it
-    happens (as with :func:`atomic_write`); ``sync=False`` skips the flushes (``fsync`` and
-    ``fsync-dir`` are still reported). Returns, per group, its files' stats as ``lstat`` reads
+    of :func:`atomic_write`): one :class:`Commit` of the groups, renamed group after group,
+    each group's files in their order. Returns, per group, its files' stats as ``lstat`` reads
     them once renamed."""
-    step = hook or (lambda _name: None)
-    pid = os.getpid()
-    per_file_fsync = sync and _SYNCFS is None
-    stats: list[list[FileStat]] = []
-    renamed = 0  # groups wholly renamed
-    try:
-        step("open")
-        for g in groups:
-            d = g.directory
-            if g.create:
-                os.mkdir(d, 0o755)
-            out: list[FileStat] = []
-            stats.append(out)  # before the first temp: a failure removes what exists
-            for name, data, mode in g.files:
-                out.append(_write_temp(f"{d}/.{name}.tmp-{pid}", data, mode, per_file_fsync))
-        step("write")
-        step("fsync")
-        if sync:
-            _flush(groups, stats)
-        step("rename")
-        for g in groups:
-            d = g.directory
-            for name, _data, _mode in g.files:
-                os.replace(f"{d}/.{name}.tmp-{pid}", f"{d}/{name}")
-            renamed += 1
-        step("fsync-dir")
-        if sync:
-            _flush(groups, stats, directories=True)
-    except BaseException:
-        # the temps of every group begun and not wholly renamed (a group's renames stop at the
-        # first failure: the temps after it are still there)
-        for g in groups[renamed : len(stats)]:
-            for name, _data, _mode in g.files:
-                with contextlib.suppress(OSError):
-                    os.unlink(f"{g.directory}/.{name}.tmp-{pid}")
-        raise
-    return stats
+    with Commit(hook=hook, sync=sync) as commit:
+        return commit.groups(groups)
 
 
 def write_new_tree(
@@ -495,55 +723,18 @@ def write_new_tree(
     sync: bool = True,
 ) -> list[list[FileStat]]:
     """Make the directory ``parent/name``, which must not exist, holding ``groups`` (each
-    ``directory`` a name relative to it, made, with its files), all at once: the whole tree is
-    written under a temp name (``.<name>.tmp-<pid>``) with the files' final names, the
-    filesystem is flushed (``syncfs``; an fsync per file and directory where there is none), the
-    tree is renamed into place and flushed once more. A reader sees no directory or the whole
-    tree; a crash before the rename leaves only the temp tree, which
-    :func:`remove_stale_temp_trees` removes. One rename for the tree instead of one per file:
-    what a first run that writes tens of thousands of new files costs beyond creating them.
-
-    The hook sees the same steps as :func:`write_groups`'. Returns, per group, its files'
-    stats as ``lstat`` reads them once renamed (a rename keeps them)."""
-    step = hook or (lambda _name: None)
-    per_file_fsync = sync and _SYNCFS is None
-    temp = f"{parent}/.{name}.tmp-{os.getpid()}"
-    _remove_temp_tree(temp)  # a killed writer's that had this pid
-    # the groups where they are written (as write_groups' own: directories made)
-    placed = [DirWrite(f"{temp}/{g.directory}", g.files, True) for g in groups]
-    stats: list[list[FileStat]] = []
-    try:
-        step("open")
-        os.mkdir(temp, 0o755)
-        for g in placed:
-            os.mkdir(g.directory, 0o755)
-            stats.append(
-                [
-                    _write_temp(f"{g.directory}/{n}", data, mode, per_file_fsync)
-                    for n, data, mode in g.files
-                ]
-            )
-        step("write")
-        step("fsync")
-        if sync:  # the files, and the directories made (the temp tree's too)
-            _flush(placed, stats, directories=True)
-        step("rename")
-        if os.path.lexists(f"{parent}/{name}"):
-            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), f"{parent}/{name}")
-        os.rename(temp, f"{parent}/{name}")
-    except BaseException:
-        _remove_temp_tree(temp)
-        raise
-    step("fsync-dir")
-    if sync:  # the rename: the parent directory (its filesystem)
-        _flush([DirWrite(parent, ())], [[]], directories=True)
-    return stats
+    ``directory`` a name relative to it, made, with its files), all at once: one
+    :class:`Commit` of :meth:`Commit.new_tree`. One rename for the tree instead of one per
+    file: what a first run that writes tens of thousands of new files costs beyond creating
+    them."""
+    with Commit(hook=hook, sync=sync) as commit:
+        return commit.new_tree(parent, name, groups)
 
 
 def remove_stale_temp_trees(parent: str, name: str) -> int:
-    """Remove the temp trees killed :func:`write_new_tree` calls left for ``parent/name``
-    (``.<name>.tmp-<pid>``), each only if it is a real directory (a symlink or a file in its
-    place is left alone; nothing below it is followed). Call only while holding the lock.
+    """Remove the temp trees killed writers left for ``parent/name`` (``.<name>.tmp-<pid>``,
+    see :meth:`Commit.new_tree`), each only if it is a real directory (a symlink or a file in
+    its place is left alone; nothing below it is followed). Call only while holding the lock.
     Returns how many were removed."""
     try:
         with os.scandir(parent) as it:
@@ -564,40 +755,23 @@ def _remove_temp_tree(path: str) -> bool:
     return not os.path.lexists(path)
 
 
-def _flush(
-    groups: Sequence[DirWrite], stats: Sequence[Sequence[FileStat]], *, directories: bool = False
-) -> None:
-    """syncfs once per filesystem the files are on; without syncfs, the files were fsynced as
-    they were written and ``directories`` fsyncs each directory once (and the parent of each
-    directory made)."""
-    if _SYNCFS is None:
-        if directories:
-            made = {os.path.dirname(g.directory) for g in groups if g.create}
-            for directory in sorted({g.directory for g in groups} | made):
-                fsync_dir(Path(directory))
-        return
-    one_per_device: dict[int, str] = {}
-    for g, files in zip(groups, stats, strict=True):
-        dev = files[0].dev if files else os.stat(g.directory).st_dev
-        if dev not in one_per_device:
-            one_per_device[dev] = g.directory
-    for directory in sorted(one_per_device.values()):
-        _sync_filesystem_of(Path(directory))
-
-
 def atomic_write_many(
-    items: Sequence[tuple[Path, bytes, int]], *, hook: WriteHook | None = None
+    items: Sequence[tuple[Path, bytes, int]],
+    *,
+    hook: WriteHook | None = None,
+    commit: Commit | None = None,
 ) -> None:
-    """:func:`atomic_write` for many files with batched syncs: every temp file is written,
-    the filesystem is flushed once (syncfs), every temp is renamed over its target, in the
-    order given, and the filesystem is flushed once more. A crash leaves each file old or new;
-    a failed sync ends the run before any rename (the old files stay). (See
-    :func:`write_groups`.)"""
+    """:func:`atomic_write` for many files with batched syncs: one :class:`Commit`, the files
+    renamed in the order given. With ``commit``, the files join it (made visible at its next
+    flush) instead."""
     if not items:
+        return
+    groups = [DirWrite(str(path.parent), ((path.name, data, mode),)) for path, data, mode in items]
+    if commit is not None:
+        commit.groups(groups)
         return
     if _SYNCFS is None:  # no syncfs: one fsync per file
         for path, data, mode in items:
             atomic_write(path, data, mode=mode, hook=hook)
         return
-    groups = [DirWrite(str(path.parent), ((path.name, data, mode),)) for path, data, mode in items]
     write_groups(groups, hook=hook)

@@ -312,3 +312,129 @@ def test_a_new_tree_without_syncfs_fsyncs_every_file_and_directory(
     fsio.write_new_tree(str(tmp_path), "top", _tree())
     # six files, the three directories, the temp tree, then the parent after the rename
     assert len(fsyncs_without_syncfs) == 6 + 3 + 1 + 1
+
+
+# ------------------------------------------------------------------------------ Commit
+
+
+def _commit_steps(commit: fsio.Commit, top: Path) -> list[tuple[str, bytes | None]]:
+    """Queue one of each step in ``top`` (files ``a``..``c`` hold ``old``, ``gone/`` a tree,
+    ``victim`` a file); what each target holds once its step is applied (None: absent)."""
+    for name in ("a", "b", "victim"):
+        (top / name).write_bytes(b"old " + name.encode())
+    (top / "gone").mkdir()
+    (top / "gone" / "x").write_bytes(b"x")
+    commit.replace(top / "a", b"new a")
+    commit.link(top / "b", top / "b.previous")
+    commit.replace(top / "b", b"new b")
+    commit.new_tree(str(top), "tree", [fsio.DirWrite("i", [("f", b"in tree", 0o600)])])
+    commit.unlink(top / "victim")
+    commit.remove_tree(top / "gone")
+    return [
+        ("a", b"new a"),
+        ("b.previous", b"old b"),
+        ("b", b"new b"),
+        ("tree/i/f", b"in tree"),
+        ("victim", None),
+        ("gone/x", None),
+    ]
+
+
+def _holds(path: Path) -> bytes | None:
+    return path.read_bytes() if path.exists() else None
+
+
+def test_a_commit_shows_nothing_before_its_flush_then_every_step(tmp_path: Path) -> None:
+    commit = fsio.Commit()
+    steps = _commit_steps(commit, tmp_path)
+    assert commit.pending
+    assert [_holds(tmp_path / rel) for rel, _ in steps] == [
+        b"old a",
+        None,
+        b"old b",
+        None,
+        b"old victim",
+        b"x",
+    ]
+    commit.flush()
+    assert [_holds(tmp_path / rel) for rel, _ in steps] == [want for _, want in steps]
+    assert not commit.pending
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "b.previous", "tree"]
+    assert not os.path.samefile(tmp_path / "b.previous", tmp_path / "b")
+
+
+@pytest.mark.parametrize("k", range(1, 7))
+def test_a_commit_failing_at_a_step_has_applied_exactly_the_steps_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, k: int
+) -> None:
+    """The steps are applied in the order queued: a failure at the k-th leaves the k-1 before
+    it done, the others not, no temp behind, and the commit spent."""
+    commit = fsio.Commit()
+    steps = _commit_steps(commit, tmp_path)
+    olds = [b"old a", None, b"old b", None, b"old victim", b"x"]
+    failing = _FailAt(k)
+    monkeypatch.setattr(fsio, "_apply", failing.wrap(fsio._apply))
+    with pytest.raises(OSError):
+        commit.flush()
+    got = [_holds(tmp_path / rel) for rel, _ in steps]
+    assert got == [want for _, want in steps[: k - 1]] + olds[k - 1 :]
+    assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []
+    with pytest.raises(RuntimeError, match="start another"):
+        commit.replace(tmp_path / "a", b"again")
+
+
+def test_a_commit_flushes_each_filesystem_twice_per_flush_and_stays_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if fsio._SYNCFS is None:
+        pytest.skip("no syncfs on this system: a commit fsyncs each file and directory instead")
+    synced: list[Path] = []
+    monkeypatch.setattr(fsio, "_sync_filesystem_of", synced.append)
+    (tmp_path / "d").mkdir()
+    with fsio.Commit() as commit:
+        for i in range(50):
+            commit.replace(tmp_path / "d" / f"f{i}", b"x")
+        commit.groups([fsio.DirWrite(str(tmp_path / "e"), [("g", b"y", 0o600)], True)])
+        commit.flush()
+        assert len(synced) == 2
+        commit.flush()  # nothing queued: no flush
+        assert len(synced) == 2
+        commit.replace(tmp_path / "d" / "f0", b"z")
+    assert len(synced) == 4  # the context's exit flushes what is left
+    assert (tmp_path / "d" / "f0").read_bytes() == b"z"
+    assert (tmp_path / "e" / "g").read_bytes() == b"y"
+
+
+def test_a_target_written_twice_before_a_flush_holds_the_last_bytes(tmp_path: Path) -> None:
+    with fsio.Commit() as commit:
+        commit.replace(tmp_path / "f", b"first")
+        commit.replace(tmp_path / "g", b"g")
+        commit.replace(tmp_path / "f", b"second")
+    assert (tmp_path / "f").read_bytes() == b"second"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f", "g"]
+
+
+def test_an_exception_inside_a_commit_leaves_every_target_as_it_was(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"old")
+    with pytest.raises(Boom), fsio.Commit() as commit:
+        commit.replace(tmp_path / "f", b"new")
+        commit.new_tree(str(tmp_path), "tree", [fsio.DirWrite("i", [("f", b"t", 0o600)])])
+        raise Boom("the caller failed before its flush")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+    assert (tmp_path / "f").read_bytes() == b"old"
+
+
+def test_a_commit_without_syncfs_fsyncs_files_then_directories(
+    tmp_path: Path, fsyncs_without_syncfs: list[int]
+) -> None:
+    synced = fsyncs_without_syncfs
+    (tmp_path / "d").mkdir()
+    with fsio.Commit() as commit:
+        commit.replace(tmp_path / "d" / "f", b"x")
+        commit.new_tree(str(tmp_path), "tree", [fsio.DirWrite("i", [("f", b"t", 0o600)])])
+        files = len(synced)
+    # each file as it was written; at the flush the tree's two directories (before its
+    # rename), then d and the tree's parent (after the steps)
+    assert files == 2
+    assert len(synced) == 2 + 2 + 2
+    assert (tmp_path / "tree" / "i" / "f").read_bytes() == b"t"
