@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from reconciler.io.fsio import (
+    Commit,
     DirWrite,
     FileReadError,
     FileStat,
@@ -43,8 +44,6 @@ from reconciler.io.fsio import (
     remove_stale_temp_files,
     remove_stale_temp_trees,
     stat_key,
-    write_groups,
-    write_new_tree,
 )
 from reconciler.model.jsonbytes import fragment, join_object, member, pretty_json
 from reconciler.model.values import validate_id
@@ -223,11 +222,18 @@ def _read_manifest(root: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _fingerprints(directory: str) -> dict[str, list[int]] | None:
+def _fingerprints(
+    directory: str, written: Mapping[str, FileStat] | None = None
+) -> dict[str, list[int]] | None:
     """(inode, size, mtime_ns, mode) of each file, as lstat sees them; None if one is not a
-    regular file."""
+    regular file. ``written``: files just written, by name, with their stats as they will be
+    once renamed (their renames may wait for a commit's flush)."""
     out: dict[str, list[int]] = {}
     for name in _FILES:
+        made = written.get(name) if written is not None else None
+        if made is not None:
+            out[name] = [made.ino, made.size, made.mtime_ns, made.mode]
+            continue
         try:
             st = os.lstat(f"{directory}/{name}")
         except OSError:
@@ -376,6 +382,7 @@ def write_instance_outputs(
     verify: bool = True,
     defer_manifest: bool = False,
     since: tuple[Mapping[str, BuiltConfig], frozenset[str]] | None = None,
+    commit: Commit | None = None,
 ) -> WriteReport:
     """Write ``config.json`` and ``hosts`` for every built instance; remove stale instances.
 
@@ -390,7 +397,9 @@ def write_instance_outputs(
     the memo and ``verify``. ``defer_manifest`` leaves the manifest to the caller
     (:attr:`WriteReport.manifest`): ``reconcile`` writes it with the status report, after the
     plan is out. ``since`` (see :attr:`BuildResult.since`): ``built`` is the mapping given to
-    the memo's last call but at these ids; a trusting call then looks at these only."""
+    the memo's last call but at these ids; a trusting call then looks at these only.
+    ``commit``: the files, and the removal of the stale instances, join it (made visible at its
+    next flush, the caller's) instead of a commit of their own."""
     out = Path(os.path.abspath(state_dir)) / "out"
     root = out / "instances"
     root_str = str(root)
@@ -537,26 +546,42 @@ def write_instance_outputs(
     # a first run writes the whole directory under a temp name with the files' final names and
     # renames it into place: one rename, not two per instance (a reader sees no out/instances
     # or all of it; a killed writer's temp tree is swept like its temp files)
-    if fresh and groups:
-        tree = [DirWrite(iid, g.files, True) for iid, g in zip(group_ids, groups, strict=True)]
-        stats = write_new_tree(str(out), "instances", tree, sync=sync)
-    else:
-        if fresh:
-            _ensure_dir(root)
-        marker = f"{root_str}/{WRITING}"
-        if groups:
-            _mark(marker)
-        stats = write_groups(groups, sync=sync)
-        if groups:
-            os.unlink(marker)
+    own = Commit(sync=sync) if commit is None else None
+    batch = commit if commit is not None else own
+    assert batch is not None
+    try:
+        if fresh and groups:
+            tree = [DirWrite(iid, g.files, True) for iid, g in zip(group_ids, groups, strict=True)]
+            stats = batch.new_tree(str(out), "instances", tree)
+        else:
+            if fresh:
+                _ensure_dir(root)
+            marker = f"{root_str}/{WRITING}"
+            if groups:
+                _mark(marker)
+            stats = batch.groups(groups)
+            if groups:
+                batch.unlink(marker)  # once every file of the batch is renamed
+        if own is not None:
+            own.flush()
+    except BaseException:
+        batch.abort()
+        raise
     both: dict[str, list[FileStat]] = {}  # instances whose two files were both written
+    some: dict[str, dict[str, FileStat]] = {}  # those with one (the other unchanged)
     for iid, group, group_stats in zip(group_ids, groups, stats, strict=True):
         if len(group.files) == len(_FILES):
             both[iid] = group_stats
+        else:
+            some[iid] = {
+                name: st for (name, _d, _m), st in zip(group.files, group_stats, strict=True)
+            }
     changed = False  # whether the manifest's content changes (when prev is not None)
     for iid in compared:
         made = both.get(iid)
-        fingerprints = _fingerprints(f"{root_str}/{iid}") if made is None else _from_stats(made)
+        fingerprints = (
+            _fingerprints(f"{root_str}/{iid}", some.get(iid)) if made is None else _from_stats(made)
+        )
         fragment: bytes | None = None
         if prev is None:
             new_manifest[iid] = {"digest": content_digest(built[iid]), "files": fingerprints}
@@ -583,7 +608,7 @@ def write_instance_outputs(
         if defer_manifest:
             pending = PendingManifest(root / MANIFEST, make, memo)
         else:
-            atomic_write_many([(root / MANIFEST, make(), 0o600)])
+            atomic_write_many([(root / MANIFEST, make(), 0o600)], commit=commit)
 
     removed: list[str] = []
     keep = built.keys()
@@ -598,7 +623,10 @@ def write_instance_outputs(
             name for name, is_dir in listing.items() if is_dir and name not in keep and _is_id(name)
         )
     for name in stale:
-        shutil.rmtree(root / name)
+        if commit is not None:
+            commit.remove_tree(root / name)
+        else:
+            shutil.rmtree(root / name)
         removed.append(name)
     if memo is not None:
         # a manifest still to write: the memo describes the directory once it is written

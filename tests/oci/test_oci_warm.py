@@ -606,16 +606,16 @@ def test_a_failed_call_leaves_the_memo_empty(
     write_instance_outputs(tmp_path, built, memo=memo)
     changed = dict(built)
     changed[ids[0]] = BuiltConfig.of({"ociVersion": "1.0.2", "hostname": "b"}, built[ids[0]].hosts)
-    real = reconciler.io.fsio.write_groups
+    real = reconciler.io.fsio.Commit.flush
 
-    def fails_after_the_renames(groups: Any, **kw: Any) -> Any:
-        real(groups, **kw)
+    def fails_after_the_renames(commit: reconciler.io.fsio.Commit) -> None:
+        real(commit)
         raise OSError("disk full")  # the instance files are in, the manifest is the old one
 
-    monkeypatch.setattr(oci_writer, "write_groups", fails_after_the_renames)
+    monkeypatch.setattr(reconciler.io.fsio.Commit, "flush", fails_after_the_renames)
     with pytest.raises(OSError, match="disk full"):
         write_instance_outputs(tmp_path, changed, memo=memo, verify=False)
-    monkeypatch.setattr(oci_writer, "write_groups", real)
+    monkeypatch.setattr(reconciler.io.fsio.Commit, "flush", real)
     assert len(memo) == 0
     # the memo's old entry (the first config, the very same object) must not be trusted
     report = write_instance_outputs(tmp_path, built, memo=memo, verify=False)
@@ -918,3 +918,31 @@ def test_an_instance_count_edit_passes_the_last_jobs_back(
             assert got.since is not None and not got.since[1] & plain_ids
         assert _outcome(got) == _outcome(fresh(tmp_path, view, result, cp)) == _outcome(first)
         result = replace(result, revision=2, changes=Changes(1, frozenset()))
+
+
+def test_a_write_joined_to_a_commit_shows_at_its_flush_and_records_what_it_renames(
+    tmp_path: Path,
+) -> None:
+    """With the caller's commit nothing is visible before its flush; an instance of which one
+    file of two changed is recorded with the new file's stat (its rename waits for the
+    flush), so a verifying call after it finds every file as recorded and writes nothing."""
+    built, memo = built_configs(3), WriteMemo()
+    ids = sorted(built)
+    write_instance_outputs(tmp_path, built, memo=memo)
+    changed = dict(built)
+    changed[ids[0]] = dataclasses.replace(built[ids[0]], hosts="10.0.0.9 other\n")  # hosts only
+    del changed[ids[2]]  # a stale instance: its directory goes at the flush
+    commit = reconciler.io.fsio.Commit()
+    report = write_instance_outputs(tmp_path, changed, memo=memo, commit=commit)
+    assert report.written == (f"instances/{ids[0]}/hosts",)
+    assert report.removed == (ids[2],)
+    visible = {k: v for k, v in _files(tmp_path).items() if ".tmp-" not in k}
+    assert visible == expected_files(built)
+    commit.flush()
+    assert _files(tmp_path) == expected_files(changed)
+    again = write_instance_outputs(tmp_path, changed, memo=memo, verify=True)
+    assert again.written == () and again.removed == ()
+    assert memo.compared == 0  # every file's stat as recorded: none read
+    fresh = WriteMemo()  # the manifest on disk says the same
+    write_instance_outputs(tmp_path, changed, memo=fresh, verify=True)
+    assert fresh.compared == 0
