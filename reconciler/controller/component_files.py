@@ -14,7 +14,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from reconciler.io.fsio import FileReadError, atomic_write_many, ensure_dir, read_bytes_at
+from reconciler.io.fsio import (
+    Commit,
+    FileReadError,
+    atomic_write_many,
+    ensure_dir,
+    read_bytes_at,
+)
 from reconciler.model.documents import Node, Service
 from reconciler.model.jsonbytes import pretty_json
 from reconciler.model.values import validate_id
@@ -65,9 +71,11 @@ def write_component_files(
     result: BalanceResult,
     *,
     components: int | None = None,
+    commit: Commit | None = None,
 ) -> list[str]:
     """Write ``out/components/``; returns what was written or removed (relative paths).
-    ``components``: how many of ``services`` are components, when the caller has counted."""
+    ``components``: how many of ``services`` are components, when the caller has counted;
+    ``commit``: the files join it (visible at its flush) instead of a commit of their own."""
     directory = state_dir / "out" / COMPONENTS_DIR
     if components is None:
         components = sum(1 for s in services.values() if s.type == "component")
@@ -88,7 +96,7 @@ def write_component_files(
             current = None
         if current != data:
             batch.append((path, data, 0o644))
-    atomic_write_many(batch)
+    atomic_write_many(batch, commit=commit)
     changed = [str(p.relative_to(state_dir)) for p, _d, _m in batch]
     for entry in sorted(os.listdir(directory)):
         if entry.endswith(".json") and entry[: -len(".json")] not in docs:

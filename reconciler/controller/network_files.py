@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from reconciler.io.fsio import FileReadError, atomic_write_many, read_bytes_at
+from reconciler.io.fsio import Commit, FileReadError, atomic_write_many, read_bytes_at
 from reconciler.model.jsonbytes import pretty_json
 from reconciler.planning.network import InstanceNetwork, NetworkResult
 
@@ -37,7 +37,10 @@ def _differs(path: Path, data: bytes) -> bool:
 
 
 def write_network_files(
-    state_dir: Path, network: NetworkResult | None, built: Iterable[str]
+    state_dir: Path,
+    network: NetworkResult | None,
+    built: Iterable[str],
+    commit: Commit | None = None,
 ) -> list[str]:
     """Write the network files of this run; ``built``: the ids whose config was written (an
     instance's files go into its directory only when it has one). Returns what it wrote or
@@ -47,6 +50,10 @@ def write_network_files(
     had = top.exists() or top.is_symlink()
     if network is None and not had:
         return []  # networks were off last run too: nothing to look at
+    if commit is not None and not os.path.isdir(out / "instances"):
+        # a first run's instance directories wait for the commit's flush to be renamed into
+        # place (one tree): they are made first, the network files go into them
+        commit.flush()
     instances: Mapping[str, InstanceNetwork] = network.instances if network is not None else {}
     batch: list[tuple[Path, bytes, int]] = []
     written: list[str] = []
@@ -64,7 +71,7 @@ def write_network_files(
         data = pretty_json(network.network_json())
         if _differs(top, data):
             batch.append((top, data, 0o644))
-    atomic_write_many(batch)
+    atomic_write_many(batch, commit=commit)
     written += [str(p.relative_to(state_dir)) for p, _d, _m in batch]
     if network is None:
         gone.append(top)

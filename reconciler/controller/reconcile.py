@@ -36,6 +36,7 @@ from reconciler.io.checkpoint_files import (
     save_checkpoint,
 )
 from reconciler.io.fsio import (
+    Commit,
     FileReadError,
     StatKey,
     WriteHook,
@@ -470,12 +471,18 @@ def _changed(
 
 
 def _write_outputs(
-    state_dir: Path, c: Computed, opts: ReconcileOptions, checkpoint: bytes | None
+    state_dir: Path,
+    c: Computed,
+    opts: ReconcileOptions,
+    checkpoint: bytes | None,
+    commit: Commit,
 ) -> tuple[list[str], Callable[[], dict[str, Any]]]:
-    """Write out/ in dependency order, each group as one batch (SPEC §2, §10, §11, §12):
-    instance configs first (a patch never names a config that is not there), then the node
-    patches with the plan, then the status report and what the plan was computed from
-    (``out/plan.basis.json``; ``checkpoint``: the checkpoint file's bytes after the run)."""
+    """Write out/ in dependency order through ``commit`` (SPEC §2, §10, §11, §12): instance
+    configs first (a patch never names a config that is not there), then the node patches
+    with the plan, made visible with what the commit holds before them (the last-good copies,
+    the checkpoint); then the status report and what the plan was computed from
+    (``out/plan.basis.json``; ``checkpoint``: the checkpoint file's bytes after the run), made
+    visible at a second flush."""
     out = state_dir / "out"
     ensure_dir(out)
     ensure_dir(out / "nodes")
@@ -489,12 +496,13 @@ def _write_outputs(
             verify=opts.verify,
             defer_manifest=True,  # written with the status report, after the plan
             since=c.built_since,
+            commit=commit,
         )
         written += [f"out/{f}" for f in report.written]
         written += [f"out/instances/{i}" for i in report.removed]
         manifest = report.manifest
         # the network files (SPEC §17) beside the configs, before any plan names them
-        written += write_network_files(state_dir, c.network, c.built)
+        written += write_network_files(state_dir, c.network, c.built, commit)
     # the components' files (SPEC §18): what their agents install, before the plan
     written += write_component_files(
         state_dir,
@@ -502,6 +510,7 @@ def _write_outputs(
         c.view.nodes,
         c.result,
         components=c.view.summary().components,
+        commit=commit,
     )
 
     batch: list[tuple[Path, bytes, int]] = []
@@ -521,7 +530,8 @@ def _write_outputs(
                 idents[path] = ident
 
     def flush() -> None:
-        atomic_write_many(batch, hook=opts.write_hook)
+        atomic_write_many(batch, commit=commit)
+        commit.flush()
         if known is not None:
             for path, data, _mode in batch:  # what this process just wrote there
                 ident = idents.pop(path, None)  # (None: put in the batch without put())
@@ -719,26 +729,30 @@ def reconcile(
                 log.error("checkpoint: %s", p)
             if opts.on_stage is not None:
                 opts.on_stage("writing out/ and the checkpoint")
-            # the last good inputs first: once a plan is out, an agent may act on it, and an
-            # input broken after that must read as the version the plan came from (SPEC §5)
-            LastGoodStore(state_dir / "checkpoint" / LAST_GOOD).sync(
-                c.view,
-                opts.write_hook,
-                memo=opts.cache.last_good if opts.cache is not None else None,
-            )
-            cp_bytes = c.loaded.current  # the checkpoint file's bytes after this run
-            if c.checkpoint.generation != c.loaded.checkpoint.generation or (
-                c.loaded.source != "current"
-            ):
-                cp_bytes = save_checkpoint(
-                    state_dir / "checkpoint",
-                    c.checkpoint,
-                    hook=opts.write_hook,
-                    cache=opts.cache.checkpoint if opts.cache is not None else None,
-                    current=c.loaded.current,  # read under this lock: not read again
+            # one commit: every file of the run written beside its target, then made
+            # visible in this order with two flushes (see fsio.Commit), the last good
+            # inputs first: once a plan is out, an agent may act on it, and an input
+            # broken after that must read as the version the plan came from (SPEC §5);
+            # then the checkpoint, the configs, the patches and the plan; then the report
+            with Commit(hook=opts.write_hook) as commit:
+                LastGoodStore(state_dir / "checkpoint" / LAST_GOOD).sync(
+                    c.view,
+                    memo=opts.cache.last_good if opts.cache is not None else None,
+                    commit=commit,
                 )
-                cp_written = True
-            more, status = _write_outputs(state_dir, c, opts, cp_bytes)
+                cp_bytes = c.loaded.current  # the checkpoint file's bytes after this run
+                if c.checkpoint.generation != c.loaded.checkpoint.generation or (
+                    c.loaded.source != "current"
+                ):
+                    cp_bytes = save_checkpoint(
+                        state_dir / "checkpoint",
+                        c.checkpoint,
+                        cache=opts.cache.checkpoint if opts.cache is not None else None,
+                        current=c.loaded.current,  # read under this lock: not read again
+                        commit=commit,
+                    )
+                    cp_written = True
+                more, status = _write_outputs(state_dir, c, opts, cp_bytes, commit)
             written += more
             if not opts.recheck and hint is None:
                 return ReconcileReport(

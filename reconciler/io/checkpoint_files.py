@@ -23,7 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from reconciler.io.fsio import FileReadError, WriteHook, atomic_write, fsync_dir, read_bytes_at
+from reconciler.io.fsio import (
+    Commit,
+    FileReadError,
+    WriteHook,
+    atomic_write,
+    fsync_dir,
+    read_bytes_at,
+)
 from reconciler.model.documents import ActualState
 from reconciler.planning.checkpoint import (
     Checkpoint,
@@ -139,7 +146,9 @@ def load_checkpoint(
     return LoadReport(Checkpoint(lineage, 0, rebuilt, network=network), origin, tuple(problems))
 
 
-def _keep_as_previous(current: Path, previous: Path, raw: bytes, hook: WriteHook | None) -> None:
+def _keep_as_previous(
+    current: Path, previous: Path, raw: bytes, hook: WriteHook | None, commit: Commit | None
+) -> None:
     """Make the current file (holding ``raw``, read under the lock) the previous generation:
     a hard link to its inode renamed over ``previous`` and the directory synced, so the 5.5 MB
     of a 20,000-instance checkpoint are not written and synced a second time. The current file
@@ -156,6 +165,12 @@ def _keep_as_previous(current: Path, previous: Path, raw: bytes, hook: WriteHook
             # already linked (a save that stopped after this step): rename() between two
             # links of one file does nothing and would leave the temp link behind
             return
+    if commit is not None:  # renamed over ``previous`` at the commit's flush, before current
+        try:
+            commit.link(current, previous)
+        except OSError:
+            commit.replace(previous, raw)
+        return
     step("link")
     try:
         os.link(current, tmp, follow_symlinks=False)
@@ -180,23 +195,33 @@ def save_checkpoint(
     hook: WriteHook | None = None,
     cache: CheckpointCodec | None = None,
     current: bytes | None = None,
+    commit: Commit | None = None,
 ) -> bytes:
     """Write ``cp`` as the current generation, keeping the current file as the previous one;
     returns the bytes written. ``current``: the current file's bytes as
     :func:`load_checkpoint` read them under the same lock (:attr:`LoadReport.current`), so
-    that they are not read again; None: read them."""
+    that they are not read again; None: read them. ``commit``: the files join it (the lineage,
+    then the previous generation, then the current one, visible in that order at its flush,
+    the caller's) instead of being written and synced one by one."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    def write(target: Path, data: bytes) -> None:
+        if commit is not None:
+            commit.replace(target, data)
+        else:
+            atomic_write(target, data, hook=hook)
+
     lineage_path = directory / LINEAGE
     if not lineage_path.exists():
-        atomic_write(lineage_path, cp.lineage.encode() + b"\n", hook=hook)
+        write(lineage_path, cp.lineage.encode() + b"\n")
     path = directory / CURRENT
     raw = current if current is not None else _read(path)
     if raw:
         with contextlib.suppress(CheckpointError):  # never keep a bad file as the previous one
             _decode(raw, cp.lineage, cache)
-            _keep_as_previous(path, directory / PREVIOUS, raw, hook)
+            _keep_as_previous(path, directory / PREVIOUS, raw, hook, commit)
     encoded = cache.encode(cp) if cache is not None else encode_checkpoint(cp)
-    atomic_write(path, encoded, hook=hook)
+    write(path, encoded)
     if cache is not None:
         cache.wrote(encoded, cp)
     return encoded

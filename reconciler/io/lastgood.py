@@ -51,6 +51,7 @@ import orjson
 from pydantic import ValidationError
 
 from reconciler.io.fsio import (
+    Commit,
     FileReadError,
     WriteHook,
     atomic_write_many,
@@ -383,14 +384,20 @@ class LastGoodStore:
     # ------------------------------------------------------------------------------ writing
 
     def sync(
-        self, view: StateView, hook: WriteHook | None = None, memo: LastGoodMemo | None = None
+        self,
+        view: StateView,
+        hook: WriteHook | None = None,
+        memo: LastGoodMemo | None = None,
+        commit: Commit | None = None,
     ) -> int:
         """Record every file whose current content is valid; forget deleted files; an invalid
         file keeps the entry it has. Only the shards whose entries change are written (one
         batch, the manifest last). Returns the number of entries written or removed.
 
         ``memo`` (held by the caller across runs, see :class:`LastGoodMemo`) limits the work
-        to the inputs whose records changed since the sync that last used it."""
+        to the inputs whose records changed since the sync that last used it. ``commit``: the
+        shards and the manifest join it (visible at its flush, the caller's) instead of a
+        commit of their own."""
         ensure_dir(self.directory)
         directory = str(self.directory)
         manifest = self._read(MANIFEST, _MAX)
@@ -469,7 +476,7 @@ class LastGoodStore:
                 os.unlink(f"{directory}/{_shard_name(shard)}")
         if batch or manifest_now != manifest:
             batch.append((self.directory / MANIFEST, manifest_now, 0o600))
-        atomic_write_many(batch, hook=hook)
+        atomic_write_many(batch, hook=hook, commit=commit)
         if had_legacy:
             self._drop_legacy()
         if memo is not None:

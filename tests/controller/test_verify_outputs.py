@@ -259,3 +259,59 @@ def test_watch_verifies_on_start_and_resync_and_trusts_on_events(
     # the runs that verify everything also collect every object; an event's run only what
     # was allocated since (gcpause.collect_idle)
     assert collected == seen
+
+
+def _outputs(state: Path) -> dict[str, bytes]:
+    """out/ and the checkpoint as files, the state directory's path in them as ``STATE`` (the
+    status page's time aside)."""
+    here = str(state).encode()
+    return {
+        p.relative_to(state).as_posix(): p.read_bytes().replace(here, b"STATE")
+        for top in ("out", "checkpoint")
+        for p in sorted((state / top).rglob("*"))
+        if p.is_file() and p.name not in ("status.html", ".manifest.json")
+    }
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_a_run_whose_commit_failed_leaves_nothing_for_the_next_trusting_run_to_trust(
+    demo_copy: Path, monkeypatch: pytest.MonkeyPatch, k: int
+) -> None:
+    """A run's writes fail at the k-th filesystem flush of its commit (before or after some
+    renames): what the cache recorded of the files it meant to write is checked against the
+    files (the configs' manifest, the last-good manifest, the checkpoint's bytes) before it is
+    trusted, so the watcher's next run, which trusts the cache, leaves exactly what an
+    uninterrupted run leaves (not the configs the failed run only put in temp files)."""
+    from reconciler.io import fsio
+
+    if fsio._SYNCFS is None:
+        pytest.skip("no syncfs on this system: the commit fsyncs each file instead")
+    opts = ReconcileOptions(configs=default_config_builder(), cache=ReconcileCache())
+    report = reconcile(demo_copy, opts)
+    svc = demo_copy / "desired" / "apps" / "logger.yaml"
+    # every logger config changes and one instance goes: configs, patches, plan, checkpoint
+    text = svc.read_text().replace("instances: 3", "instances: 2")
+    svc.write_text(text.replace("pidsLimit: 16", "pidsLimit: 17"))
+    reference = demo_copy.parent / "reference"
+    shutil.copytree(demo_copy, reference)
+    reconcile(reference, ReconcileOptions(configs=default_config_builder()))
+    calls = [0]
+    real = fsio._sync_filesystem_of
+
+    def failing(directory: Path) -> None:
+        calls[0] += 1
+        if calls[0] == k:
+            raise OSError(5, "Input/output error")
+        real(directory)
+
+    monkeypatch.setattr(fsio, "_sync_filesystem_of", failing)
+    with pytest.raises(OSError, match="Input/output"):
+        reconcile(demo_copy, opts, report.computed.view)
+    monkeypatch.undo()
+    trusting = dataclasses.replace(opts, verify=False)
+    after = reconcile(demo_copy, trusting, report.computed.view)
+    if k == 1:  # nothing of the failed run was renamed into place: the configs come now
+        assert any(w.endswith("/config.json") for w in after.written)
+    assert _outputs(demo_copy) == _outputs(reference)
+    # the manifest (inode numbers: not compared) describes what is there: nothing to rewrite
+    assert reconcile(demo_copy, opts, after.computed.view).written == ()

@@ -560,10 +560,11 @@ class TestCrashPointsOfAWholeReconcile:
 
     def test_the_hook_sees_every_write_step(self, scenario: tuple[Path, Path, int]) -> None:
         _, _, n = scenario
-        # last-good inputs, allocations.json, out/'s node patches with the plan, then
-        # status.json: one batch or one atomic write each, five steps apiece; and
-        # allocations.prev.json: a hard link renamed into place, three steps
-        assert n == 23
+        # one commit: the last-good inputs, allocations.prev.json (a hard link),
+        # allocations.json, the configs, the node patches and the plan made visible at its
+        # first flush; the status report at its second: five steps each (open, write, fsync,
+        # rename, fsync-dir)
+        assert n == 10
 
     def test_hook_interrupts_each_step(
         self, scenario: tuple[Path, Path, int], tmp_path: Path
