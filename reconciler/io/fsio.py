@@ -3,11 +3,12 @@
 Reads never follow symlinks (``O_NOFOLLOW`` relative to a directory descriptor) and refuse
 anything but regular files. Writes go through :func:`atomic_write`: a temp file in the same
 directory, write, fsync, rename over the target, fsync the directory; a failed fsync ends the run
-(it is never retried) and leaves the old file in place. Many files at once go through
-:func:`write_groups` (or :func:`atomic_write_many`): the same steps for the whole batch, with
-one ``syncfs`` before the renames and one after instead of an fsync per file and per directory,
-and the fewest system calls per file (exclusive create, write, fstat, close; fchmod only when
-the umask took mode bits away).
+(it is never retried) and leaves the old file in place. Many files at once go through a
+:class:`Commit` (or :func:`write_groups`, :func:`atomic_write_many`, one commit each): the same
+steps for the whole batch, with one ``syncfs`` before the renames and one after instead of an
+fsync per file and per directory, and the fewest system calls per file (exclusive create, write,
+fstat, close; fchmod only when the umask took mode bits away). ``reconcile`` writes its whole
+run through one commit.
 """
 
 from __future__ import annotations

@@ -692,10 +692,10 @@ class ControllerMachine(RuleBasedStateMachine):
             assert got == doc
             assert snapshot(self.state, with_mtime=True) == before
 
-    @rule(nth=st.integers(1, 40))
+    @rule(nth=st.integers(1, 12))  # a run's commit: ten steps (five per flush)
     def crash(self, nth: int) -> None:
-        """Die at the nth step of the run's atomic writes (open, write, fsync, rename,
-        fsync-dir of each file or batch); a run with fewer steps just completes."""
+        """Die at the nth step of the run's commit (open, then write, fsync, rename and
+        fsync-dir at each of its flushes); a run with fewer steps just completes."""
         if self.expect_refusal():
             return  # the guard refuses before any write: nothing to crash in
         old = snapshot(self.state)
