@@ -23,6 +23,7 @@ def test_the_warm_benchmark_times_every_stage(tmp_path: Path) -> None:
     assert stages == {
         "assign_ids",
         "balance",
+        "commit flush (plan)",
         "configs",
         "last-good sync",
         "load_checkpoint",
