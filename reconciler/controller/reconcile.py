@@ -729,11 +729,11 @@ def reconcile(
                 log.error("checkpoint: %s", p)
             if opts.on_stage is not None:
                 opts.on_stage("writing out/ and the checkpoint")
-            # one commit: every file of the run written beside its target, then made
-            # visible in this order with two flushes (see fsio.Commit), the last good
-            # inputs first: once a plan is out, an agent may act on it, and an input
-            # broken after that must read as the version the plan came from (SPEC §5);
-            # then the checkpoint, the configs, the patches and the plan; then the report
+            # one commit: every file of the run written beside its target, then made visible
+            # in this order with two flushes (see fsio.Commit), the last good inputs first:
+            # once a plan is out, an agent may act on it, and an input broken after that must
+            # read as the version the plan came from (SPEC §5); then the checkpoint, the
+            # configs, the patches and the plan; then, at a second flush, the report
             with Commit(hook=opts.write_hook) as commit:
                 LastGoodStore(state_dir / "checkpoint" / LAST_GOOD).sync(
                     c.view,
