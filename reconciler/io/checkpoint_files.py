@@ -166,6 +166,8 @@ def _keep_as_previous(
             # links of one file does nothing and would leave the temp link behind
             return
     if commit is not None:  # renamed over ``previous`` at the commit's flush, before current
+        # the generation before it, 5.5 MB at 20,000 instances, is freed after the flush
+        commit.free_later(previous)
         try:
             commit.link(current, previous)
         except OSError:

@@ -460,8 +460,10 @@ class Commit:
     __slots__ = (
         "_devices",
         "_dirs",
+        "_due",
         "_hook",
         "_index",
+        "_later",
         "_made",
         "_opened",
         "_pending",
@@ -479,6 +481,8 @@ class Commit:
         self._devices: dict[int, str] = {}  # a directory per filesystem written to
         self._dirs: set[str] = set()  # (no syncfs) the directories whose entries the steps change
         self._made: set[str] = set()  # (no syncfs) the directories of a tree, before its rename
+        self._later: list[str] = []  # second names of files to free after the next flush
+        self._due: list[str] = []  # ... and those whose flush is done: freed at the next one
         self._opened = False
         self._spent = False
 
@@ -486,10 +490,14 @@ class Commit:
         return self
 
     def __exit__(self, kind: object, _value: object, _tb: object) -> None:
-        if kind is None:
-            self.flush()
-        else:
-            self.abort()
+        try:
+            if kind is None:
+                self.flush()
+            else:
+                self.abort()
+        finally:
+            self._free(self._due)
+            self._free(self._later)
 
     @property
     def _per_file_fsync(self) -> bool:
@@ -622,6 +630,30 @@ class Commit:
         self._queue("rmtree", "", os.fspath(path))
         self._noted(os.stat(directory).st_dev, directory)
 
+    def free_later(self, path: str | Path) -> None:
+        """``path``, an existing file that a step of this commit replaces or removes, is
+        freed only after the flush of that step, at the next flush (or when the commit ends):
+        it gets a second name now (a hard link, ``.<name>.free.tmp-<pid>``), so the step only
+        drops a name; freeing a big file's blocks (10 ms for 5.5 MB on ext4) then happens off
+        the path to that flush. Nothing happens where ``path`` is missing or the filesystem
+        has no hard links. A crash leaves the second name to the sweep of temp files."""
+        directory, name = os.path.split(os.fspath(path))
+        second = f"{directory or '.'}/.{name}.free.tmp-{self._pid}"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(second)
+        try:
+            os.link(path, second, follow_symlinks=False)
+        except OSError:
+            return
+        self._later.append(second)
+
+    @staticmethod
+    def _free(paths: list[str]) -> None:
+        for path in paths:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        paths.clear()
+
     @property
     def pending(self) -> bool:
         """Whether a step waits for the next flush."""
@@ -632,6 +664,7 @@ class Commit:
         open for more."""
         if self._spent:
             raise RuntimeError("this commit failed or was aborted; start another")
+        self._free(self._due)  # (a flush later than theirs: off its path)
         if not self._pending:
             return
         step = self._step
@@ -655,6 +688,7 @@ class Commit:
             raise
         self._pending.clear()
         self._index.clear()
+        self._due, self._later = self._later, self._due
         self._devices.clear()
         self._dirs.clear()
         self._made.clear()

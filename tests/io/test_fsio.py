@@ -438,3 +438,41 @@ def test_a_commit_without_syncfs_fsyncs_files_then_directories(
     assert files == 2
     assert len(synced) == 2 + 2 + 2
     assert (tmp_path / "tree" / "i" / "f").read_bytes() == b"t"
+
+
+def test_a_file_freed_later_keeps_its_blocks_until_the_next_flush(tmp_path: Path) -> None:
+    """The step that replaces it only drops a name: its inode (and blocks) lives on under a
+    second name until the commit's next flush, or its end."""
+    target = tmp_path / "prev"
+    target.write_bytes(b"old generation")
+    old_inode = target.stat().st_ino
+    with fsio.Commit() as commit:
+        commit.free_later(target)
+        commit.replace(target, b"new generation")
+        commit.flush()
+        assert target.read_bytes() == b"new generation"
+        (second,) = [p for p in tmp_path.iterdir() if p.name != "prev"]
+        assert second.name.startswith(".prev.free.tmp-")
+        assert second.stat().st_ino == old_inode and second.stat().st_nlink == 1
+        commit.replace(tmp_path / "other", b"x")
+        commit.flush()  # the next flush frees it
+        assert not second.exists()
+        commit.free_later(target)  # freed when the commit ends
+        commit.unlink(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other"]
+
+
+def test_a_second_name_left_by_a_crash_is_swept_as_a_temp(tmp_path: Path) -> None:
+    (tmp_path / "prev").write_bytes(b"x")
+    commit = fsio.Commit()
+    commit.free_later(tmp_path / "prev")  # and the process dies here
+    assert len(list(tmp_path.iterdir())) == 2
+    assert fsio.remove_stale_temp_files(tmp_path.parent, tmp_path.name) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["prev"]
+
+
+def test_freeing_later_a_missing_file_does_nothing(tmp_path: Path) -> None:
+    with fsio.Commit() as commit:
+        commit.free_later(tmp_path / "absent")
+        commit.replace(tmp_path / "absent", b"new")
+    assert [p.name for p in tmp_path.iterdir()] == ["absent"]
