@@ -45,6 +45,7 @@ from reconciler.placement.nodestate import (
     RequestKey,
     Reservation,
     claim,
+    device_pool,
     take,
 )
 from reconciler.placement.pipeline import (
@@ -58,7 +59,7 @@ from reconciler.placement.pipeline import (
     static_runtimes,
 )
 from reconciler.placement.search import all_charges, kept_devices
-from reconciler.placement.sharing import ShareRequest
+from reconciler.placement.sharing import REGISTRY, ShareRequest
 
 if TYPE_CHECKING:
     from reconciler.placement.balancer import Run
@@ -151,6 +152,9 @@ class ClassIndex:
         # per static key (a service's labels, runtime types and platform): each class's static
         # runtimes, and the classes with any by priority level, highest first
         self.static: dict[object, tuple[list[tuple[int, ...]], list[Level]]] = {}
+        # per static key and device requests: those levels without the classes whose device
+        # pools serve none of the requests (see _served)
+        self.served: dict[object, list[Level]] = {}
         # one node per distinct request key: what a service asks anywhere is known from these
         by_key: dict[RequestKey, NodeSlot] = {}
         for rep in self.class_slot:
@@ -166,7 +170,9 @@ class ClassIndex:
         # and per class, an entry below which all its nodes are in that set: where a walk of
         # the class for another group of the key starts (see _place_group)
         self.passed: dict[object, dict[int, Entry]] = {}
-        self.exhausted: dict[str, set[int]] = {}  # per named resource, nodes with no free slot
+        # per named resource (its name), nodes with no free slot of it; per device request
+        # (the ShareRequest), nodes whose pool cannot serve it (see _note_exhausted)
+        self.exhausted: dict[str | ShareRequest, set[int]] = {}
         # the nodes reserved on or released from, in order (with repeats): what the failure
         # charges of a group computed at some length of it must look at again (see charges)
         self.moves: list[str] = []
@@ -380,7 +386,33 @@ class ClassIndex:
                 got = (per_class, [levels[p] for p in sorted(levels, reverse=True)])
                 self.static[group.static_key] = got
             group.per_class, group.levels = got
+            if group.devices:
+                group.levels = self._served(group, got[1])
         return group.per_class
+
+    def _served(self, group: Group, levels: list[Level]) -> list[Level]:
+        """``levels`` without the classes on whose nodes no device pool serves one of
+        ``group``'s device requests: the ``Devices`` filter refuses it there whatever is
+        reserved (*UnschedulableAndUnresolvable*), alike on every node of the class (their
+        pools' resources and policies are part of its key, and a policy's ``has_request``
+        reads nothing else), so pass 2 never walks them. The static runtimes per class are
+        left as they are (the static filters' answers, which pass 1 and the failure charges
+        read)."""
+        key = (group.static_key, group.devices)
+        got = self.served.get(key)
+        if got is None:
+            reps, devices = self.class_slot, group.devices
+            got = []
+            for level in levels:
+                kept = [
+                    (cid, runtimes)
+                    for cid, runtimes in level
+                    if all(device_pool(reps[cid].pools, d) is not None for d in devices)
+                ]
+                if kept:
+                    got.append(kept)
+            self.served[key] = got
+        return got
 
     def static_for(self, group: Group, slot: NodeSlot) -> tuple[int, ...]:
         """The runtimes of ``slot`` passing the static filters for ``group``."""
@@ -580,8 +612,8 @@ class ClassIndex:
         at, ids = claim(slot, need, group.per_class[cid], resources, devices, NO_KEEP)
         if at < 0:
             refused.add(rank)
-            if resources:
-                self._note_exhausted(slot, rank, resources)
+            if resources or devices:
+                self._note_exhausted(slot, rank, group)
             return False
         iid = inst.id
         slot.placed[iid] = Reservation(inst, at, need, group.names, ids, devices, cause)
@@ -640,21 +672,26 @@ class ClassIndex:
                 refused = self.refused[key] = set()
                 self.passed[key] = {}
             group.refused, group.passed = refused, self.passed[key]
-        if group.names:  # nodes without a free slot of a resource it needs refuse it too
-            for name in group.names:
-                exhausted = self.exhausted.get(name)
-                if exhausted:
-                    group.refused |= exhausted
+        if self.exhausted:  # nodes without a free slot of a resource or a device it asks
+            exhausted = self.exhausted
+            for need in chain(group.names, group.devices):
+                got = exhausted.get(need)
+                if got:
+                    group.refused |= got
         return group.refused
 
-    def _note_exhausted(
-        self, slot: NodeSlot, rank: int, resources: tuple[ShareRequest, ...]
-    ) -> None:
-        """Remember the named resources ``slot`` has no free slot of (or lacks): they refuse
-        every group that needs them, until something is released."""
-        for r in resources:
+    def _note_exhausted(self, slot: NodeSlot, rank: int, group: Group) -> None:
+        """Remember the named resources ``slot`` has no free slot of (or lacks) and the device
+        requests its pools cannot serve now: they refuse every group that asks them, until
+        something is released (what is free only shrinks meanwhile, and a policy's verdict
+        on one request with less free does not turn)."""
+        for r in group.resources:
             if slot.free_slots((r,)) is None:
                 self.exhausted.setdefault(r.resource, set()).add(rank)
+        for d in group.devices:
+            pool = device_pool(slot.pools, d)
+            if pool is None or not REGISTRY[pool.policy].filter(pool, d, ()).ok:
+                self.exhausted.setdefault(d, set()).add(rank)
 
     def _place_group(
         self, group: Group, instances: Sequence[Instance], cause: Cause | None
@@ -744,8 +781,8 @@ class ClassIndex:
                         heappush(heap, entries[p])
                 if at < 0:
                     refused.add(rank)
-                    if resources:
-                        self._note_exhausted(slot, rank, resources)
+                    if resources or devices:
+                        self._note_exhausted(slot, rank, group)
                     continue
                 iid = inst.id
                 slot.placed[iid] = Reservation(inst, at, need, names, ids, devices, cause)

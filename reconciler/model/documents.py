@@ -753,6 +753,13 @@ class Node(_Model):
         return copy
 
     @property
+    def device_kinds(self) -> tuple[tuple[str, str], ...]:
+        """Each device pool's resource and sharing policy, sorted: which device requests the
+        node can serve at all, whatever its devices and their health (the class index reads
+        it, so nodes that differ here are never in one class)."""
+        return tuple(sorted([(p.resource, p.policy) for p in self.devicePools]))
+
+    @property
     def host_resources(self) -> tuple[HostResource, ...]:
         """The node's named resources (inline, or loaded from resourcesFile by the loader)."""
         return self.resources or ()

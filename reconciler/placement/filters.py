@@ -210,7 +210,9 @@ class DevicesFilter:
 
     name: ClassVar[str] = "Devices"
     static: ClassVar[bool] = False
-    reads_node: ClassVar[tuple[str, ...]] = ()
+    # which requests a pool serves at all (its resource and policy: ``has_request``): a node
+    # without one for a request refuses it whatever is reserved, alike on its class's nodes
+    reads_node: ClassVar[tuple[str, ...]] = ("node.device_kinds",)
     reads_ask: ClassVar[tuple[str, ...]] = ("devices", "keep_devices")
 
     def check(self, slot: NodeSlot, ask: Ask) -> str | None:

@@ -509,8 +509,8 @@ _AMOUNTS = ("as drawn", "zero", "one", "about a room", "more than any")
 @st.composite
 def classes(draw: DrawFn) -> list[NodeSlot]:
     """Two to four nodes of one class (one class key: they differ only in their pools, that
-    is their capacities, partition sizes, named resources, device pools, runtimes' own pools
-    and instance slots), each with some capacity already reserved."""
+    is their capacities, partition sizes, named resources, device pools' devices, runtimes'
+    own pools and instance slots), each with some capacity already reserved."""
     shape = draw(node_docs())
     if draw(st.sampled_from((True, True, True, False))):  # mostly one the static filters pass
         shape = shape.model_copy(update={"connected": True, "state": "provisioned"})
@@ -539,7 +539,11 @@ def classes(draw: DrawFn) -> list[NodeSlot]:
             "runtimes": tuple(runtimes),
             "partitions": tuple(partitions),
             "resources": other.resources,
-            "devicePools": other.devicePools,
+            # (the pools' resources and policies are part of the key: the other's devices
+            # where they match, else the shape's pools)
+            "devicePools": other.devicePools
+            if other.device_kinds == shape.device_kinds
+            else shape.devicePools,
         }
         try:
             node = Node.model_validate(shape.model_copy(update=update).model_dump())

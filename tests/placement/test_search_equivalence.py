@@ -100,6 +100,63 @@ def test_an_unplaceable_service_tries_preemption_once_per_state() -> None:
     assert got == slow
 
 
+def _npu_pool(devices: int) -> dict[str, Any]:
+    return {
+        "resource": "example.com/npu",
+        "policy": "exclusive",
+        "devices": [{"id": f"npu{k}"} for k in range(devices)],
+    }
+
+
+def test_device_requests_are_not_walked_over_nodes_whose_pools_cannot_serve_them() -> None:
+    """Services asking a device, each asking its own CPU (so none shares another's refusals):
+    the index asks only nodes with a pool of that resource (a node without one refuses it
+    whatever is reserved, as its whole class does), and a node whose pool cannot serve it
+    (full, or of a policy that refuses the request) refuses once, not once per service.
+    Before, every service walked the nodes without a pool that the choice order put first
+    (the larger ones, here) and every pool already full: on the devices shape, 47,000 and
+    17,000 of 85,000 claims."""
+    nodes = [make_node(f"big{i:02d}", dmips=100_000) for i in range(40)]
+    nodes += [make_node(f"npu{i}", dmips=50_000, device_pools=[_npu_pool(2)]) for i in range(4)]
+    nodes += [
+        make_node(
+            "gpu0",
+            dmips=90_000,
+            device_pools=[
+                {
+                    "resource": "example.com/npu",
+                    "policy": "fractional",
+                    "devices": [{"id": "g0", "memory": "1Gi"}],
+                }
+            ],
+        )
+    ]
+    services = [
+        make_service(
+            f"s{k:02d}",
+            instances=2,
+            cpu=10 + k,
+            devices=[{"resource": "example.com/npu", "count": 1}],
+        )
+        for k in range(6)
+    ]
+    claims: list[str] = []
+    real = class_index.claim
+
+    def counting(slot: Any, *args: Any) -> Any:
+        claims.append(slot.id)
+        return real(slot, *args)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(class_index, "claim", counting)
+        got = balance(None, nodes, services, mode="fresh")
+    assert got == balance(None, nodes, services, mode="fresh", exhaustive=True)
+    assert len(got.placements) == 8 and len(got.failures) == 4  # 4 pools of 2 NPUs
+    assert set(claims) <= {f"npu{i}" for i in range(4)} | {"gpu0"}
+    assert claims.count("gpu0") == 1  # (a fractional pool: a count it refuses)
+    assert len(claims) <= 8 + 4 + 1  # a claim per placement, a refusal per pool
+
+
 def test_failures_of_services_asking_alike_are_summarized_alike() -> None:
     """Two services of one shape that fail are charged from one pass over the nodes, with the
     counts a pass per service gives."""

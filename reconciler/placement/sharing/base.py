@@ -145,7 +145,11 @@ class SharingPolicy(ABC):
     def has_request(self, state: PoolState, request: ShareRequest) -> bool:
         """Whether ``request`` asks something of the pool ``state`` (Volcano's
         ``HasDeviceRequest``): the balancer hands a request only to a pool whose policy says
-        so. By default, a request of the pool's resource."""
+        so. By default, a request of the pool's resource. It must answer from the pool's
+        resource and policy and the request alone, never from the pool's devices or what is
+        taken of them: the class index asks it once per class of nodes (whose pools have the
+        same resources and policies, :attr:`~reconciler.model.documents.Node.device_kinds`)
+        and skips the classes whose pools serve no request of a service."""
         return request.resource == state.resource
 
     def new_state(self, resource: str, items: tuple[Item, ...], limit: int = 0) -> PoolState:
