@@ -674,7 +674,8 @@ class ClassIndex:
             group.refused, group.passed = refused, self.passed[key]
         if self.exhausted:  # nodes without a free slot of a resource or a device it asks
             exhausted = self.exhausted
-            for need in chain(group.names, group.devices):
+            needs: Iterable[str | ShareRequest] = chain(group.names, group.devices)
+            for need in needs:
                 got = exhausted.get(need)
                 if got:
                     group.refused |= got
