@@ -497,7 +497,7 @@ class BalanceMemo:
             )
         result = BalanceResult(
             placements,
-            run.failures(redone),
+            run.failures(redone, {f.instance_id: f for f in result.failures}),
             frozenset(preempted),
             by_id,
             revision=next(_REVISIONS),

@@ -377,28 +377,43 @@ class Run:
 
     # -- failures and pass 3
 
-    def failures(self, instances: Sequence[Instance]) -> tuple[Failure, ...]:
+    def failures(
+        self, instances: Sequence[Instance], before: Mapping[str, Failure] | None = None
+    ) -> tuple[Failure, ...]:
         """SPEC §7.7 for every instance left unplaced, against the final node states; the
         instances the search knows to ask alike (those of one service, at least) are charged
-        alike, from one pass over the nodes."""
+        alike, from one pass over the nodes. ``before``: failures an earlier call on this
+        run's nodes gave, by instance id; one equal to what this call makes (same instance
+        id, version, priority, reason and counts, so the same summary) is given as that very
+        object (a watcher's unplaceable instances fail alike from edit to edit)."""
         charged: dict[object, tuple[str, tuple[tuple[str, int], ...]]] = {}
         out = []
         held = self.held
         search = self.search
+        where = self.where
         n = len(self.nodes)
         for inst in instances:
-            if inst.id in self.where:
+            if inst.id in where:
                 if held and inst.id in held:
                     out.append(self._held_failure(inst, held[inst.id][0]))
                 continue
             alike = search.alike(inst)
             known = charged.get(alike)
+            f = None
             if known is None:
                 f = summarize_counts(inst, n, search.charges(self.ask(inst)))
-                charged[alike] = (f.reason, f.counts)
+                charged[alike] = known = (f.reason, f.counts)
+            old = before.get(inst.id) if before else None
+            if (
+                old is not None
+                and old.reason == known[0]
+                and old.counts == known[1]
+                and old.version == inst.version
+                and old.priority == inst.priority
+            ):
+                out.append(old)
             else:
-                f = failure(inst, n, *known)
-            out.append(f)
+                out.append(f if f is not None else failure(inst, n, *known))
         return tuple(out)
 
     def _held_failure(self, instance: Instance, held: Instance) -> Failure:
@@ -750,7 +765,7 @@ def passes(
     preempted: set[str] = set()
     if not (preempt and failed):
         return preempted
-    by_id = {i.id: i for i in (everyone() if everyone is not None else instances)}
+    by_id: dict[str, Instance] | None = None  # (made at the first eviction: most runs have none)
     unplaced = []
     # what failed to preempt since the node states last changed: an instance asking the same
     # (of the same service, with the same measured usage) fails again on the same states
@@ -764,6 +779,8 @@ def passes(
             continue
         hopeless.clear()
         preempted.update(evicted)
+        if by_id is None:
+            by_id = {i.id: i for i in (everyone() if everyone is not None else instances)}
         unplaced.extend(by_id[v] for v in evicted)
     if preempted:
         causes: dict[str, Cause] = {iid: "preempted" for iid in preempted}

@@ -292,6 +292,24 @@ class TestTheMemoIsUsed:
         for iid in got.by_id.keys() - got.changes.ids:
             assert got.by_id[iid] is first.by_id[iid]
 
+    def test_an_unplaceable_instance_failing_alike_is_the_very_failure(self) -> None:
+        """An edit of another service: the unplaceable one is charged again (room was freed)
+        and fails alike, so its failure is the last result's object; edited, its failure is a
+        new one saying its new version, as the full run says."""
+        big = make_service("big", instances=2, cpu=5000)
+        services = [*self.services, big]
+        first = self.memo.balance(None, self.nodes, services, self.previous, "stable")
+        assert len(first.failures) == 2
+        edited = [*services[:2], make_service("s2", instances=2, cpu=100), *services[3:]]
+        got = self.memo.balance(None, self.nodes, edited, previous_of(first), "stable")
+        assert self.memo.incremental
+        assert got == balance(None, self.nodes, edited, previous_of(first), "stable")
+        assert all(a is b for a, b in zip(got.failures, first.failures, strict=True))
+        bigger = [*edited[:-1], make_service("big", instances=2, cpu=6000, version="1.1.0")]
+        again = self.memo.balance(None, self.nodes, bigger, previous_of(got), "stable")
+        assert again == balance(None, self.nodes, bigger, previous_of(got), "stable")
+        assert [f.version for f in again.failures] == ["1.1.0", "1.1.0"]
+
     def test_other_nodes_run_in_full(self) -> None:
         nodes = [*self.nodes[:3], make_node("n3", ram="2Gi")]  # more than usage changed
         got = self.memo.balance(None, nodes, self.services, self.previous, "stable")
