@@ -238,6 +238,18 @@ class ClassIndex:
         class_of = self.class_of
         return [(run.slot(node_id), per_class[class_of[node_id]]) for node_id in node_ids]
 
+    def nowhere(self, instance: Instance) -> bool:
+        """Whether no node can serve ``instance`` whatever is reserved: none passes the static
+        filters for it, or none of those has a device pool serving each device it asks. Pass
+        2 then fails it without a claim, and pass 3 finds no node where an eviction could
+        help (its static candidates are those nodes, each refused by ``_could_fit``). A
+        service naming its node is not looked into (False)."""
+        group = self.group(instance)
+        if group.node_id is not None:
+            return False
+        self._classes(group)
+        return not group.levels
+
     def alike(self, instance: Instance) -> Hashable:
         """The group: instances of one shape are answered alike by every filter."""
         return self.group(instance)

@@ -367,7 +367,7 @@ class BalanceMemo:
         the services that changed (put in ``_expanded`` already), ``was``: what ``_expanded``
         held of them before (what the run reserved for)."""
         run, result = self._run, self._result
-        if run is None or result is None or run.cause is not None:
+        if run is None or result is None or run.cause is not None or run.overloaded:
             return None
         if (told is None or told.unit) and unit != self._unit:
             return None
@@ -426,14 +426,20 @@ class BalanceMemo:
                     return None
         # pass 2 and 3: only the changed services and those with an instance unplaced last
         # time can have an instance without a place (in instance order, as in the full run)
+        # An unchanged service that no node can serve whatever is reserved (too big for
+        # every empty node, or no node passing its static filters) fails there again and
+        # evicts nobody: it is left out (its failures are charged below, as every other's).
+        # (A stable run is never overloaded: every instance of a service asks the same.)
         unplaced = changed | {(f.item_id, f.subject_id) for f in result.failures}
         pos = self._position()
-        pending = [
-            inst
-            for key in sorted((k for k in unplaced if k in pos), key=pos.__getitem__)
-            for inst in expanded[key][1]
-            if inst.id not in where
-        ]
+        pending: list[Instance] = []
+        for key in sorted((k for k in unplaced if k in pos), key=pos.__getitem__):
+            insts = expanded[key][1]
+            if not insts or (
+                key not in changed and (run.too_big(insts[0]) or index.nowhere(insts[0]))
+            ):
+                continue
+            pending += [inst for inst in insts if inst.id not in where]
         preempted = passes(run, pending, {}, always, preempt=True, everyone=self._flat)
         # Only these services' placements can differ from the last result's: the changed ones,
         # those with an instance unplaced before the passes (pass 2 may place it) and those of

@@ -392,12 +392,19 @@ class Run:
         search = self.search
         where = self.where
         n = len(self.nodes)
+        # (without an overloaded node the instances of one service ask alike: measured usage
+        # raises what is asked on an overloaded node only)
+        by_service = not self.overloaded
+        service: Service | None = None
+        alike: object = None
         for inst in instances:
             if inst.id in where:
                 if held and inst.id in held:
                     out.append(self._held_failure(inst, held[inst.id][0]))
                 continue
-            alike = search.alike(inst)
+            if inst.service is not service or not by_service:
+                service = inst.service
+                alike = search.alike(inst)
             known = charged.get(alike)
             f = None
             if known is None:
@@ -481,6 +488,12 @@ class Run:
         assert verdict.dropped_by is None
         self.reserve(slot, ask, best_runtime(slot, verdict))
         return victim_ids
+
+    def too_big(self, instance: Instance) -> bool:
+        """Whether what ``instance`` asks exceeds, on every node, the CPU or the RAM of every
+        runtime even with nothing reserved: pass 2 fails it without a search, pass 3 without
+        trying an eviction, whatever else is placed or released."""
+        return not self._fits_empty(instance)
 
     def _fits_empty(self, instance: Instance) -> bool:
         """:meth:`_fits_somewhere_empty` for what ``instance`` asks, once per service and

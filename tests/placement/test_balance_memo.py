@@ -9,6 +9,7 @@ import copy
 import pickle
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -17,9 +18,11 @@ from hypothesis import strategies as st
 from reconciler.accel import BalanceMemo, balance, node_states
 from reconciler.accel.checkpoint import CheckpointMemo
 from reconciler.accel.ids import IdsMemo
+from reconciler.accel.index import ClassIndex
 from reconciler.io.loader import load_state
 from reconciler.model.documents import Node, Service, UnitConfig
 from reconciler.model.values import instance_id
+from reconciler.placement.balancer import Run
 from reconciler.placement.instances import BalanceResult, Cause, Mode, PreviousAllocation
 from reconciler.placement.nodestate import NodeSlot
 from reconciler.planning.checkpoint import (
@@ -300,7 +303,7 @@ class TestTheMemoIsUsed:
         services = [*self.services, big]
         first = self.memo.balance(None, self.nodes, services, self.previous, "stable")
         assert len(first.failures) == 2
-        edited = [*services[:2], make_service("s2", instances=2, cpu=100), *services[3:]]
+        edited = [*services[:2], make_service("s2", instances=4, cpu=100), *services[3:]]
         got = self.memo.balance(None, self.nodes, edited, previous_of(first), "stable")
         assert self.memo.incremental
         assert got == balance(None, self.nodes, edited, previous_of(first), "stable")
@@ -309,6 +312,41 @@ class TestTheMemoIsUsed:
         again = self.memo.balance(None, self.nodes, bigger, previous_of(got), "stable")
         assert again == balance(None, self.nodes, bigger, previous_of(got), "stable")
         assert [f.version for f in again.failures] == ["1.1.0", "1.1.0"]
+
+    def test_a_service_no_node_can_serve_is_not_searched_again(self) -> None:
+        """Too big for every empty node, or asking a label no node has: an edit of another
+        service does not send its instances through pass 2 or pass 3 again (they would fail
+        there again, evicting nobody); the result is the full run's. Edited, it is tried."""
+        services = [
+            *self.services,
+            make_service("big", instances=2, cpu=5000, priority=10),
+            make_service("odd", instances=2, labels=["nowhere"], priority=10),
+        ]
+        first = self.memo.balance(None, self.nodes, services, self.previous, "stable")
+        assert {f.item_id for f in first.failures} == {"big", "odd"}
+        tried: list[str] = []
+        place, preempt = ClassIndex.place, Run.preempt
+
+        def placing(index: ClassIndex, instances: Any, cause: Any) -> Any:
+            tried.extend(i.item_id for i in instances)
+            return place(index, instances, cause)
+
+        def preempting(run: Run, instance: Any) -> Any:
+            tried.append(instance.item_id)
+            return preempt(run, instance)
+
+        edited = [*services[:2], make_service("s2", instances=4, cpu=100), *services[3:]]
+        odd = [*edited[:-1], make_service("odd", instances=2, labels=["other"], priority=10)]
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(ClassIndex, "place", placing)
+            m.setattr(Run, "preempt", preempting)
+            got = self.memo.balance(None, self.nodes, edited, previous_of(first), "stable")
+            assert self.memo.incremental and set(tried) == {"s2"}
+            tried.clear()
+            again = self.memo.balance(None, self.nodes, odd, previous_of(got), "stable")
+            assert self.memo.incremental and set(tried) == {"odd"}
+        assert got == balance(None, self.nodes, edited, previous_of(first), "stable")
+        assert again == balance(None, self.nodes, odd, previous_of(got), "stable")
 
     def test_other_nodes_run_in_full(self) -> None:
         nodes = [*self.nodes[:3], make_node("n3", ram="2Gi")]  # more than usage changed
