@@ -754,23 +754,8 @@ class ClassIndex:
                         if opened == len(levels):
                             break
                         # (the heap is empty: the level's heads go in at once; what the group
-                        # asks of a class is looked up when its first node comes out). Each
-                        # class's head is its first node (cursor 0) unless that one refused
-                        # the group: those classes only are walked past their refused nodes.
-                        level = levels[opened]
-                        opened += 1
-                        heap = [index[cid][0] for cid, _ in level]
-                        if refused:
-                            walk = [
-                                cid
-                                for (cid, _), first in zip(level, heap, strict=True)
-                                if first % count in refused
-                            ]
-                            if walk:
-                                heap = [h for h in heap if h % count not in refused]
-                        else:
-                            walk = []
-                        for cid in walk:
+                        # asks of a class is looked up when its first node comes out)
+                        for cid, _ in levels[opened]:
                             entries = index[cid]
                             end = len(entries)
                             known = passed.get(cid)
@@ -785,6 +770,7 @@ class ClassIndex:
                             else:
                                 passed[cid] = entries[-1] + 1
                         heapify(heap)
+                        opened += 1
                         continue
                     rank = key % count
                     cid = class_at[rank]
@@ -795,7 +781,7 @@ class ClassIndex:
                         allowed[cid] = per_class[cid]
                     need, runtimes = asked, allowed[cid]
                     entries = index[cid]
-                    p, end = cursors.get(cid, 0), len(entries)
+                    p, end = cursors[cid], len(entries)
                     head = p < end and entries[p] == key
                 at, ids = claim(slot, need, runtimes, resources, devices, NO_KEEP)
                 if head:  # its class's head: push the next one, past the ones refused (the
