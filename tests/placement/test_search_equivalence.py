@@ -15,6 +15,7 @@ from reconciler.accel import BalanceMemo, balance, node_states
 from reconciler.accel import index as class_index
 from reconciler.placement import balancer, filters, pipeline
 from reconciler.placement.instances import BalanceResult
+from reconciler.placement.nodestate import claim as nodestate_claim
 from reconciler.placement.pipeline import (
     dynamic_drop,
     evaluate,
@@ -141,7 +142,7 @@ def test_device_requests_are_not_walked_over_nodes_whose_pools_cannot_serve_them
         for k in range(6)
     ]
     claims: list[str] = []
-    real = class_index.claim
+    real = nodestate_claim
 
     def counting(slot: Any, *args: Any) -> Any:
         claims.append(slot.id)
