@@ -411,9 +411,13 @@ class LastGoodStore:
             # the inputs whose record is not the one recorded last time, and those gone
             last, recorded = taken
             flags = map(operator.is_not, files.values(), map(last.get, files))
-            candidates = list(itertools.compress(files, flags))
-            known = sum(1 for rel in candidates if rel in last)
-            if len(last) != len(files) - len(candidates) + known:
+            changed = list(itertools.compress(files, flags))
+            known = sum(1 for rel in changed if rel in last)
+            # a new record of the very content last recorded (a file parsed again, e.g.
+            # written within the racy window) needs no look at its shard: that sync wrote
+            # the entry of this version, and the manifest says nothing changed since
+            candidates = [rel for rel in changed if not _same_entry(last.get(rel), files[rel])]
+            if len(last) != len(files) - len(changed) + known:
                 gone = [rel for rel in last if rel not in files]
             present = set(recorded)
         else:
@@ -529,6 +533,18 @@ def _stale(
         elif legacy is not None and rel in legacy and rel not in stored:
             out.append(rel)
     return out
+
+
+def _same_entry(last: FileRecord | None, rec: FileRecord) -> bool:
+    """Whether ``rec`` is recorded by the very entry ``last`` was (both valid, one version)."""
+    return (
+        last is not None
+        and last.current
+        and last.good is not None
+        and rec.current
+        and rec.good is not None
+        and _version(last) == _version(rec)
+    )
 
 
 def _up_to_date(

@@ -988,8 +988,8 @@ def mass_deletion_guard(
     """SPEC §5: refuse to stop everything when every desired file, or every node file,
     vanished or broke at once while instances run (``actual/``) or are allocated
     (``allocated``: the checkpoint's), unless ``allow_empty``."""
-    if allow_empty:
-        return None
+    if allow_empty or (view.services and view.nodes):
+        return None  # (the common case: nothing to count)
     running = sum(len(a.instances) for a in view.actual.values())
     if not view.services:
         if running == 0:
@@ -1001,7 +1001,7 @@ def mass_deletion_guard(
             f"no valid desired service left while {running} instance(s) run; refusing to stop "
             "them all (pass --allow-empty if that is what you want)",
         )
-    if view.nodes or (running == 0 and allocated == 0):
+    if running == 0 and allocated == 0:
         return None
     what = f"{running} instance(s) run" if running else f"{allocated} instance(s) are allocated"
     return Diagnostic(

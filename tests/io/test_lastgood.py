@@ -334,6 +334,37 @@ def test_a_memo_sync_looks_only_at_changed_inputs(
     assert _tree(store.directory) == _tree(plain.directory)
 
 
+def test_a_memo_sync_skips_inputs_parsed_again_to_the_same_content(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a view loaded from nothing: a new record for every file (as for files written within
+    # the racy window, parsed again), each of the content the last sync recorded
+    root = _state(tmp_path / "state")
+    view = _view(root)
+    store, memo = LastGoodStore(tmp_path / "lg"), LastGoodMemo()
+    store.sync(view, memo=memo)
+    again = _view(root)
+    assert all(again.files[rel] is not rec for rel, rec in view.files.items())
+    read: list[str] = []
+    real = lastgood.LastGoodStore._read_sized
+
+    def spy(self: LastGoodStore, name: str, limit: int, *, prefix: bool) -> Any:
+        read.append(name)
+        return real(self, name, limit, prefix=prefix)
+
+    monkeypatch.setattr(lastgood.LastGoodStore, "_read_sized", spy)
+    before = _tree(store.directory)
+    assert store.sync(again, memo=memo) == 0
+    assert memo.looked_at == 0
+    assert [n for n in read if n.startswith("shard-")] == []
+    assert _tree(store.directory) == before
+    monkeypatch.undo()
+    # and an edit after it is still seen (the memo holds the new records)
+    edited = _edit(root)
+    assert store.sync(_view(root, again), memo=memo) == 3
+    assert memo.looked_at == len(edited)
+
+
 def test_another_writer_makes_the_memo_unusable(tmp_path: Path) -> None:
     root = _state(tmp_path / "state")
     view = _view(root)
