@@ -1263,17 +1263,31 @@ def _mode(mode: str | None) -> Mode | None:
 @snapshot_store_option(_READS_INPUTS)
 @json_option
 @_mode_option
+@click.option(
+    "--all-nodes",
+    "all_nodes",
+    is_flag=True,
+    help="Print every node in the matrix (by default at most 20: the nodes "
+    "closest to taking the instance; --json always has every node).",
+)
 @one_shot
-def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> int:
+def explain(
+    instance: str, state_dir: Path, as_json: bool, mode: str | None, all_nodes: bool
+) -> int:
     """Explain why INSTANCE is where it is, or why it cannot be placed.
 
     INSTANCE is an instance id (uuid) or ITEM:SUBJECT:INDEX (ITEM:INDEX for the default
     subject). Every filter is evaluated on every node against the final placement of everyone
-    else, and the node x filter matrix is printed with the reason of each failing cell. A
-    runtime filter's cell is ok when the filter passes on some runtime of the node; for each
-    node with several runtimes that a runtime filter drops (and the node it is placed on),
-    the runtime filters that fail on each runtime are listed too (a node is feasible only
-    when one runtime passes them all).
+    else. The first lines say where the instance is placed, or why it has no place, and count
+    the nodes: how many are feasible and how many each filter dropped. The node x filter
+    matrix follows, with the reason of each failing cell under it. On a unit of more than 20
+    nodes the matrix holds the 20 nodes closest to taking the instance (the node it is
+    placed on, then the nodes failing the fewest filters: the feasible ones, then the near
+    misses) and one line counts the others; --all-nodes prints every node. A runtime filter's
+    cell is ok when the filter passes on some runtime of the node; for each node shown with
+    several runtimes that a runtime filter drops (and the node it is placed on), the runtime
+    filters that fail on each runtime are listed too (a node is feasible only when one
+    runtime passes them all).
 
     INSTANCE may also be an item, ITEM or ITEM:SUBJECT: then each of its instances is listed
     with where it is placed or why it has no place. An id that names nothing gets the
@@ -1297,7 +1311,7 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
         runtime_json,
         suggestions,
     )
-    from reconciler.cli.render import render_explanation
+    from reconciler.cli.render import MATRIX_NODES, render_explanation
     from reconciler.controller.reports import StaleMarks
     from reconciler.io import readcache
     from reconciler.io.checkpoint_files import LoadReport, load_checkpoint
@@ -1410,7 +1424,7 @@ def explain(instance: str, state_dir: Path, as_json: bool, mode: str | None) -> 
             large=True,
         )
     else:
-        render_explanation(_console(), exp)
+        render_explanation(_console(), exp, None if all_nodes else MATRIX_NODES)
         if net is not None:
             _console().print(
                 f"network {net.network_id}: {net.ip}/{net.prefix} via {net.gateway}, "

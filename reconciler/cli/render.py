@@ -179,7 +179,53 @@ def _action_order(a: Action) -> tuple[int, bool, str]:
     return (a.index, a.action != "stop", a.instance_id)
 
 
-def render_explanation(console: TextConsole, exp: Explanation) -> None:
+MATRIX_NODES = 20
+"""At most this many nodes in ``explain``'s matrix unless every node is asked for."""
+
+Row = tuple[str, tuple[str | None, ...], str | None]
+
+
+def matrix_rows(exp: Explanation, limit: int | None) -> tuple[list[Row], list[Row]]:
+    """(the rows ``explain`` shows, in node order; the rows it leaves out). With ``limit``
+    (None: every row), the nodes closest to taking the instance: the node it is placed on,
+    then the nodes failing the fewest filters (the feasible ones first, then the near misses
+    a user would fix), in node order among equals."""
+    rows = list(exp.rows)
+    if limit is None or len(rows) <= limit:
+        return rows, []
+    placed_on = exp.placement.node_id if exp.placement is not None else None
+
+    def rank(k: int) -> tuple[bool, int, int]:
+        node_id, cells, _dropped = rows[k]
+        return (node_id != placed_on, sum(c is not None for c in cells), k)
+
+    keep = set(sorted(range(len(rows)), key=rank)[: max(limit, 0)])
+    return (
+        [r for k, r in enumerate(rows) if k in keep],
+        [r for k, r in enumerate(rows) if k not in keep],
+    )
+
+
+def hidden_nodes_line(hidden: Sequence[Row]) -> str:
+    """``"4,980 more nodes not shown: 2,480 feasible, 2,500 Labels (--all-nodes lists every
+    node)"``: the rows left out, counted as the summary counts (a node by the filter that
+    dropped it)."""
+    counts: dict[str, int] = {}
+    for _node, _cells, dropped in hidden:
+        key = dropped or "feasible"
+        counts[key] = counts.get(key, 0) + 1
+    feasible = counts.pop("feasible", 0)
+    parts = [f"{feasible:,} feasible"] if feasible else []
+    parts += [f"{n:,} {code}" for code, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+    what = ", ".join(parts)
+    return f"{len(hidden):,} more nodes not shown: {what} (--all-nodes lists every node)"
+
+
+def render_explanation(
+    console: TextConsole, exp: Explanation, limit: int | None = MATRIX_NODES
+) -> None:
+    """The instance's placement or failure, the nodes' summary, and the node x filter matrix
+    (``limit``: at most that many nodes, see :func:`matrix_rows`; None: every node)."""
     paint = Painter(console)
     width = console.width
     inst = exp.instance
@@ -211,7 +257,8 @@ def render_explanation(console: TextConsole, exp: Explanation) -> None:
         sep=" ",
     )
     notes: list[str] = []
-    for node_id, cells, dropped in exp.rows:
+    shown, hidden = matrix_rows(exp, limit)
+    for node_id, cells, dropped in shown:
         row: list[Cell] = [node_id]
         for code, why in zip(exp.filters, cells, strict=True):
             if why is None:
@@ -223,13 +270,15 @@ def render_explanation(console: TextConsole, exp: Explanation) -> None:
         table.add_row(*row)
     rendered = table.render(width, paint)
     lines.extend(rendered)
+    if hidden:
+        lines.extend(paint(line, "dim") for line in wrap(hidden_nodes_line(hidden), width))
     if rendered and any(code not in rendered[0] for code in exp.filters):
         shorts = ((_SHORT_CODES.get(c, c[:3]), c) for c in exp.filters)
         legend = ", ".join(f"{short} {code}" for short, code in shorts if short != code)
         lines.extend(wrap(f"Filters: {legend}", width))
     for note in notes:
         lines.extend(wrap(note, width, "  "))
-    lines.extend(_runtime_breakdown(exp, paint, width))
+    lines.extend(_runtime_breakdown(exp, paint, width, {node_id for node_id, _, _ in shown}))
     write_lines(console, lines)
 
 
@@ -249,7 +298,7 @@ _SHORT_CODES = {
 }
 
 
-def _runtime_breakdown(exp: Explanation, paint: Painter, width: int) -> list[str]:
+def _runtime_breakdown(exp: Explanation, paint: Painter, width: int, shown: set[str]) -> list[str]:
     """Per runtime, the runtime filters that fail on it, for each node with several runtimes
     that a runtime filter drops, and for the node the instance is placed on: a node is
     feasible only when one runtime passes every runtime filter, so a node whose every column
@@ -259,8 +308,10 @@ def _runtime_breakdown(exp: Explanation, paint: Painter, width: int) -> list[str
     dropped_by = {node_id: dropped for node_id, _cells, dropped in exp.rows}
     placed_on = exp.placement.node_id if exp.placement is not None else None
     for node_id, runtimes in exp.runtimes:
-        shown = dropped_by.get(node_id) in runtime_filters or node_id == placed_on
-        if len(runtimes) < 2 or not shown:
+        if node_id not in shown:  # (a row the matrix leaves out)
+            continue
+        telling = dropped_by.get(node_id) in runtime_filters or node_id == placed_on
+        if len(runtimes) < 2 or not telling:
             continue
         if not lines:
             lines.append(paint("Per runtime", "bold") + " (nodes with several runtimes)")

@@ -10,7 +10,8 @@ import os
 import re
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from freezegun import freeze_time
@@ -99,11 +100,55 @@ def test_status_plan_and_explain_print_every_node_id_whole_at_80_columns(
     status = json.loads((state / "out" / "status.json").read_text())
     record = next(iter(status["instances"].values()))
     label = f"{record['itemId']}:{record['subjectId']}:{record['index']}"
-    code, out, _ = run(capsys, "explain", label, "--state", str(state))
+    code, out, _ = run(capsys, "explain", label, "--state", str(state), "--all-nodes")
     assert code == 0
     _fits(out)
     missing = [n for n in nodes if not _whole_at_line_start(out, n)]
     assert not missing, missing[:5]
+
+
+def _matrix_nodes(out: str, nodes: list[str]) -> list[str]:
+    """The node ids that start a line of ``explain``'s text (its matrix rows), in order."""
+    known = set(nodes)
+    rows = (line.split()[:1] for line in out.splitlines() if not line.startswith(" "))
+    return [w[0] for w in rows if w and w[0] in known]
+
+
+def test_explain_on_a_large_unit_shows_the_closest_nodes_and_counts_the_others(
+    big: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = big
+    nodes = _node_ids(state)
+    status = json.loads((state / "out" / "status.json").read_text())
+    record = next(iter(status["instances"].values()))
+    label = f"{record['itemId']}:{record['subjectId']}:{record['index']}"
+    code, out, _ = run(capsys, "explain", label, "--state", str(state))
+    assert code == 0
+    shown = _matrix_nodes(out, nodes)
+    assert len(shown) == 20 and shown == sorted(shown)  # at most 20, in node order
+    assert record["nodeId"] in shown  # the node it is placed on is always there
+    # the others are counted as the summary counts them, from the complete --json
+    code, raw, _ = run(capsys, "explain", label, "--state", str(state), "--json")
+    doc = json.loads(raw)
+    assert len(doc["nodes"]) == len(nodes) == 200
+    by_id = {n["nodeId"]: n for n in doc["nodes"]}
+    failing = {k: sum(not f["pass"] for f in n["filters"].values()) for k, n in by_id.items()}
+    # the nodes shown fail no more filters than any left out (the placed node aside)
+    worst_shown = max(failing[k] for k in shown if k != record["nodeId"])
+    assert worst_shown <= min(failing[k] for k in by_id if k not in shown)
+    hidden = [by_id[k]["droppedBy"] or "feasible" for k in by_id if k not in shown]
+    counts: dict[str, int] = {}
+    for why in hidden:
+        counts[why] = counts.get(why, 0) + 1
+    line = next(x for x in out.splitlines() if "more nodes not shown" in x)
+    assert line.startswith(f"{len(hidden)} more nodes not shown: ")
+    for why, n in counts.items():
+        assert f"{n} {why}" in line
+    assert "--all-nodes" in line
+    # --all-nodes: every node, and no such line
+    code, out, _ = run(capsys, "explain", label, "--state", str(state), "--all-nodes")
+    assert _matrix_nodes(out, nodes) == nodes
+    assert "not shown" not in out
 
 
 def test_a_table_keeps_its_first_column_whole_however_narrow() -> None:
@@ -395,3 +440,34 @@ class TestExplain:
         code, _, err = run(capsys, "explain", typed, "--state", str(state))
         assert code == 1
         assert f"no desired instance {typed!r}; did you mean {meant}" in err
+
+
+def _explanation(failing: dict[str, int], placed_on: str | None) -> Any:
+    """An explanation whose node ``n`` fails the first ``failing[n]`` of three filters (the
+    matrix selection reads only the rows and the placement)."""
+    from reconciler.placement.balancer import Explanation
+
+    rows = tuple(
+        (n, tuple("why" if k < bad else None for k in range(3)), "A" if bad else None)
+        for n, bad in sorted(failing.items())
+    )
+    placement = cast(Any, SimpleNamespace(node_id=placed_on)) if placed_on else None
+    return Explanation(cast(Any, None), ("A", "B", "C"), rows, placement, None)
+
+
+def test_the_matrix_keeps_the_placed_node_then_the_nodes_failing_fewest_filters() -> None:
+    from reconciler.cli.render import matrix_rows
+
+    failing = {f"n{k:02d}": 2 + k % 2 for k in range(30)}
+    failing.update(n05=1, n17=1, n20=0)
+    shown, hidden = matrix_rows(_explanation(failing, None), 3)
+    assert [r[0] for r in shown] == ["n05", "n17", "n20"]  # node order among the closest
+    assert len(hidden) == 27 and {r[0] for r in hidden}.isdisjoint({"n05", "n17", "n20"})
+    # the node it is placed on comes first, whatever it fails (a held instance's node)
+    failing["n29"] = 3
+    shown, _ = matrix_rows(_explanation(failing, "n29"), 2)
+    assert [r[0] for r in shown] == ["n20", "n29"]
+    # within the limit, or without one: every row, in node order
+    shown, hidden = matrix_rows(_explanation(failing, None), None)
+    assert [r[0] for r in shown] == sorted(failing) and hidden == []
+    assert matrix_rows(_explanation(failing, None), 30)[1] == []
