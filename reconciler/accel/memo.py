@@ -14,6 +14,7 @@ from reconciler.accel.index import ClassIndex
 from reconciler.model.changes import InputChanges, ServiceKey
 from reconciler.model.documents import Node, Service, UnitConfig
 from reconciler.model.gcpause import collector_paused
+from reconciler.model.values import instance_ids
 from reconciler.placement.balancer import Made, Overload, Run, always, passes, run_balance, twice
 from reconciler.placement.instances import (
     BalanceResult,
@@ -23,6 +24,7 @@ from reconciler.placement.instances import (
     Placement,
     PreviousAllocation,
     expand_instances,
+    new_instance,
     service_order,
 )
 from reconciler.placement.nodestate import NodeSlot
@@ -251,13 +253,14 @@ class BalanceMemo:
         ):
             for k, s in edits.items():
                 assert s is not None
-                expanded[k] = (s, expand_instances([s]))
+                expanded[k] = (s, _expanded_again(expanded[k], s))
             return
         for k, s in edits.items():
             if s is None:
                 expanded.pop(k, None)
             else:
-                expanded[k] = (s, expand_instances([s]))
+                got = expanded.get(k)
+                expanded[k] = (s, expand_instances([s]) if got is None else _expanded_again(got, s))
         order = sorted(expanded, key=lambda k: service_order(expanded[k][0]))
         self._expanded = {k: expanded[k] for k in order}
         self._order = order
@@ -397,6 +400,17 @@ class BalanceMemo:
         # (With nothing changed but instances unplaced, those go through pass 2 and 3 again,
         # as in the full run: one evicted by the last run's pass 3 may now evict another.)
         self._run = None  # mutated below: a failure leaves no usable state
+        expanded = self._expanded
+        # A service scaled (edited in its instance count alone) keeps the reservations of the
+        # instances both counts have: pass 1 would keep each where it is, with the very
+        # amounts, resources and devices (the same spec asks the same), so each reservation
+        # is only given the instance of the new spec (the class index knows a service by its
+        # object). The others, and every instance of a service edited otherwise, are released.
+        staying = {
+            key: min(got[0].instances, now.instances)
+            for key, now in edits.items()
+            if now is not None and (got := was.get(key)) is not None and _count_only(got[0], now)
+        }
         # release every instance of the services as they were
         where = run.where
         gone = set()
@@ -407,7 +421,10 @@ class BalanceMemo:
             if got is None:
                 continue
             gone.add(id(got[0]))  # (the class index knows a service by its object)
-            for inst in got[1]:
+            stay = staying.get(key, 0)
+            if stay:
+                _rebind(where, got[1][:stay], expanded[key][1][:stay])
+            for inst in got[1][stay:]:
                 made.pop(inst.id, None)
                 slot = where.get(inst.id)
                 if slot is not None:
@@ -416,10 +433,9 @@ class BalanceMemo:
         assert isinstance(index, ClassIndex)  # (a memo keeps no exhaustive run)
         index.forget_services(gone)
         index.freed()
-        expanded = self._expanded
         # pass 1 for the services as they are now
         for key in sorted(k for k, s in edits.items() if s is not None):
-            for inst in expanded[key][1]:
+            for inst in expanded[key][1][staying.get(key, 0) :]:
                 replaced += 1
                 prev = previous.get(inst.id)
                 if prev is not None and not run.keep(inst, prev):
@@ -540,6 +556,40 @@ def _changes(last: BalanceResult, ids: frozenset[str]) -> Changes | None:
 _MEASURED = {"usage": None, "reportedAt": None}
 
 
+def _count_only(old: Service, new: Service) -> bool:
+    """Whether two versions of a service differ in nothing but their instance count."""
+    return (
+        old.instances != new.instances
+        and old.model_copy(update={"instances": new.instances}) == new
+    )
+
+
+def _expanded_again(was: tuple[Service, list[Instance]], now: Service) -> list[Instance]:
+    """``expand_instances([now])``, given the expansion of the service's last version: the
+    ids of the indices both have are taken from it (each is a uuid5 of item:subject:index)."""
+    old, instances = was
+    if old.key != now.key:
+        return expand_instances([now])
+    keep = min(len(instances), now.instances)
+    item, subject = now.id, now.subject
+    out = [new_instance(i.id, item, subject, i.index, now) for i in instances[:keep]]
+    ids = instance_ids(item, subject, keep, now.instances)
+    out += [new_instance(iid, item, subject, k, now) for k, iid in enumerate(ids, keep)]
+    return out
+
+
+def _rebind(
+    where: Mapping[str, NodeSlot], old: Sequence[Instance], new: Sequence[Instance]
+) -> None:
+    """Give each reservation of an ``old`` instance the ``new`` instance of the same index
+    (the same id; the reservation object stays, so what was made of it stays valid)."""
+    for was, now in zip(old, new, strict=True):
+        assert was.id == now.id  # (by index: uuid5 of item:subject:index)
+        slot = where.get(was.id)
+        if slot is not None:
+            slot.placed[was.id].instance = now
+
+
 def _usage_only(old: Node, new: Node) -> bool:
     """Whether two versions of a node's document differ in nothing but what its agent measures
     on every sample (``usage``, ``reportedAt``)."""
@@ -560,7 +610,7 @@ def _same_where_equal(
     out = []
     for p in seg:
         q = before.get(p.instance_id)
-        out.append(q if q is not None and q == p else p)
+        out.append(q if q is not None and (q is p or q == p) else p)
     return tuple(out)
 
 

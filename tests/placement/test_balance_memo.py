@@ -64,6 +64,12 @@ def _assert_holds_exactly(
     for node_id, slot in run.slots.items():
         assert _state(slot) == _state(replayed[node_id]), node_id
     assert set(run.where) == {p.instance_id for p in result.placements}
+    # each reservation holds the instance of the service as it is now (a scaled service's
+    # kept reservations too: a later edit looks its group up by that service)
+    by_key = {s.key: s for s in svcs}
+    for slot in run.slots.values():
+        for res in slot.placed.values():
+            assert res.instance.service == by_key[res.instance.service.key], res.instance.label
 
 
 def _edit(data: st.DataObject, svcs: list[Service], node_ids: list[str], step: int) -> None:
@@ -286,7 +292,11 @@ class TestTheMemoIsUsed:
         """The edited service's instances are released and placed again; those placed exactly
         where they were are the last result's objects, so the result names only the others."""
         first = self.memo.balance(None, self.nodes, self.services, self.previous, "stable")
-        more = [*self.services[:2], make_service("s2", instances=4, cpu=100), *self.services[3:]]
+        more = [
+            *self.services[:2],
+            make_service("s2", instances=4, cpu=100, quotas={"pidsLimit": 64}),
+            *self.services[3:],
+        ]
         got = self.memo.balance(None, self.nodes, more, previous_of(first), "stable")
         assert self.memo.incremental and self.memo.replaced == 4
         assert got == balance(None, self.nodes, more, previous_of(first), "stable")
@@ -294,6 +304,27 @@ class TestTheMemoIsUsed:
         assert got.changes.ids == {instance_id("s2", "default", 3)}
         for iid in got.by_id.keys() - got.changes.ids:
             assert got.by_id[iid] is first.by_id[iid]
+
+    @pytest.mark.parametrize("count", [5, 1, 0])
+    def test_a_scaled_service_places_only_the_instances_it_gains(self, count: int) -> None:
+        """An edit of the instance count alone (kubectl scale): the instances both counts
+        have keep their reservations, untouched, and only the new ones are placed."""
+        first = self.memo.balance(None, self.nodes, self.services, self.previous, "stable")
+        scaled = [*self.services[:2], make_service("s2", instances=count, cpu=100)]
+        scaled += self.services[3:]
+        got = self.memo.balance(None, self.nodes, scaled, previous_of(first), "stable")
+        assert self.memo.incremental and self.memo.replaced == max(count - 3, 0)
+        assert got == balance(None, self.nodes, scaled, previous_of(first), "stable")
+        assert got.changes is not None
+        named = {instance_id("s2", "default", k) for k in range(min(count, 3), max(count, 3))}
+        assert got.changes.ids == named
+        for iid in got.by_id.keys() - named:
+            assert got.by_id[iid] is first.by_id[iid]
+        # and the next edit of that service starts from reservations of its current spec
+        edited = [*scaled[:2], make_service("s2", instances=count, cpu=60), *scaled[3:]]
+        again = self.memo.balance(None, self.nodes, edited, previous_of(got), "stable")
+        assert self.memo.incremental
+        assert again == balance(None, self.nodes, edited, previous_of(got), "stable")
 
     def test_an_unplaceable_instance_failing_alike_is_the_very_failure(self) -> None:
         """An edit of another service: the unplaceable one is charged again (room was freed)

@@ -193,7 +193,7 @@ class TestToldByTheChangeValue:
         first = self.memo.balance(
             None, self.nodes, self.services, self.previous, "stable", inputs=inputs
         )
-        edited = [*self.services[:3], make_service("s3", instances=1, cpu=100), self.services[4]]
+        edited = [*self.services[:3], make_service("s3", instances=1, cpu=90), self.services[4]]
         stale = InputChanges(inputs.since, inputs.revision + 1)  # from the revision before
         got = self.memo.balance(
             None, self.nodes, edited, previous_of(first), "stable", inputs=stale
@@ -201,7 +201,7 @@ class TestToldByTheChangeValue:
         assert got == balance(None, self.nodes, edited, previous_of(first), "stable")
         assert self.memo.incremental and self.memo.replaced == 1
         # everything (no previous view): compared too
-        again = [make_service("s0", instances=2, cpu=100), *edited[1:]]
+        again = [make_service("s0", instances=2, cpu=90), *edited[1:]]
         anew = InputChanges.unknown(stale.revision + 1)
         got2 = self.memo.balance(None, self.nodes, again, previous_of(got), "stable", inputs=anew)
         assert got2 == balance(None, self.nodes, again, previous_of(got), "stable")
@@ -210,7 +210,7 @@ class TestToldByTheChangeValue:
     def test_a_call_that_was_not_told_breaks_the_chain(self) -> None:
         """A call without changes leaves the memo no revision: the next changes, though
         counted from the revision before, are not used."""
-        edited = [make_service("s0", instances=1, cpu=100), *self.services[1:]]
+        edited = [make_service("s0", instances=1, cpu=90), *self.services[1:]]
         mid = self.memo.balance(None, self.nodes, edited, self.previous, "stable")
         inputs = self._next()  # (from the first call's revision, naming nothing)
         got = self.memo.balance(
