@@ -5,12 +5,14 @@ to the next, so that an edit re-assigns the ids of the nodes it touched only. It
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
-from operator import is_
+from operator import attrgetter, is_
 from typing import cast
 
 from reconciler.placement.instances import BalanceResult, Placement, placement_order
 from reconciler.planning.checkpoint import (
+    GID_RANGE,
     Allocation,
     Checkpoint,
     assign_gids,
@@ -20,6 +22,8 @@ from reconciler.planning.checkpoint import (
 )
 
 __all__ = ["IdsMemo"]
+
+_ITEM_ID = attrgetter("item_id")
 
 
 class IdsMemo:
@@ -39,6 +43,7 @@ class IdsMemo:
 
     def __init__(self) -> None:
         self._gids: dict[str, int] | None = None
+        self._counts: Counter[str] | None = None  # each placed item's placements, last call
         self._nodes: dict[str, tuple[list[Placement], list[Allocation]]] = {}
         self._result: BalanceResult | None = None
         self._out: dict[str, Allocation] | None = None  # None: the last call had errors
@@ -85,7 +90,13 @@ class IdsMemo:
         call's (the very objects), or patching the last call's mapping (see
         :meth:`_patched_ids`). After a patched call the touched nodes' allocations come last in
         the mapping (every caller looks them up by id, and the checkpoint sorts them)."""
-        gids, errors = assign_gids(result.placements, old_gids)
+        got = self._patched_gids(result, old_gids)
+        if got is None:
+            gids, errors = assign_gids(result.placements, old_gids)
+            counts = Counter(map(_ITEM_ID, result.placements))
+        else:
+            (gids, counts), errors = got, []
+        self._counts = counts if not errors else None
         placements = result.placements
         self.since = None
         patched = self._patched_ids(result, old, gids) if old_is_last and not errors else None
@@ -117,6 +128,62 @@ class IdsMemo:
         clean = not errors and len(allocations) == len(placements)
         self._result, self._out = (result, allocations) if clean else (None, None)
         return allocations, gids, errors
+
+    def _patched_gids(
+        self, result: BalanceResult, old_gids: Mapping[str, int]
+    ) -> tuple[dict[str, int], Counter[str]] | None:
+        """:func:`assign_gids`' gids and each item's placement count, from the last call's for
+        the instances ``result.changes`` names only: while ``old_gids`` are the gids the last
+        call gave (the checkpoint it wrote), every item placed then and now keeps its gid, an
+        item no longer placed loses it, and the items placed anew take the smallest free gids
+        in item order, as the full pass gives them. The very mapping of the last call when no
+        item came or went. None when that does not apply (the caller takes the full pass)."""
+        last, last_gids, counts = self._result, self._gids, self._counts
+        if last is None or last_gids is None or counts is None:
+            return None
+        if old_gids is not last_gids and old_gids != last_gids:
+            return None
+        named = result.changed_since(last)
+        if named is None:
+            return None
+        now_by_id, then_by_id = result.by_id, last.by_id
+        delta: Counter[str] = Counter()
+        for iid in named:
+            then, now = then_by_id.get(iid), now_by_id.get(iid)
+            if then is now:
+                continue
+            if then is not None:
+                delta[then.item_id] -= 1
+            if now is not None:
+                delta[now.item_id] += 1
+        came, went = [], []
+        for item, d in delta.items():
+            if d:
+                before = counts.get(item, 0)
+                if before == 0:
+                    came.append(item)
+                elif before + d == 0:
+                    went.append(item)
+        if not came and not went:
+            if delta:
+                counts = counts.copy()
+                counts.update(delta)
+            return last_gids, counts
+        gids = dict(last_gids)
+        for item in went:
+            del gids[item]
+        used = set(gids.values())
+        free = (g for g in GID_RANGE if g not in used)
+        for item in sorted(came):
+            gid = next(free, None)
+            if gid is None:
+                return None  # (the full pass says which items found none)
+            gids[item] = gid
+        counts = counts.copy()
+        counts.update(delta)
+        for item in went:
+            del counts[item]
+        return gids, counts
 
     def _patched_ids(
         self,

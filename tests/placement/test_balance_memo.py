@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reconciler.accel import BalanceMemo, balance, node_states
+from reconciler.accel import ids as ids_module
 from reconciler.accel.checkpoint import CheckpointMemo
 from reconciler.accel.ids import IdsMemo
 from reconciler.accel.index import ClassIndex
@@ -23,10 +25,17 @@ from reconciler.io.loader import load_state
 from reconciler.model.documents import Node, Service, UnitConfig
 from reconciler.model.values import instance_id
 from reconciler.placement.balancer import Run
-from reconciler.placement.instances import BalanceResult, Cause, Mode, PreviousAllocation
+from reconciler.placement.instances import (
+    BalanceResult,
+    Cause,
+    Mode,
+    Placement,
+    PreviousAllocation,
+)
 from reconciler.placement.nodestate import NodeSlot
 from reconciler.planning.checkpoint import (
     Checkpoint,
+    assign_gids,
     assign_ids,
     decode_checkpoint,
     encode_checkpoint,
@@ -478,6 +487,38 @@ def test_uids_of_an_edit_are_assigned_on_the_nodes_it_touched_only() -> None:
     }
     assert uids == {k: 5000 + k for k in range(8)}  # in index order
     assert ids.encoded_patched == 1  # the encoder took the changed allocations only
+
+
+def test_gids_of_an_edit_are_patched_from_the_last_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gids follow the items an edit adds or removes, without a pass over every
+    placement: an item gone frees its gid, and a new item takes the smallest free one (what a
+    call without memo gives, compared by ``_Ids``)."""
+    nodes = [make_node(f"n{i}", dmips=10_000) for i in range(3)]
+    svcs = [make_service(f"s{i}", instances=2, cpu=10) for i in range(4)]
+    memo, ids = BalanceMemo(), _Ids()
+    got = memo.balance(None, nodes, svcs, {}, "stable")
+    ids.assign(got, tampered=False)
+    assert ids.cp.gids == {"s0": 5000, "s1": 5001, "s2": 5002, "s3": 5003}
+    full: list[int] = []  # the memo's calls of the full pass
+    real = assign_gids
+
+    def counted(
+        ps: Sequence[Placement], old: Mapping[str, int]
+    ) -> tuple[dict[str, int], list[str]]:
+        full.append(len(ps))
+        return real(ps, old)
+
+    monkeypatch.setattr(ids_module, "assign_gids", counted)
+    scaled = [*svcs[:2], make_service("s2", instances=5, cpu=10), svcs[3]]
+    got = memo.balance(None, nodes, scaled, previous_of(got), "stable")
+    ids.assign(got, tampered=False)
+    # s1 gone (5001 freed), then "a" and "t" added: "a" takes 5001, "t" the next free one
+    changed = [svcs[0], *scaled[2:], make_service("a", cpu=10), make_service("t", cpu=10)]
+    got = memo.balance(None, nodes, changed, previous_of(got), "stable")
+    assert memo.incremental
+    ids.assign(got, tampered=False)
+    assert ids.cp.gids == {"s0": 5000, "a": 5001, "s2": 5002, "s3": 5003, "t": 5004}
+    assert full == []
 
 
 def test_uids_after_an_instance_left_a_node() -> None:
