@@ -1289,9 +1289,10 @@ def explain(
     filters that fail on each runtime are listed too (a node is feasible only when one
     runtime passes them all).
 
-    INSTANCE may also be an item, ITEM or ITEM:SUBJECT: then each of its instances is listed
-    with where it is placed or why it has no place. An id that names nothing gets the
-    closest desired ids as suggestions.
+    INSTANCE may also be an item, ITEM or ITEM:SUBJECT, or a desired file (its path, or its
+    name under desired/ with or without .yaml: navigation for desired/navigation.yaml): then
+    each instance of that item is listed with where it is placed or why it has no place. An
+    id that names nothing gets the closest desired ids as suggestions.
 
     The loaded inputs and the balance are kept in a read cache of the user's own
     ($RECONCILER_CACHE_DIR, else $XDG_CACHE_HOME/reconciler, else ~/.cache/reconciler; empty:
@@ -1306,6 +1307,7 @@ def explain(
         find_instance,
         find_item,
         item_json,
+        item_of_file,
         item_view,
         render_item,
         runtime_json,
@@ -1343,6 +1345,11 @@ def explain(
     )
     iid = instance if known else find_instance(services, instance, view.services)
     members = find_item(services, instance) if iid is None else []
+    if iid is None and not members:  # a desired file's path or name: the item it holds
+        named = item_of_file(view.files, instance, str(state_dir))
+        if named is not None:
+            instance = f"{named[1].id}:{named[1].subject}"
+            members = find_item(services, instance)
     if iid is None and not members:
         close = suggestions(services, instance)
         hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""

@@ -3,6 +3,7 @@ ids a misspelled one was likely meant to be, and the view of an item's instances
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +78,26 @@ def find_item(services: Sequence[Service], needle: str) -> list[Instance]:
         for i in expand_instances(list(services))
         if needle in (i.item_id, f"{i.item_id}:{i.subject_id}")
     ]
+
+
+def item_of_file(
+    files: Mapping[str, Any], needle: str, state_dir: str
+) -> tuple[str, Service] | None:
+    """(the file, its service) when ``needle`` names a desired file rather than an id: its path
+    (relative to the state directory or to the working directory), or its name under
+    ``desired/`` with or without ``.yaml``/``.yml`` (``navigation`` for
+    ``desired/navigation.yaml``); None when it names none, or one with no valid service."""
+    rel = os.path.relpath(os.path.abspath(needle), os.path.abspath(state_dir))
+    if rel.startswith("../"):  # not under the state directory: a name
+        rel = needle
+    tried = [rel, f"desired/{rel}"]
+    tried += [f"{t}{ext}" for t in tried[:2] for ext in (".yaml", ".yml")]
+    for path in tried:
+        rec = files.get(path)
+        good = getattr(rec, "good", None) if rec is not None else None
+        if path.startswith("desired/") and isinstance(good, Service):
+            return path, good
+    return None
 
 
 def suggestions(services: Sequence[Service], needle: str, n: int = 3) -> list[str]:

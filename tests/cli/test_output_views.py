@@ -471,3 +471,25 @@ def test_the_matrix_keeps_the_placed_node_then_the_nodes_failing_fewest_filters(
     shown, hidden = matrix_rows(_explanation(failing, None), None)
     assert [r[0] for r in shown] == sorted(failing) and hidden == []
     assert matrix_rows(_explanation(failing, None), 30)[1] == []
+
+
+def test_explain_takes_a_desired_file_for_the_item_it_holds(
+    demo: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A newcomer types the file they edited: its name, its path under the state directory,
+    relative to the working directory or absolute, all name the item the file holds."""
+    header = "com.example.nav:default: 1 instance(s): 1 placed"
+    monkeypatch.chdir(demo.parent)
+    for typed in (
+        "navigation",
+        "navigation.yaml",
+        "desired/navigation.yaml",
+        f"{demo.name}/desired/navigation.yaml",
+        str(demo / "desired" / "navigation.yaml"),
+    ):
+        code, out, err = run(capsys, "explain", typed, "--state", str(demo))
+        assert (code, out.splitlines()[0]) == (0, header), (typed, err)
+    # a node's file, or a name no desired file has, names no item
+    for typed in ("nodes/edge-1.yaml", "edge-1", "navigatio"):
+        code, _, err = run(capsys, "explain", typed, "--state", str(demo))
+        assert code == 1 and "no desired instance" in err, typed

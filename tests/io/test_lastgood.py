@@ -297,12 +297,16 @@ def settled(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> 
         monkeypatch.setattr(fsio, "RACY_WINDOW_NS", 0)
 
 
+def _memo_setup(tmp_path: Path) -> tuple[Path, StateView, LastGoodStore, LastGoodMemo]:
+    """A state directory, its view, an empty last-good store and a memo."""
+    root = _state(tmp_path / "state")
+    return root, _view(root), LastGoodStore(tmp_path / "lg"), LastGoodMemo()
+
+
 def test_a_memo_sync_looks_only_at_changed_inputs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    root = _state(tmp_path / "state")
-    view = _view(root)
-    store, memo = LastGoodStore(tmp_path / "lg"), LastGoodMemo()
+    root, view, store, memo = _memo_setup(tmp_path)
     assert store.sync(view, memo=memo) == len(view.files)
     assert memo.looked_at == len(view.files) and len(memo) == len(view.files)
 
@@ -339,9 +343,7 @@ def test_a_memo_sync_skips_inputs_parsed_again_to_the_same_content(
 ) -> None:
     # a view loaded from nothing: a new record for every file (as for files written within
     # the racy window, parsed again), each of the content the last sync recorded
-    root = _state(tmp_path / "state")
-    view = _view(root)
-    store, memo = LastGoodStore(tmp_path / "lg"), LastGoodMemo()
+    root, view, store, memo = _memo_setup(tmp_path)
     store.sync(view, memo=memo)
     again = _view(root)
     assert all(again.files[rel] is not rec for rel, rec in view.files.items())
@@ -366,9 +368,7 @@ def test_a_memo_sync_skips_inputs_parsed_again_to_the_same_content(
 
 
 def test_another_writer_makes_the_memo_unusable(tmp_path: Path) -> None:
-    root = _state(tmp_path / "state")
-    view = _view(root)
-    store, memo = LastGoodStore(tmp_path / "lg"), LastGoodMemo()
+    root, view, store, memo = _memo_setup(tmp_path)
     store.sync(view, memo=memo)
     _edit(root)
     view2 = _view(root, view)
@@ -383,9 +383,7 @@ def test_another_writer_makes_the_memo_unusable(tmp_path: Path) -> None:
 
 
 def test_a_failed_sync_leaves_the_memo_empty(tmp_path: Path) -> None:
-    root = _state(tmp_path / "state")
-    view = _view(root)
-    store, memo = LastGoodStore(tmp_path / "lg"), LastGoodMemo()
+    root, view, store, memo = _memo_setup(tmp_path)
     store.sync(view, memo=memo)
     _edit(root)
     view2 = _view(root, view)
