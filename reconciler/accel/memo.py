@@ -567,9 +567,7 @@ def _count_only(old: Service, new: Service) -> bool:
 def _expanded_again(was: tuple[Service, list[Instance]], now: Service) -> list[Instance]:
     """``expand_instances([now])``, given the expansion of the service's last version: the
     ids of the indices both have are taken from it (each is a uuid5 of item:subject:index)."""
-    old, instances = was
-    if old.key != now.key:
-        return expand_instances([now])
+    instances = was[1]
     keep = min(len(instances), now.instances)
     item, subject = now.id, now.subject
     out = [new_instance(i.id, item, subject, i.index, now) for i in instances[:keep]]

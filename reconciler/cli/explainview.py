@@ -12,6 +12,7 @@ from rich.console import Console
 
 from reconciler.cli.suggest import closest
 from reconciler.cli.textout import Column, Painter, TextTable, wrap, write_lines
+from reconciler.io.loader import FileRecord
 from reconciler.model.documents import Service, UnitConfig
 from reconciler.model.values import instance_id
 from reconciler.placement.balancer import Explanation
@@ -81,7 +82,7 @@ def find_item(services: Sequence[Service], needle: str) -> list[Instance]:
 
 
 def item_of_file(
-    files: Mapping[str, Any], needle: str, state_dir: str
+    files: Mapping[str, FileRecord], needle: str, state_dir: str
 ) -> tuple[str, Service] | None:
     """(the file, its service) when ``needle`` names a desired file rather than an id: its path
     (relative to the state directory or to the working directory), or its name under
@@ -94,9 +95,8 @@ def item_of_file(
     tried += [f"{t}{ext}" for t in tried[:2] for ext in (".yaml", ".yml")]
     for path in tried:
         rec = files.get(path)
-        good = getattr(rec, "good", None) if rec is not None else None
-        if path.startswith("desired/") and isinstance(good, Service):
-            return path, good
+        if rec is not None and path.startswith("desired/") and isinstance(rec.good, Service):
+            return path, rec.good
     return None
 
 

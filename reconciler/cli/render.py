@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -17,7 +18,7 @@ from reconciler.cli.textout import (
 )
 from reconciler.placement.balancer import Explanation
 from reconciler.placement.instances import BalanceResult
-from reconciler.placement.pipeline import nodes_feasible
+from reconciler.placement.pipeline import nodes_feasible, ordered_counts
 from reconciler.planning.plans import Action, Plan
 
 if TYPE_CHECKING:
@@ -210,14 +211,10 @@ def hidden_nodes_line(hidden: Sequence[Row]) -> str:
     """``"4,980 more nodes not shown: 2,480 feasible, 2,500 Labels (--all-nodes lists every
     node)"``: the rows left out, counted as the summary counts (a node by the filter that
     dropped it)."""
-    counts: dict[str, int] = {}
-    for _node, _cells, dropped in hidden:
-        key = dropped or "feasible"
-        counts[key] = counts.get(key, 0) + 1
-    feasible = counts.pop("feasible", 0)
+    counts = Counter(dropped for _node, _cells, dropped in hidden if dropped is not None)
+    feasible = len(hidden) - counts.total()
     parts = [f"{feasible:,} feasible"] if feasible else []
-    parts += [f"{n:,} {code}" for code, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
-    what = ", ".join(parts)
+    what = ", ".join(parts + [f"{n:,} {code}" for code, n in ordered_counts(counts)])
     return f"{len(hidden):,} more nodes not shown: {what} (--all-nodes lists every node)"
 
 

@@ -527,24 +527,27 @@ def _stale(
         version = get(rel)
         if version == rec.sha256 and not rec.deps_sha256:
             continue  # the entry of this very content (valid, since it was recorded)
-        if rec.current and rec.good is not None:
-            if version != _version(rec):
+        recorded = _recorded_version(rec)
+        if recorded is not None:
+            if version != recorded:
                 out.append(rel)
         elif legacy is not None and rel in legacy and rel not in stored:
             out.append(rel)
     return out
 
 
+def _recorded_version(rec: FileRecord) -> str | None:
+    """The version of the entry a sync records for ``rec`` (None: an invalid file, whose entry
+    stays as it was)."""
+    return _version(rec) if rec.current and rec.good is not None else None
+
+
 def _same_entry(last: FileRecord | None, rec: FileRecord) -> bool:
     """Whether ``rec`` is recorded by the very entry ``last`` was (both valid, one version)."""
-    return (
-        last is not None
-        and last.current
-        and last.good is not None
-        and rec.current
-        and rec.good is not None
-        and _version(last) == _version(rec)
-    )
+    if last is None:
+        return False
+    version = _recorded_version(rec)
+    return version is not None and version == _recorded_version(last)
 
 
 def _up_to_date(
