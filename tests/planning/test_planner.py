@@ -358,9 +358,10 @@ def _plan_time(n: int) -> float:
 
 def test_planning_scales_linearly() -> None:
     """Issue 6: 10,000 stops and 10,000 starts (benchmarks/plan.py measures the absolute time);
-    here only the growth: 2x the instances must cost well under 4x the time (quadratic)."""
-    small, large = _plan_time(5000), _plan_time(10000)
-    assert large < 3.0 * small + 0.01, (small, large)
+    here only the growth: 4x the instances must cost well under 16x the time (quadratic).
+    (2x against a bound of 3x failed on a noisy VM at 3.15x: the margin is wide now.)"""
+    small, large = _plan_time(2500), _plan_time(10000)
+    assert large < 8.0 * small + 0.01, (small, large)
 
 
 class TestFingerprint:
