@@ -27,6 +27,7 @@ from reconciler.planning.checkpoint import (
     plain_gids,
     round_trip,
 )
+from reconciler.planning.checkpoint_delta import DeltaSince, with_delta
 
 __all__ = ["CheckpointCache", "CheckpointMemo"]
 
@@ -374,6 +375,12 @@ class CheckpointCache:
         self._key: tuple[bytes, str | None] | None = None
         self._checkpoint: Checkpoint | None = None
         self._written: tuple[bytes, Checkpoint] | None = None  # decoded when first needed
+        # the last delta decoded (the base it was applied to, its bytes, what it gave) and the
+        # last written (the current file's bytes, the delta's, the checkpoint)
+        self._delta: tuple[Checkpoint, bytes, Checkpoint] | None = None
+        self._written_delta: tuple[bytes, bytes, Checkpoint] | None = None
+        # the base and the checkpoint of the last delta written, and what delta_since needs
+        self._since: tuple[Checkpoint, Mapping[str, Allocation], DeltaSince] | None = None
         self.memo = CheckpointMemo()
 
     def decode(self, raw: bytes, expected_lineage: str | None) -> Checkpoint:
@@ -404,3 +411,55 @@ class CheckpointCache:
     def wrote(self, raw: bytes, cp: Checkpoint) -> None:
         """``raw`` is ``encode_checkpoint(cp)``, just written."""
         self._written = (raw, cp)
+        self._written_delta = None
+
+    def decode_delta(self, base: Checkpoint, current: bytes, delta: bytes) -> Checkpoint:
+        """``apply_delta(base, decode_delta(...))``, or what the same delta on the same base
+        (the very object :meth:`decode` returned) gave last time; for the delta this process
+        wrote on the file it was written against, what decoding gives of the checkpoint
+        written, without parsing (as :meth:`decode` does for a whole generation)."""
+        last = self._delta
+        if last is not None and last[0] is base and last[1] == delta:
+            return last[2]
+        written = self._written_delta
+        cp: Checkpoint | None = None
+        if (
+            written is not None
+            and written[1] == delta
+            and written[0] == current
+            and written[2].lineage == base.lineage
+            and plain_envelope(written[2])
+        ):
+            try:  # (the memo encoded it: see save_checkpoint)
+                cp = self.memo.as_decoded(written[2])
+            except (KeyError, TypeError, ValueError, AttributeError):
+                cp = None
+        if cp is None:
+            cp = with_delta(base, current, delta)
+        cp = replace(cp, memo=self.memo)
+        self._delta = (base, delta, cp)
+        return cp
+
+    def delta_since(self, base: Checkpoint, cp: Checkpoint) -> DeltaSince | None:
+        """The ids of the last delta written and those ``cp.since`` names, when that delta
+        was against ``base`` and ``cp``'s allocations are its checkpoint's but at those ids."""
+        last, since = self._since, cp.since
+        if last is None or last[0] is not base or since is None or since[0] is not last[1]:
+            return None
+        return DeltaSince(last[2].ids | since[1], last[2].gids)
+
+    def wrote_delta(
+        self,
+        current: bytes,
+        delta: bytes,
+        cp: Checkpoint,
+        base: Checkpoint,
+        since: DeltaSince,
+    ) -> None:
+        """``delta`` makes the file ``current`` (``base``) into ``cp``; it was just written
+        (``since``: see the protocol). The memo takes ``cp``'s allocations as if it had
+        encoded them (what it keeps from run to run is theirs then, as after a whole
+        write)."""
+        self.memo.data_chunks(cp)
+        self._written_delta = (current, delta, cp)
+        self._since = (base, cp.allocations, since)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reconciler.io.checkpoint_files import CURRENT, LINEAGE
+from reconciler.io.checkpoint_files import CURRENT, DELTA, LINEAGE, CheckpointFiles, files_digest
 from reconciler.io.fsio import FileReadError, read_bytes_at
 from reconciler.io.loader import (
     input_hash_of,
@@ -94,9 +94,11 @@ def not_reusable(c: Computed) -> str | None:
     return None
 
 
-def basis_bytes(c: Computed, mode: str | None, checkpoint: bytes, plan_digest: str) -> bytes:
+def basis_bytes(
+    c: Computed, mode: str | None, checkpoint: CheckpointFiles, plan_digest: str
+) -> bytes:
     """``out/plan.basis.json`` for the run ``c`` (``mode``: the mode the run was asked for,
-    None for unit.yaml's; ``checkpoint``: the checkpoint file's bytes after the run;
+    None for unit.yaml's; ``checkpoint``: the checkpoint files' bytes after the run;
     ``plan_digest``: :func:`digest` of the plan.json bytes it wrote). Deterministic: the same
     run gives the same bytes."""
     why = not_reusable(c)
@@ -112,7 +114,7 @@ def basis_bytes(c: Computed, mode: str | None, checkpoint: bytes, plan_digest: s
             "reusable": True,
             "inputHash": c.view.input_hash,
             "resourcesFiles": resources_files(c.view),
-            "checkpoint": digest(checkpoint),
+            "checkpoint": checkpoint.digest(),
             "lineage": c.checkpoint.lineage,
             "plan": plan_digest,
             "mode": mode,
@@ -162,7 +164,8 @@ def reusable_plan(state_dir: Path, mode: str | None, now: float) -> Reused | Non
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
     checkpoint = _read(state_dir / "checkpoint" / CURRENT, _MAX_PLAN_BYTES)
-    if checkpoint is None or digest(checkpoint) != want_cp:
+    delta = _read(state_dir / "checkpoint" / DELTA, _MAX_PLAN_BYTES)
+    if checkpoint is None or files_digest(checkpoint, delta) != want_cp:
         return None
     named = _read(state_dir / "checkpoint" / LINEAGE)
     if named is not None and named.decode(errors="replace").strip() != lineage:

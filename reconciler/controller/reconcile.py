@@ -31,6 +31,7 @@ from reconciler.controller.reports import StaleMarks
 from reconciler.controller.status import NodeStatusCache, cached_status, status_bytes
 from reconciler.controller.statuspage import PageMemo, page_source, render_status_page
 from reconciler.io.checkpoint_files import (
+    CheckpointFiles,
     LoadReport,
     load_checkpoint,
     save_checkpoint,
@@ -474,14 +475,14 @@ def _write_outputs(
     state_dir: Path,
     c: Computed,
     opts: ReconcileOptions,
-    checkpoint: bytes | None,
+    checkpoint: CheckpointFiles | None,
     commit: Commit,
 ) -> tuple[list[str], Callable[[], dict[str, Any]]]:
     """Write out/ in dependency order through ``commit`` (SPEC §2, §10, §11, §12): instance
     configs first (a patch never names a config that is not there), then the node patches
     with the plan, made visible with what the commit holds before them (the last-good copies,
     the checkpoint); then the status report and what the plan was computed from
-    (``out/plan.basis.json``; ``checkpoint``: the checkpoint file's bytes after the run), made
+    (``out/plan.basis.json``; ``checkpoint``: the checkpoint files' bytes after the run), made
     visible at a second flush."""
     out = state_dir / "out"
     ensure_dir(out)
@@ -740,19 +741,26 @@ def reconcile(
                     memo=opts.cache.last_good if opts.cache is not None else None,
                     commit=commit,
                 )
-                cp_bytes = c.loaded.current  # the checkpoint file's bytes after this run
+                # the checkpoint's bytes after this run
+                cp_files = (
+                    CheckpointFiles(c.loaded.current, c.loaded.delta)
+                    if c.loaded.current is not None
+                    else None
+                )
                 if c.checkpoint.generation != c.loaded.checkpoint.generation or (
                     c.loaded.source != "current"
                 ):
-                    cp_bytes = save_checkpoint(
+                    cp_files = save_checkpoint(
                         state_dir / "checkpoint",
                         c.checkpoint,
                         cache=opts.cache.checkpoint if opts.cache is not None else None,
                         current=c.loaded.current,  # read under this lock: not read again
                         commit=commit,
+                        # a watcher's run writes what changed, a one-shot run all of it
+                        base=c.loaded.base if opts.cache is not None else None,
                     )
                     cp_written = True
-                more, status = _write_outputs(state_dir, c, opts, cp_bytes, commit)
+                more, status = _write_outputs(state_dir, c, opts, cp_files, commit)
             written += more
             if not opts.recheck and hint is None:
                 return ReconcileReport(

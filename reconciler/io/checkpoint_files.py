@@ -3,6 +3,12 @@
 - Writes go through :func:`reconciler.io.fsio.atomic_write`; before a new generation replaces the
   current one, the current file's bytes are kept as ``allocations.prev.json``. A crash at any
   step leaves the old or the new checkpoint, never a torn one.
+- A long-running controller (``watch``) writes most runs as a delta against the current file
+  (``allocations.delta.json``, :mod:`reconciler.planning.checkpoint_delta`): the checkpoint is
+  the current file with its delta applied. A bad delta is quarantined and the current file
+  alone used (the generation before the delta's); a delta written against another current
+  file (a run stopped between writing a whole generation and removing the delta) is ignored
+  and removed by the next write.
 - ``checkpoint/LINEAGE`` names the lineage this state directory belongs to; a checkpoint of
   another lineage (copied from another unit) is refused.
 - :func:`load_checkpoint` quarantines a bad checkpoint (``checkpoint/quarantine/``) and falls back
@@ -40,23 +46,35 @@ from reconciler.planning.checkpoint import (
     encode_checkpoint,
     rebuild_from_actual,
 )
+from reconciler.planning.checkpoint_delta import (
+    COMPACT_RATIO,
+    DeltaSince,
+    base_checksum,
+    delta_data,
+    encode_delta,
+    with_delta,
+)
 from reconciler.planning.network import (
     state_from_actual,
 )
 
 __all__ = [
     "CURRENT",
+    "DELTA",
     "LINEAGE",
     "PREVIOUS",
     "QUARANTINE",
+    "CheckpointFiles",
     "LoadReport",
     "Source",
+    "files_digest",
     "fingerprint",
     "load_checkpoint",
     "save_checkpoint",
 ]
 
 CURRENT = "allocations.json"
+DELTA = "allocations.delta.json"
 PREVIOUS = "allocations.prev.json"
 LINEAGE = "LINEAGE"
 QUARANTINE = "quarantine"
@@ -72,6 +90,30 @@ class LoadReport:
     problems: tuple[str, ...] = ()  # what was quarantined and why
     # the current file's bytes, when the checkpoint is that file's (for save_checkpoint)
     current: bytes | None = field(default=None, repr=False, compare=False)
+    # with ``current``: what that file decodes to (a delta is written against it) and the
+    # bytes of the delta applied to it, if one was
+    base: Checkpoint | None = field(default=None, repr=False, compare=False)
+    delta: bytes | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class CheckpointFiles:
+    """The checkpoint's bytes after a write: the current file's and its delta's, if any."""
+
+    current: bytes
+    delta: bytes | None = None
+
+    def digest(self) -> str:
+        return files_digest(self.current, self.delta)
+
+
+def files_digest(current: bytes, delta: bytes | None) -> str:
+    """``sha256:`` + the hex digest of the current file's bytes, or, with a delta, of the two
+    files' own digests one after the other."""
+    h = hashlib.sha256(current)
+    if delta is not None:
+        h = hashlib.sha256(h.digest() + hashlib.sha256(delta).digest())
+    return "sha256:" + h.hexdigest()
 
 
 def _read(path: Path) -> bytes | None:
@@ -89,7 +131,7 @@ def fingerprint(directory: Path) -> str:
     both generations, as it reads them): equal fingerprints load the same checkpoint for the
     same actual state."""
     h = hashlib.sha256()
-    for name in (LINEAGE, CURRENT, PREVIOUS):
+    for name in (LINEAGE, CURRENT, DELTA, PREVIOUS):
         raw = _read(directory / name)
         h.update(b"absent\0" if raw is None else hashlib.sha256(raw).digest())
     return h.hexdigest()
@@ -132,8 +174,22 @@ def load_checkpoint(
                 moved = _quarantine(directory, name, e.reason, stamp)
                 problems[-1] += f"; moved to {moved}"
             continue
-        src: Source = "current" if name == CURRENT else "previous"
-        return LoadReport(cp, src, tuple(problems), raw if name == CURRENT else None)
+        if name == PREVIOUS:
+            return LoadReport(cp, "previous", tuple(problems))
+        base, delta = cp, _read(directory / DELTA)
+        src: Source = "current"
+        if delta is not None:
+            try:
+                cp = _apply(base, raw, delta, cache)
+            except CheckpointError as e:
+                delta = None
+                if e.reason != "stale":  # (stale: see the module docstring)
+                    problems.append(f"{directory / DELTA}: {e} ({e.reason})")
+                    if quarantine:
+                        moved = _quarantine(directory, DELTA, e.reason, stamp)
+                        problems[-1] += f"; moved to {moved}"
+                    src = "previous"
+        return LoadReport(cp, src, tuple(problems), raw, base, delta)
     lineage = expected or new_lineage()
     rebuilt = rebuild_from_actual(actual)
     origin: Source = "actual" if (problems or rebuilt) else "new"
@@ -198,14 +254,37 @@ def save_checkpoint(
     cache: CheckpointCodec | None = None,
     current: bytes | None = None,
     commit: Commit | None = None,
-) -> bytes:
+    base: Checkpoint | None = None,
+    compact_ratio: int = COMPACT_RATIO,
+) -> CheckpointFiles:
     """Write ``cp`` as the current generation, keeping the current file as the previous one;
     returns the bytes written. ``current``: the current file's bytes as
     :func:`load_checkpoint` read them under the same lock (:attr:`LoadReport.current`), so
     that they are not read again; None: read them. ``commit``: the files join it (the lineage,
     then the previous generation, then the current one, visible in that order at its flush,
-    the caller's) instead of being written and synced one by one."""
+    the caller's) instead of being written and synced one by one.
+
+    ``base``: what ``current`` decodes to (:attr:`LoadReport.base`); given, and the changes
+    since it less than ``1/compact_ratio`` of its bytes, only the delta is written (the
+    current and previous files stay as they are); otherwise the whole generation is, and a
+    delta there is removed after it."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if base is not None and current and base.lineage == cp.lineage:
+        checksum = base_checksum(current)
+        if checksum is not None:
+            since = cache.delta_since(base, cp) if cache is not None else None
+            data, loose = delta_data(base, cp, since)
+            delta = encode_delta(cp, base, checksum, data)
+            if len(delta) * compact_ratio < len(current):
+                if commit is not None:
+                    commit.replace(directory / DELTA, delta)
+                else:
+                    atomic_write(directory / DELTA, delta, hook=hook)
+                if cache is not None:
+                    cache.wrote_delta(
+                        current, delta, cp, base, DeltaSince(loose, (cp.gids, data["gids"]))
+                    )
+                return CheckpointFiles(current, delta)
 
     def write(target: Path, data: bytes) -> None:
         if commit is not None:
@@ -226,8 +305,25 @@ def save_checkpoint(
     write(path, encoded)
     if cache is not None:
         cache.wrote(encoded, cp)
-    return encoded
+    if os.path.lexists(directory / DELTA):  # after the whole generation: see load_checkpoint
+        if commit is not None:
+            commit.unlink(directory / DELTA)
+        else:
+            step = hook or (lambda _name: None)
+            step("unlink")
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(directory / DELTA)
+            step("fsync-dir")
+            fsync_dir(directory)
+    return CheckpointFiles(encoded)
 
 
 def _decode(raw: bytes, expected: str | None, cache: CheckpointCodec | None) -> Checkpoint:
     return cache.decode(raw, expected) if cache is not None else decode_checkpoint(raw, expected)
+
+
+def _apply(base: Checkpoint, raw: bytes, delta: bytes, cache: CheckpointCodec | None) -> Checkpoint:
+    """``base`` (decoded from the current file's bytes ``raw``) with the delta ``delta``."""
+    return (
+        cache.decode_delta(base, raw, delta) if cache is not None else with_delta(base, raw, delta)
+    )

@@ -18,7 +18,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -31,6 +31,9 @@ from reconciler.placement.instances import (
     PreviousAllocation,
     new_requested,
 )
+
+if TYPE_CHECKING:
+    from reconciler.planning.checkpoint_delta import DeltaSince
 
 __all__ = [
     "FORMAT_VERSION",
@@ -195,6 +198,27 @@ class CheckpointCodec(Protocol):
 
     def wrote(self, raw: bytes, cp: Checkpoint) -> None:
         """``raw`` is the encoding of ``cp``, just written."""
+
+    def decode_delta(self, base: Checkpoint, current: bytes, delta: bytes) -> Checkpoint:
+        """``base`` (what the current file's bytes ``current`` decode to) with the delta
+        ``delta`` applied: :mod:`reconciler.planning.checkpoint_delta`'s ``apply_delta`` of its
+        ``decode_delta``."""
+
+    def delta_since(self, base: Checkpoint, cp: Checkpoint) -> DeltaSince | None:
+        """What is known of the delta from ``base`` to ``cp`` from the last one written (see
+        :func:`reconciler.planning.checkpoint_delta.delta_data`), or None."""
+
+    def wrote_delta(
+        self,
+        current: bytes,
+        delta: bytes,
+        cp: Checkpoint,
+        base: Checkpoint,
+        since: DeltaSince,
+    ) -> None:
+        """``delta`` makes the current file ``current`` (decoded: ``base``) into ``cp``; it was
+        just written. ``since``: the ids at which ``cp``'s allocations are not ``base``'s
+        objects, and the delta's gids (what :meth:`delta_since` starts from next time)."""
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from benchmarks.synth import SHAPES
 from reconciler.cli.commands import main
 from reconciler.controller import reconcile as reconcile_module
 from reconciler.controller.planbasis import BASIS_FILE
+from reconciler.io.checkpoint_files import CheckpointFiles
 from reconciler.io.loader import input_hash_of, load_state, resources_files
 
 
@@ -204,7 +205,9 @@ class TestTheRecord:
         now = oldest + 10.0  # every report young enough
         c = compute_once(root, ReconcileOptions(clock=lambda: now), read_only=True)
         # (the configs were not built, which alone makes it not reusable: a stand-in)
-        doc = json.loads(basis_bytes(dataclasses.replace(c, built={}), None, b"cp", "sha256:x"))
+        doc = json.loads(
+            basis_bytes(dataclasses.replace(c, built={}), None, CheckpointFiles(b"cp"), "sha256:x")
+        )
         assert doc["reusable"] is True
         assert doc["validUntil"] == oldest + 60.0  # the oldest report + unit.yaml's nodeTimeout
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import shutil
 import threading
 import time
@@ -19,6 +20,8 @@ from reconciler.controller import reconcile as rec
 from reconciler.controller import watch
 from reconciler.controller.configs import default_config_builder
 from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
+from reconciler.io.checkpoint_files import load_checkpoint
+from reconciler.planning.checkpoint import encode_checkpoint
 from tests.support.agent_sim import apply_all
 
 
@@ -263,14 +266,25 @@ def test_watch_verifies_on_start_and_resync_and_trusts_on_events(
 
 def _outputs(state: Path) -> dict[str, bytes]:
     """out/ and the checkpoint as files, the state directory's path in them as ``STATE`` (the
-    status page's time aside)."""
+    status page's time aside); the checkpoint as it loads, encoded whole (a watcher writes
+    deltas, a one-shot run the whole generation: the files differ, not what they hold)."""
     here = str(state).encode()
-    return {
+    files = {
         p.relative_to(state).as_posix(): p.read_bytes().replace(here, b"STATE")
         for top in ("out", "checkpoint")
         for p in sorted((state / top).rglob("*"))
-        if p.is_file() and p.name not in ("status.html", ".manifest.json")
+        if p.is_file()
+        and p.name not in ("status.html", ".manifest.json")
+        and not p.name.startswith("allocations.")
     }
+    if "out/plan.basis.json" in files:
+        basis = json.loads(files["out/plan.basis.json"])
+        basis.pop("checkpoint", None)  # the digest of those files
+        files["out/plan.basis.json"] = json.dumps(basis, sort_keys=True).encode()
+    loaded = load_checkpoint(state / "checkpoint", {}, quarantine=False)
+    assert not loaded.problems
+    files["checkpoint (loaded)"] = encode_checkpoint(loaded.checkpoint)
+    return files
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
