@@ -49,12 +49,14 @@ __all__ = [
     "assign_ids",
     "canonical",
     "canonical_plain",
+    "checked_envelope",
     "checkpoint_bytes",
     "collect_allocations",
     "decode_checkpoint",
     "decoded_form",
     "decoded_gids",
     "encode_checkpoint",
+    "envelope_tail",
     "next_generation",
     "node_allocations",
     "placements_by_node",
@@ -295,13 +297,15 @@ def checkpoint_bytes(cp: Checkpoint, body: bytes) -> bytes:
     the envelope {checksum, data, formatVersion, generation, lineage} (sorted keys), with the
     data's bytes spliced in rather than serialised a second time (one join: each + of the body
     would copy its megabytes)."""
-    checksum = "sha256:" + hashlib.sha256(body).hexdigest()
+    head = b'{"checksum":' + canonical("sha256:" + hashlib.sha256(body).hexdigest())
+    return b"".join((head, b',"data":', body, envelope_tail(cp)))
+
+
+def envelope_tail(cp: Checkpoint) -> bytes:
+    """What follows ``data`` in a checkpoint file (the whole one or its delta): its keys
+    after ``data`` in sorted order, the closing brace and the newline."""
     return b"".join(
         (
-            b'{"checksum":',
-            canonical(checksum),
-            b',"data":',
-            body,
             b',"formatVersion":',
             canonical(FORMAT_VERSION),
             b',"generation":',
@@ -313,25 +317,33 @@ def checkpoint_bytes(cp: Checkpoint, body: bytes) -> bytes:
     )
 
 
-def decode_checkpoint(raw: bytes, expected_lineage: str | None) -> Checkpoint:
-    """Parse and verify; raise :class:`CheckpointError` for anything untrustworthy."""
+def checked_envelope(raw: bytes, what: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The parsed file (``what`` names it in the errors) and its ``data``, whose checksum and
+    ``formatVersion`` are checked: what the whole file and its delta
+    (:mod:`reconciler.planning.checkpoint_delta`) share. Raises :class:`CheckpointError`."""
     if not raw.strip():
-        raise CheckpointError("empty", "the checkpoint is empty")
+        raise CheckpointError("empty", f"{what} is empty")
     try:
         env = json.loads(raw)
     except (ValueError, RecursionError) as e:
-        raise CheckpointError("unparsable", f"the checkpoint is not valid JSON: {e}") from None
+        raise CheckpointError("unparsable", f"{what} is not valid JSON: {e}") from None
     if not isinstance(env, dict):
-        raise CheckpointError("unparsable", "the checkpoint is not a JSON object")
+        raise CheckpointError("unparsable", f"{what} is not a JSON object")
     fmt = env.get("formatVersion")
     if fmt != FORMAT_VERSION:
         raise CheckpointError("format", f"unsupported formatVersion {fmt!r}")
     data, checksum = env.get("data"), env.get("checksum")
     if not isinstance(data, dict) or not isinstance(checksum, str):
-        raise CheckpointError("unparsable", "the checkpoint lacks data or checksum")
+        raise CheckpointError("unparsable", f"{what} lacks data or checksum")
     actual = "sha256:" + hashlib.sha256(canonical(data)).hexdigest()
     if checksum != actual:
         raise CheckpointError("checksum", f"checksum mismatch: stored {checksum}, data {actual}")
+    return env, data
+
+
+def decode_checkpoint(raw: bytes, expected_lineage: str | None) -> Checkpoint:
+    """Parse and verify; raise :class:`CheckpointError` for anything untrustworthy."""
+    env, data = checked_envelope(raw, "the checkpoint")
     lineage = env.get("lineage")
     if not isinstance(lineage, str) or not lineage:
         raise CheckpointError("lineage", "the checkpoint has no lineage")

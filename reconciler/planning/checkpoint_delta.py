@@ -31,11 +31,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from reconciler.planning.checkpoint import (
-    FORMAT_VERSION,
     Allocation,
     Checkpoint,
     CheckpointError,
     canonical,
+    checked_envelope,
+    envelope_tail,
     plain_gids,
 )
 
@@ -114,7 +115,11 @@ def delta_data(
     old_gids, new_gids = base.gids, cp.gids
     if since is not None and since.gids is not None and since.gids[0] is new_gids:
         gids = dict(since.gids[1])
-    elif not (plain_gids(old_gids) and plain_gids(new_gids) and dict(old_gids) == dict(new_gids)):
+    elif plain_gids(old_gids) and plain_gids(new_gids):  # exact str and int: == is canonical's
+        if dict(old_gids) != dict(new_gids):
+            gids = {item: gid for item, gid in new_gids.items() if old_gids.get(item) != gid}
+            gids.update(dict.fromkeys(old_gids.keys() - new_gids.keys()))
+    else:
         for item, gid in new_gids.items():
             if item not in old_gids or canonical(old_gids[item]) != canonical(gid):
                 gids[item] = gid
@@ -153,13 +158,7 @@ def encode_delta(cp: Checkpoint, base: Checkpoint, checksum: str, data: Mapping[
             canonical("sha256:" + hashlib.sha256(body).hexdigest()),
             b',"data":',
             body,
-            b',"formatVersion":',
-            canonical(FORMAT_VERSION),
-            b',"generation":',
-            canonical(cp.generation),
-            b',"lineage":',
-            canonical(cp.lineage),
-            b"}\n",
+            envelope_tail(cp),
         )
     )
 
@@ -170,23 +169,7 @@ def decode_delta(raw: bytes, base: Checkpoint, checksum: str) -> dict[str, Any]:
     lineage. Raises :class:`CheckpointError`; the reason ``stale`` names a delta written
     against another base (one replaced by a later full generation, whose run stopped before
     it removed the delta): not a damaged file, only one to ignore."""
-    if not raw.strip():
-        raise CheckpointError("empty", "the checkpoint's delta is empty")
-    try:
-        env = json.loads(raw)
-    except (ValueError, RecursionError) as e:
-        raise CheckpointError("unparsable", f"the delta is not valid JSON: {e}") from None
-    if not isinstance(env, dict):
-        raise CheckpointError("unparsable", "the delta is not a JSON object")
-    fmt = env.get("formatVersion")
-    if fmt != FORMAT_VERSION:
-        raise CheckpointError("format", f"unsupported formatVersion {fmt!r}")
-    data, stored = env.get("data"), env.get("checksum")
-    if not isinstance(data, dict) or not isinstance(stored, str):
-        raise CheckpointError("unparsable", "the delta lacks data or checksum")
-    actual = "sha256:" + hashlib.sha256(canonical(data)).hexdigest()
-    if stored != actual:
-        raise CheckpointError("checksum", f"checksum mismatch: stored {stored}, data {actual}")
+    env, data = checked_envelope(raw, "the checkpoint's delta")
     if env.get("lineage") != base.lineage:
         raise CheckpointError(
             "lineage", f"the delta belongs to lineage {env.get('lineage')}, not {base.lineage}"
