@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from benchmarks.statedir import write_state_dir
+from benchmarks.statedir import bump_instances, write_state_dir
 from benchmarks.synth import SHAPES
 from reconciler.cli.commands import main
 from reconciler.controller import reconcile as reconcile_module
 from reconciler.controller.planbasis import BASIS_FILE
-from reconciler.io.checkpoint_files import CheckpointFiles
+from reconciler.io.checkpoint_files import DELTA, CheckpointFiles
 from reconciler.io.loader import input_hash_of, load_state, resources_files
 
 
@@ -328,6 +328,17 @@ def test_a_watchers_runs_leave_a_record_that_follows_each_edit(
         view = reconcile(root, opts, view).computed.view
         shown, computed, n = _both(capsys, computations, root, "--json")
         assert n == 0 and shown == computed
+    # an instance more: the watcher writes its checkpoint as a delta, which the record's
+    # checkpoint digest covers (another delta, another plan)
+    placed = reconcile(root, opts, view).computed.checkpoint.allocations
+    bump_instances(root, min(a.item_id for a in placed.values()), +1)
+    view = reconcile(root, opts, view).computed.view
+    delta = root / "checkpoint" / DELTA
+    assert delta.exists()
+    shown, computed, n = _both(capsys, computations, root, "--json")
+    assert n == 0 and shown == computed
+    delta.write_bytes(delta.read_bytes().replace(b'"generation":', b'"generation": ', 1))
+    assert _both(capsys, computations, root, "--json")[2] == 1
 
 
 def test_the_placements_table_is_always_computed(
