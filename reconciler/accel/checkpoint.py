@@ -375,10 +375,10 @@ class CheckpointCache:
         self._key: tuple[bytes, str | None] | None = None
         self._checkpoint: Checkpoint | None = None
         self._written: tuple[bytes, Checkpoint] | None = None  # decoded when first needed
-        # the last delta decoded (the base it was applied to, its bytes, what it gave) and the
-        # last written (the current file's bytes, the delta's, the checkpoint)
+        # the last delta decoded and the last written: the base it applies to (the very object
+        # decode() returned, so the same current file's bytes), its bytes, the checkpoint
         self._delta: tuple[Checkpoint, bytes, Checkpoint] | None = None
-        self._written_delta: tuple[bytes, bytes, Checkpoint] | None = None
+        self._written_delta: tuple[Checkpoint, bytes, Checkpoint] | None = None
         # the base and the checkpoint of the last delta written, and what delta_since needs
         self._since: tuple[Checkpoint, Mapping[str, Allocation], DeltaSince] | None = None
         self.memo = CheckpointMemo()
@@ -425,9 +425,8 @@ class CheckpointCache:
         cp: Checkpoint | None = None
         if (
             written is not None
+            and written[0] is base
             and written[1] == delta
-            and written[0] == current
-            and written[2].lineage == base.lineage
             and plain_envelope(written[2])
         ):
             try:  # (the memo encoded it: see save_checkpoint)
@@ -449,17 +448,12 @@ class CheckpointCache:
         return DeltaSince(last[2].ids | since[1], last[2].gids)
 
     def wrote_delta(
-        self,
-        current: bytes,
-        delta: bytes,
-        cp: Checkpoint,
-        base: Checkpoint,
-        since: DeltaSince,
+        self, delta: bytes, cp: Checkpoint, base: Checkpoint, since: DeltaSince
     ) -> None:
-        """``delta`` makes the file ``current`` (``base``) into ``cp``; it was just written
-        (``since``: see the protocol). The memo takes ``cp``'s allocations as if it had
+        """``delta`` makes ``base`` (what :meth:`decode` returned) into ``cp``; it was just
+        written (``since``: see the protocol). The memo takes ``cp``'s allocations as if it had
         encoded them (what it keeps from run to run is theirs then, as after a whole
         write)."""
         self.memo.data_chunks(cp)
-        self._written_delta = (current, delta, cp)
+        self._written_delta = (base, delta, cp)
         self._since = (base, cp.allocations, since)

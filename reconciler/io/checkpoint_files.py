@@ -281,9 +281,7 @@ def save_checkpoint(
                 else:
                     atomic_write(directory / DELTA, delta, hook=hook)
                 if cache is not None:
-                    cache.wrote_delta(
-                        current, delta, cp, base, DeltaSince(loose, (cp.gids, data["gids"]))
-                    )
+                    cache.wrote_delta(delta, cp, base, DeltaSince(loose, (cp.gids, data["gids"])))
                 return CheckpointFiles(current, delta)
 
     def write(target: Path, data: bytes) -> None:
@@ -309,12 +307,8 @@ def save_checkpoint(
         if commit is not None:
             commit.unlink(directory / DELTA)
         else:
-            step = hook or (lambda _name: None)
-            step("unlink")
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(directory / DELTA)
-            step("fsync-dir")
-            fsync_dir(directory)
+            with Commit(hook=hook) as own:
+                own.unlink(directory / DELTA)
     return CheckpointFiles(encoded)
 
 

@@ -211,15 +211,10 @@ class CheckpointCodec(Protocol):
         :func:`reconciler.planning.checkpoint_delta.delta_data`), or None."""
 
     def wrote_delta(
-        self,
-        current: bytes,
-        delta: bytes,
-        cp: Checkpoint,
-        base: Checkpoint,
-        since: DeltaSince,
+        self, delta: bytes, cp: Checkpoint, base: Checkpoint, since: DeltaSince
     ) -> None:
-        """``delta`` makes the current file ``current`` (decoded: ``base``) into ``cp``; it was
-        just written. ``since``: the ids at which ``cp``'s allocations are not ``base``'s
+        """``delta`` makes ``base`` (what :meth:`decode` gave of the current file) into ``cp``;
+        it was just written. ``since``: the ids at which ``cp``'s allocations are not ``base``'s
         objects, and the delta's gids (what :meth:`delta_since` starts from next time)."""
 
 

@@ -5,8 +5,8 @@ checkpoint (5.5 MB at 20,000 instances) for them is most of what its edit costs.
 long-running controller writes ``checkpoint/allocations.delta.json`` instead: the changes of the
 current generation against the full file (the *base*, ``allocations.json``), named by the
 base's checksum, with its own checksum. The checkpoint is the base with its delta applied.
-When the delta grows past an eighth of the base, or on any one-shot run, the whole generation
-is written again and the delta removed (:mod:`reconciler.io.checkpoint_files`).
+When the delta grows past an eighth of the base, or when a one-shot run writes the checkpoint,
+the whole generation is written again and the delta removed (:mod:`reconciler.io.checkpoint_files`).
 
 The delta file is ``{base, baseGeneration, checksum, data, formatVersion, generation, lineage}``
 in canonical form (sorted keys, no spaces): ``base`` is the base's ``checksum`` field,
