@@ -177,6 +177,8 @@ class ClassIndex:
         # charges of a group computed at some length of it must look at again (see charges)
         self.moves: list[str] = []
         self.charged: dict[Group, Charged] = {}
+        # the groups whose every node is charged by a static node filter (see settled)
+        self.settled_groups: set[Group] = set()
         # per (class, runtime filter), the largest room it declares per runtime on the class's
         # nodes (pipeline.most_room): what bounds an ask's charges there (see charges)
         self.rooms: dict[tuple[int, int], list[int]] = {}
@@ -249,6 +251,13 @@ class ClassIndex:
             return False
         self._classes(group)
         return not group.levels
+
+    def settled(self, instance: Instance) -> bool:
+        """Whether :meth:`charges` for what ``instance`` asks, once computed, stays what it
+        was while this run lasts: every node is dropped by a static node filter (the answer
+        of its class, which no reservation, release or new usage changes; a node whose class
+        would change ends the run). False until its charges were asked."""
+        return self.group(instance) in self.settled_groups
 
     def alike(self, instance: Instance) -> Hashable:
         """The group: instances of one shape are answered alike by every filter."""
@@ -331,6 +340,8 @@ class ClassIndex:
             if code is not None and code is not _PER_NODE:
                 counts[code] += len(members)
         counts.update([code for code in own.values() if code is not None])
+        if all(code in STATIC_NODE_PREFIX for code in uniform):
+            self.settled_groups.add(self.group(ask.instance))
         return (len(self.moves), uniform, own, counts)
 
     def _bounded_charges(

@@ -19,6 +19,7 @@ from reconciler.placement.balancer import Made, Overload, Run, always, passes, r
 from reconciler.placement.instances import (
     BalanceResult,
     Changes,
+    Failure,
     Instance,
     Mode,
     Placement,
@@ -57,8 +58,11 @@ class BalanceMemo:
     full run's result: in a full run every unchanged instance keeps its place (it fits beside
     every other reservation of the last result, so beside any subset of them: the filters are
     monotone in what is reserved), and so pass 2 and 3 see the same instances on the same
-    reservations. When a changed service's instance cannot keep its place, the memo cannot
-    tell what the full run's pass 1 would do, so the call runs in full. Any other call runs in
+    reservations. An unchanged service that no node can serve whatever is reserved is not
+    tried again and keeps the last result's failures, unless the final node states charge it
+    otherwise (its failure summary counts the nodes each filter drops). When a changed
+    service's instance cannot keep its place, the memo cannot tell what the full run's pass 1
+    would do, so the call runs in full. Any other call runs in
     full and leaves its run in the memo (``fresh`` and ``stable`` ones: a rebalance's run
     records a cause with its placements).
 
@@ -91,6 +95,11 @@ class BalanceMemo:
         self._validated_from: Mapping[str, PreviousAllocation] | None = None
         """The mapping ``_validated`` is a copy of (what a ``previous_since`` names)."""
         self._dirty: set[str] = set()
+        self._failing: tuple[BalanceResult | None, dict[ServiceKey, tuple[Failure, ...]]] = (
+            None,
+            {},
+        )
+        """A result and its failures by service (see :meth:`_failing_of`)."""
         self.incremental = False  # whether the last call was answered from the memo
         self.replaced = 0  # instances the last call released and placed again (incremental)
 
@@ -444,24 +453,37 @@ class BalanceMemo:
         # time can have an instance without a place (in instance order, as in the full run)
         # An unchanged service that no node can serve whatever is reserved (too big for
         # every empty node, or no node passing its static filters) fails there again and
-        # evicts nobody: it is left out (its failures are charged below, as every other's).
+        # evicts nobody: it is left out (its failures: see below).
         # (A stable run is never overloaded: every instance of a service asks the same.)
-        unplaced = changed | {(f.item_id, f.subject_id) for f in result.failures}
+        failing = self._failing_of(result)
+        unplaced = changed | failing.keys()
         pos = self._position()
         pending: list[Instance] = []
+        unresolved: list[ServiceKey] = []  # left out, every instance failing last time
         for key in sorted((k for k in unplaced if k in pos), key=pos.__getitem__):
             insts = expanded[key][1]
-            if not insts or (
-                key not in changed and (run.too_big(insts[0]) or index.nowhere(insts[0]))
-            ):
+            if not insts:
+                continue
+            if key not in changed and (run.too_big(insts[0]) or index.nowhere(insts[0])):
+                if len(failing[key]) == len(insts):  # (so none is placed: a memo holds none)
+                    unresolved.append(key)
                 continue
             pending += [inst for inst in insts if inst.id not in where]
         preempted = passes(run, pending, {}, always, preempt=True, everyone=self._flat)
+        # Such a service left out has no placement, before and after; its failures are the
+        # last result's very objects when they are charged alike on the final node states (as
+        # the full run's ``failures`` would give them back; always, where only static filters
+        # charge it): then it is not looked at again.
+        kept: dict[ServiceKey, tuple[Failure, ...]] = {}
+        for key in unresolved:
+            first, inst = failing[key][0], expanded[key][1][0]
+            if index.settled(inst) or (first.reason, first.counts) == run.charge(inst):
+                kept[key] = failing[key]
         # Only these services' placements can differ from the last result's: the changed ones,
         # those with an instance unplaced before the passes (pass 2 may place it) and those of
         # an evicted instance; every other instance kept its very reservation.
         affected = set(changed)
-        affected.update((f.item_id, f.subject_id) for f in result.failures)
+        affected.update(k for k in failing if k not in kept)
         old_by_id = result.by_id
         for iid in preempted:
             placed = old_by_id.get(iid)
@@ -517,18 +539,30 @@ class BalanceMemo:
             placements = tuple(
                 chain.from_iterable(map(new_segments.get, order, repeat((), len(order))))
             )
+        before = {f.instance_id: f for k, fs in failing.items() if k not in kept for f in fs}
+        failures = _by_service(run.failures(redone, before))
+        failures.update(kept)
         result = BalanceResult(
             placements,
-            run.failures(redone, {f.instance_id: f for f in result.failures}),
+            tuple(chain.from_iterable(failures[k] for k in sorted(failures, key=pos.__getitem__))),
             frozenset(preempted),
             by_id,
             revision=next(_REVISIONS),
             changes=_changes(result, frozenset(dirty)),
         )
         self._run, self._result = run, result
+        self._failing = (result, failures)
         self._result_order = self._order
         self.incremental, self.replaced = True, replaced
         return result
+
+    def _failing_of(self, result: BalanceResult) -> dict[ServiceKey, tuple[Failure, ...]]:
+        """``result``'s failures by service (known when an incremental call made it)."""
+        made, failing = self._failing
+        if made is not result:
+            failing = _by_service(result.failures)
+            self._failing = (result, failing)
+        return failing
 
 
 _REVISIONS = count(1)
@@ -546,6 +580,19 @@ def states_of(run: Run) -> Callable[[], dict[str, NodeSlot] | None]:
 def _numbered(result: BalanceResult) -> BalanceResult:
     """``result`` with a revision of its own (a result a later one can name in its changes)."""
     return replace(result, revision=next(_REVISIONS))
+
+
+def _by_service(failures: Iterable[Failure]) -> dict[ServiceKey, tuple[Failure, ...]]:
+    """Failures by service, each service's in the order given."""
+    by: dict[ServiceKey, list[Failure]] = {}
+    for f in failures:
+        key = (f.item_id, f.subject_id)
+        got = by.get(key)
+        if got is None:
+            by[key] = [f]
+        else:
+            got.append(f)
+    return {key: tuple(fs) for key, fs in by.items()}
 
 
 def _changes(last: BalanceResult, ids: frozenset[str]) -> Changes | None:

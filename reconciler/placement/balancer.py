@@ -78,8 +78,8 @@ from reconciler.placement.pipeline import (
     failure,
     matrix_drop,
     ordered_counts,
+    reason_and_counts,
     summarize,
-    summarize_counts,
     unresolvable,
 )
 from reconciler.placement.search import Exhaustive, SearchFactory
@@ -406,10 +406,8 @@ class Run:
                 service = inst.service
                 alike = search.alike(inst)
             known = charged.get(alike)
-            f = None
             if known is None:
-                f = summarize_counts(inst, n, search.charges(self.ask(inst)))
-                charged[alike] = known = (f.reason, f.counts)
+                known = charged[alike] = self.charge(inst)
             old = before.get(inst.id) if before else None
             if (
                 old is not None
@@ -420,8 +418,13 @@ class Run:
             ):
                 out.append(old)
             else:
-                out.append(f if f is not None else failure(inst, n, *known))
+                out.append(failure(inst, n, *known))
         return tuple(out)
+
+    def charge(self, instance: Instance) -> tuple[str, tuple[tuple[str, int], ...]]:
+        """The reason and the counts (``Failure.reason``, ``Failure.counts``) of the failure
+        :meth:`failures` gives ``instance`` (not held) against the node states now."""
+        return reason_and_counts(self.search.charges(self.ask(instance)))
 
     def _held_failure(self, instance: Instance, held: Instance) -> Failure:
         """The failure of a held instance's current spec, against the final node states with

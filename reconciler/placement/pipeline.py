@@ -28,6 +28,7 @@ __all__ = [
     "most_room",
     "nodes_feasible",
     "ordered_counts",
+    "reason_and_counts",
     "static_drop",
     "static_runtime_verdict",
     "static_runtimes",
@@ -279,9 +280,14 @@ def summarize(instance: Instance, n_nodes: int, charges: Iterable[str]) -> Failu
 
 def summarize_counts(instance: Instance, n_nodes: int, counts: Mapping[str, int]) -> Failure:
     """The failure of ``instance`` from how many nodes each filter drops (no zero counts)."""
-    ordered = ordered_counts(counts)
+    return failure(instance, n_nodes, *reason_and_counts(counts))
+
+
+def reason_and_counts(counts: Mapping[str, int]) -> tuple[str, tuple[tuple[str, int], ...]]:
+    """A failure's reason (the code of the last filter that dropped a node) and its counts as
+    summaries list them, from how many nodes each filter drops (no zero counts)."""
     reason = max(counts, key=filters.FILTER_CODES.index) if counts else NO_NODES
-    return failure(instance, n_nodes, reason, ordered)
+    return reason, ordered_counts(counts)
 
 
 def ordered_counts(counts: Mapping[str, int]) -> tuple[tuple[str, int], ...]:

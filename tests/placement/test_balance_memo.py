@@ -388,6 +388,46 @@ class TestTheMemoIsUsed:
         assert got == balance(None, self.nodes, edited, previous_of(first), "stable")
         assert again == balance(None, self.nodes, odd, previous_of(got), "stable")
 
+    def test_the_failures_of_a_service_no_node_can_serve_are_kept_whole(self) -> None:
+        """An edit of another service: such a service's failures are not made again instance
+        by instance (its charge, once, is what the full run charges): they are the last
+        result's objects, in their place among the other failures."""
+        services = [
+            make_service("a-small", instances=9, cpu=300),  # then 2 of s4's fail for room
+            *self.services,
+            make_service("big", instances=3, cpu=5000),
+            make_service("odd", instances=2, labels=["nowhere"]),
+        ]
+        nodes = self.nodes
+        first = self.memo.balance(None, nodes, services, {}, "stable")
+        assert sorted(f.item_id for f in first.failures) == ["big"] * 3 + ["odd"] * 2 + ["s4"] * 2
+        given: list[str] = []
+        charged: list[str] = []
+        failures, charge = Run.failures, Run.charge
+
+        def recording(run: Run, instances: Any, before: Any = None) -> Any:
+            given.extend(i.item_id for i in instances)
+            return failures(run, instances, before)
+
+        def charging(run: Run, instance: Any) -> Any:
+            charged.append(instance.item_id)
+            return charge(run, instance)
+
+        edited = [*services[:2], make_service("s1", instances=2, cpu=100), *services[3:]]
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(Run, "failures", recording)
+            m.setattr(Run, "charge", charging)
+            got = self.memo.balance(None, nodes, edited, previous_of(first), "stable")
+        assert self.memo.incremental
+        assert {"s1", "s4"} <= set(given) and not {"big", "odd"} & set(given)  # (s4: for room)
+        # big is charged once (the CPU filter reads the node's state); odd, whose every node
+        # a static filter drops, not at all
+        assert charged.count("big") == 1 and "odd" not in charged
+        assert got == balance(None, nodes, edited, previous_of(first), "stable")
+        old = {f.instance_id: f for f in first.failures if f.item_id in ("big", "odd")}
+        assert len(old) == 5
+        assert all(f is old[f.instance_id] for f in got.failures if f.instance_id in old)
+
     def test_other_nodes_run_in_full(self) -> None:
         nodes = [*self.nodes[:3], make_node("n3", ram="2Gi")]  # more than usage changed
         got = self.memo.balance(None, nodes, self.services, self.previous, "stable")
