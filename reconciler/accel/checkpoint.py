@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from reconciler.placement.instances import PreviousAllocation
@@ -160,16 +160,24 @@ class CheckpointMemo:
         """Chunks whose concatenation is ``canonical(cp.data())``, the allocations' fragments
         taken from the last call where the allocation is the same object; None when an id is
         not exactly a ``str``."""
+        return self._chunks(cp, framed=True)
+
+    def took(self, cp: Checkpoint) -> None:
+        """What :meth:`data_chunks` keeps of ``cp``, without making its chunks: ``cp`` was
+        written another way (a delta), and what this memo answers next is of ``cp``."""
+        self._chunks(cp, framed=False)
+
+    def _chunks(self, cp: Checkpoint, *, framed: bool) -> list[bytes] | None:
         allocations = cp.allocations
         last, lists, since = self._decoded, self._lists, cp.since
         self._decoded = self._lists = None
         self.patched = False
         self._prev_edit = None
         if since is not None and last is not None and lists is not None and since[0] is last[0]:
-            patched = self._patched_chunks(cp, since[1], lists, last)
-            if patched is not None:
+            frags = self._patched_chunks(cp, since[1], lists, last)
+            if frags is not None:
                 self.patched = True
-                return patched
+                return self._framed(cp, [b"", *frags]) if framed else None
         order = self.sorted_ids(allocations)
         if order is None:
             return None
@@ -204,7 +212,7 @@ class CheckpointMemo:
         if every:
             self._decoded = (allocations, decoded, previous)
             self._lists = (order, chunks[1:])
-        return self._framed(cp, chunks)
+        return self._framed(cp, chunks) if framed else None
 
     def _framed(self, cp: Checkpoint, chunks: list[bytes]) -> list[bytes]:
         """``chunks`` (an empty first one, then each fragment with its leading comma) made the
@@ -235,16 +243,16 @@ class CheckpointMemo:
         lists: tuple[tuple[str, ...], list[bytes]],
         last: tuple[Mapping[str, Allocation], dict[str, Allocation], dict[str, PreviousAllocation]],
     ) -> list[bytes] | None:
-        """:meth:`data_chunks` for allocations that are the last call's but at ``ids``: the
-        last call's fragments in id order, edited at those ids, and its decoded and previous
-        mappings (``last``) copied and edited. None (the
-        caller takes the whole pass) when one is not in decoded form, or when
-        :meth:`sorted_ids` was given other ids since."""
+        """The fragments (each with its leading comma) of allocations that are the last
+        call's but at ``ids``: the last call's fragments in id order (``lists``, this memo's
+        own: edited in place), edited at those ids, and its decoded and previous mappings
+        (``last``) copied and edited. None (the caller takes the whole pass) when one is not
+        in decoded form, or when :meth:`sorted_ids` was given other ids since."""
         if lists[0] is not self._order:
             return None
         allocations = cp.allocations
-        order = list(lists[0])
-        frags = list(lists[1])
+        order: Sequence[str] = lists[0]  # (a list once an id is added or removed)
+        frags = lists[1]
         known = self._fragments
         added: list[str] = []
         removed: list[str] = []
@@ -256,6 +264,7 @@ class CheckpointMemo:
             a = allocations.get(iid)
             if a is None:
                 if present:
+                    order = order if isinstance(order, list) else list(order)
                     del order[pos], frags[pos]
                     known.pop(iid, None)
                     removed.append(iid)
@@ -271,6 +280,7 @@ class CheckpointMemo:
             if present:
                 frags[pos] = got[1]
             else:
+                order = order if isinstance(order, list) else list(order)
                 order.insert(pos, iid)
                 frags.insert(pos, got[1])
                 added.append(iid)
@@ -297,7 +307,7 @@ class CheckpointMemo:
                 previous[iid] = known[iid][2]
         self._decoded = (allocations, decoded, previous)
         self._lists = (self._order, frags)
-        return self._framed(cp, [b"", *frags])
+        return frags
 
     def decoded(self, allocations: Mapping[str, Allocation]) -> dict[str, Allocation] | None:
         """``allocations`` as decoding gives them (the very objects, every one in decoded
@@ -454,6 +464,6 @@ class CheckpointCache:
         written (``since``: see the protocol). The memo takes ``cp``'s allocations as if it had
         encoded them (what it keeps from run to run is theirs then, as after a whole
         write)."""
-        self.memo.data_chunks(cp)
+        self.memo.took(cp)
         self._written_delta = (base, delta, cp)
         self._since = (base, cp.allocations, since)
