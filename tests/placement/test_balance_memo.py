@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 import pickle
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -155,6 +155,22 @@ def test_a_memo_gives_what_a_full_balance_gives(scenario: Scenario, data: st.Dat
         elif stale == 1:  # the very checkpoint of the last call again (a save that failed)
             previous = dict(given)
         _edit(data, svcs, node_ids, step)
+
+
+def _items_given(
+    m: pytest.MonkeyPatch, cls: type, name: str, instances: Callable[..., Iterable[Any]]
+) -> list[str]:
+    """The item ids of the instances each call of ``cls.name`` is given (``instances`` picks
+    them from its arguments), recorded while ``m`` lasts."""
+    given: list[str] = []
+    method = getattr(cls, name)
+
+    def recording(self: object, *args: Any) -> Any:
+        given.extend(i.item_id for i in instances(*args))
+        return method(self, *args)
+
+    m.setattr(cls, name, recording)
+    return given
 
 
 def _where(
@@ -415,22 +431,10 @@ class TestTheMemoIsUsed:
         nodes = self.nodes
         first = self.memo.balance(None, nodes, services, {}, "stable")
         assert sorted(f.item_id for f in first.failures) == ["big"] * 3 + ["odd"] * 2 + ["s4"] * 2
-        given: list[str] = []
-        charged: list[str] = []
-        failures, charge = Run.failures, Run.charge
-
-        def recording(run: Run, instances: Any, before: Any = None) -> Any:
-            given.extend(i.item_id for i in instances)
-            return failures(run, instances, before)
-
-        def charging(run: Run, instance: Any) -> Any:
-            charged.append(instance.item_id)
-            return charge(run, instance)
-
         edited = [*services[:2], make_service("s1", instances=2, cpu=100), *services[3:]]
         with pytest.MonkeyPatch.context() as m:
-            m.setattr(Run, "failures", recording)
-            m.setattr(Run, "charge", charging)
+            given = _items_given(m, Run, "failures", lambda instances, *_: instances)
+            charged = _items_given(m, Run, "charge", lambda instance: [instance])
             got = self.memo.balance(None, nodes, edited, previous_of(first), "stable")
         assert self.memo.incremental
         assert {"s1", "s4"} <= set(given) and not {"big", "odd"} & set(given)  # (s4: for room)
