@@ -42,7 +42,15 @@ from reconciler.io.lock import LockTimeout
 from reconciler.io.signals import stop_on_signals
 from reconciler.model.gcpause import collect_idle
 
-__all__ = ["WatchOptions", "changed_inputs", "input_filter", "run_logged", "summary", "watch_loop"]
+__all__ = [
+    "WatchOptions",
+    "changed_inputs",
+    "changed_names",
+    "input_filter",
+    "run_logged",
+    "summary",
+    "watch_loop",
+]
 
 log = logging.getLogger("reconciler.watch")
 
@@ -84,6 +92,15 @@ def changed_inputs(root: Path, changes: Iterable[tuple[watchfiles.Change, str]])
         if rel.parts:
             rels.add(rel.as_posix())
     return frozenset(rels)
+
+
+def changed_names(changes: Iterable[tuple[watchfiles.Change, str]]) -> list[str]:
+    """The file names a run's log line gives for a batch of events, sorted: a file created
+    and gone within the batch (an editor's or ``sed -i``'s temporary file) is left out, unless
+    nothing else changed."""
+    added = {p for change, p in changes if change == watchfiles.Change.added}
+    kept = {p for _, p in changes if p not in added or Path(p).exists()}
+    return sorted({Path(p).name for _, p in changes if p in kept or not kept})
 
 
 @dataclass(frozen=True)
@@ -228,7 +245,7 @@ def watch_loop(
             if stop.is_set():
                 break
             if changes:
-                names = sorted({Path(p).name for _, p in changes})
+                names = changed_names(changes)
                 more = f" and {len(names) - 5} more" if len(names) > 5 else ""
                 hint = changed_inputs(state_dir, changes)
                 run(f"changed: {', '.join(names[:5])}{more}", verify=False, changed=hint)

@@ -19,7 +19,7 @@ import watchfiles
 from hypothesis import example, given, settings
 
 from reconciler.controller.reconcile import ReconcileOptions, reconcile
-from reconciler.controller.watch import changed_inputs
+from reconciler.controller.watch import changed_inputs, changed_names
 from reconciler.io.loader import Diagnostic, StateView, load_state
 from tests.support.state_files import (
     ACTUAL,
@@ -252,3 +252,25 @@ def test_changed_inputs_are_paths_relative_to_the_state_dir(tmp_path: Path) -> N
         (watchfiles.Change.modified, str(state)),  # the directory itself: nothing to name
     }
     assert changed_inputs(state, changes) == {"desired/a.yaml", "desired/link.yaml", "unit.yaml"}
+
+
+def test_a_file_created_and_gone_within_a_batch_is_not_named_in_the_log(tmp_path: Path) -> None:
+    """``sed -i`` writes a temporary file beside the one it edits and renames it over it: the
+    run's log line names the edited file, not the temporary one that no longer exists (unless
+    it is all the batch holds)."""
+    edited = tmp_path / "telemetry.yaml"
+    edited.write_text("x")
+    temp = tmp_path / "sedtY4paK"  # created, then renamed away: gone
+    new = tmp_path / "huge.yaml"  # created and still there
+    new.write_text("x")
+    removed = tmp_path / "old.yaml"  # deleted, existed before the batch
+    changes = {
+        (watchfiles.Change.added, str(temp)),
+        (watchfiles.Change.deleted, str(temp)),
+        (watchfiles.Change.modified, str(edited)),
+        (watchfiles.Change.added, str(new)),
+        (watchfiles.Change.deleted, str(removed)),
+    }
+    assert changed_names(changes) == ["huge.yaml", "old.yaml", "telemetry.yaml"]
+    only = {(watchfiles.Change.added, str(temp)), (watchfiles.Change.deleted, str(temp))}
+    assert changed_names(only) == ["sedtY4paK"]
