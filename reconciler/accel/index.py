@@ -290,6 +290,8 @@ class ClassIndex:
 
         if known is None:
             known = self._charge_classes(ask, verdict)
+            if all(code in STATIC_NODE_PREFIX for code in known[1]):
+                self.settled_groups.add(group)
         else:
             at, uniform, own, counts = known
             class_of = self.class_of
@@ -340,8 +342,6 @@ class ClassIndex:
             if code is not None and code is not _PER_NODE:
                 counts[code] += len(members)
         counts.update([code for code in own.values() if code is not None])
-        if all(code in STATIC_NODE_PREFIX for code in uniform):
-            self.settled_groups.add(self.group(ask.instance))
         return (len(self.moves), uniform, own, counts)
 
     def _bounded_charges(

@@ -269,6 +269,13 @@ def save_checkpoint(
     current and previous files stay as they are); otherwise the whole generation is, and a
     delta there is removed after it."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    def write(target: Path, data: bytes) -> None:
+        if commit is not None:
+            commit.replace(target, data)
+        else:
+            atomic_write(target, data, hook=hook)
+
     if base is not None and current and base.lineage == cp.lineage:
         checksum = base_checksum(current)
         if checksum is not None:
@@ -276,19 +283,10 @@ def save_checkpoint(
             data, loose = delta_data(base, cp, since)
             delta = encode_delta(cp, base, checksum, data)
             if len(delta) * compact_ratio < len(current):
-                if commit is not None:
-                    commit.replace(directory / DELTA, delta)
-                else:
-                    atomic_write(directory / DELTA, delta, hook=hook)
+                write(directory / DELTA, delta)
                 if cache is not None:
                     cache.wrote_delta(delta, cp, base, DeltaSince(loose, (cp.gids, data["gids"])))
                 return CheckpointFiles(current, delta)
-
-    def write(target: Path, data: bytes) -> None:
-        if commit is not None:
-            commit.replace(target, data)
-        else:
-            atomic_write(target, data, hook=hook)
 
     lineage_path = directory / LINEAGE
     if not lineage_path.exists():
