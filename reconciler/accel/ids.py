@@ -240,8 +240,12 @@ class IdsMemo:
             allocs = cast(list[Allocation], made)
             nodes[node_id] = (ps, allocs)
             given.update(zip([p.instance_id for p in ps], allocs, strict=True))
-        if len(given) != len(result.placements) or given.keys() != result.by_id.keys():
-            return None  # (not expected: the nodes above hold every placement)
+        # (not expected: the nodes above hold every placement; the ids not named are the last
+        # call's, whose keys were the last result's)
+        if len(given) != len(result.placements) or any(
+            (iid in given) is not (iid in now_by_id) for iid in named
+        ):
+            return None
         # the last mapping with the touched nodes' allocations taken out and put in again (at the
         # end: not in placement order, see assign_ids; building it in that order costs 2-3 ms)
         allocations = given

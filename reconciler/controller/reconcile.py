@@ -286,7 +286,7 @@ def compute_once(
     stage(f"placing {n_instances} instances on {len(view.nodes)} nodes")
     previous = cp.previous()
     marks = opts.cache.stale if opts.cache is not None else StaleMarks()
-    nodes = marks.apply(view.unit, view.nodes.values(), now)  # a too old report fails NodeState
+    nodes = marks.apply(view.unit, view.nodes, now)  # a too old report fails NodeState
     services = view.services_sorted()
     final: FinalStates | None = None  # (read-only: no status report to make them for)
     if opts.cache is None and read_only:

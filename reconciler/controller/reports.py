@@ -10,7 +10,7 @@ loader's changes)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from reconciler.model.documents import Node, UnitConfig
 
@@ -38,17 +38,43 @@ class StaleMarks:
         self.changed: frozenset[str] = frozenset()
         """The nodes whose mark the last :meth:`apply` changed: marked, unmarked, or marked
         with another reason than by the call before."""
+        # the last call's nodes when none was stale: their mapping, and the oldest report's
+        # time (None: no node reports)
+        self._fresh: tuple[Mapping[str, Node], float | None] | None = None
 
-    def apply(self, unit: UnitConfig | None, nodes: Iterable[Node], now: float) -> list[Node]:
+    def apply(
+        self, unit: UnitConfig | None, nodes: Iterable[Node] | Mapping[str, Node], now: float
+    ) -> list[Node]:
+        """The nodes (``nodes``' values, for a mapping), each stale one replaced by its
+        disconnected copy. Given the same mapping again while none was stale, only its
+        oldest report is looked at (no other can be older)."""
         timeout = unit.nodeTimeout if unit is not None else DEFAULT_NODE_TIMEOUT
+        source = nodes if isinstance(nodes, Mapping) else None
+        fresh = self._fresh
+        self._fresh = None
+        if fresh is not None and fresh[0] is source and source is not None:
+            first = fresh[1]
+            # (each age as below: a report older than the oldest has a larger one)
+            if first is None or now - first <= timeout:
+                self.changed = frozenset()
+                self._fresh = fresh
+                return list(source.values())
+        given: Iterable[Node] = nodes.values() if isinstance(nodes, Mapping) else nodes
         out: list[Node] = []
         copies: dict[str, tuple[Node, str, Node]] = {}
         before = self._copies
         changed: set[str] = set()
-        for node in nodes:
+        oldest: float | None = None
+        for node in given:
             at = node.reportedAt
-            age = now - at.timestamp() if at is not None else 0.0
-            if at is None or age <= timeout:
+            if at is None:
+                out.append(node)
+                continue
+            stamp = at.timestamp()
+            if oldest is None or stamp < oldest:
+                oldest = stamp
+            age = now - stamp
+            if age <= timeout:
                 out.append(node)
                 continue
             why = f"no report for {age_text(age)}"
@@ -62,4 +88,6 @@ class StaleMarks:
         changed.update(node_id for node_id in before if node_id not in copies)
         self._copies = copies
         self.changed = frozenset(changed)
+        if source is not None and not copies:
+            self._fresh = (source, oldest)
         return out

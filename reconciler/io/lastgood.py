@@ -410,8 +410,18 @@ class LastGoodStore:
         if taken is not None:
             # the inputs whose record is not the one recorded last time, and those gone
             last, recorded = taken
-            flags = map(operator.is_not, files.values(), map(last.get, files))
-            changed = list(itertools.compress(files, flags))
+            index = view.records_memo
+            named = None
+            if index is not None and index.source is files:
+                named = index.replaced_since(last)
+            if index is not None and named is not None:
+                # the loads since named them (the same paths): in ``files`` order, as below
+                changed = sorted(
+                    (rel for rel in named if files[rel] is not last[rel]), key=index.at.__getitem__
+                )
+            else:
+                flags = map(operator.is_not, files.values(), map(last.get, files))
+                changed = list(itertools.compress(files, flags))
             known = sum(1 for rel in changed if rel in last)
             # a new record of the very content last recorded (a file parsed again, e.g.
             # written within the racy window) needs no look at its shard: that sync wrote

@@ -197,6 +197,13 @@ class ServiceSummary:
         )
 
 
+_STEPS = 4
+"""How many earlier views' ``files`` a :class:`RecordIndex` remembers (a watcher's run loads
+twice: its hinted load, and the stat pass after its writes)."""
+_STEP_PATHS = 1024
+"""The most replaced paths a remembered step lists."""
+
+
 @dataclass(frozen=True)
 class RecordIndex:
     """What a warm load reads of every record of a view's ``files``, kept per path: each
@@ -215,6 +222,22 @@ class RecordIndex:
     source: Mapping[str, FileRecord] = field(compare=False, repr=False)
     """The records indexed (a view's index is its own only while its ``files`` is this very
     mapping)."""
+    steps: tuple[tuple[Mapping[str, FileRecord], frozenset[str]], ...] = field(
+        default=(), compare=False, repr=False
+    )
+    """The ``files`` of the last few views this index was patched from, oldest first, each with
+    the paths whose record may have been replaced since (see :meth:`replaced_since`)."""
+
+    def replaced_since(self, files: Mapping[str, FileRecord]) -> frozenset[str] | None:
+        """A superset of the paths whose record in :attr:`source` is not the one in ``files``,
+        when ``files`` is one of the last few mappings this index was patched from (same
+        paths); None when it is not known (compare every record then)."""
+        if files is self.source:
+            return frozenset()
+        for then, paths in self.steps:
+            if then is files:
+                return paths
+        return None
 
     @classmethod
     def of(cls, files: Mapping[str, FileRecord]) -> RecordIndex:
@@ -236,7 +259,16 @@ class RecordIndex:
         for rel, rec in records.items():
             (deps.add if rec.deps else deps.discard)(rel)
             (diagnosed.add if rec.diagnostics else diagnosed.discard)(rel)
-        return RecordIndex(self.at, frozenset(deps), frozenset(diagnosed), files)
+        paths = frozenset(records)
+        steps: tuple[tuple[Mapping[str, FileRecord], frozenset[str]], ...] = ()
+        if len(paths) <= _STEP_PATHS:  # (past that, comparing every record costs no more)
+            steps = tuple(
+                [(then, since | paths) for then, since in self.steps[1 - _STEPS :]]
+                + [(self.source, paths)]
+            )
+            if any(len(since) > _STEP_PATHS for _then, since in steps):
+                steps = tuple((then, since) for then, since in steps if len(since) <= _STEP_PATHS)
+        return RecordIndex(self.at, frozenset(deps), frozenset(diagnosed), files, steps)
 
     def diagnostics(self) -> list[Diagnostic]:
         """Every record's diagnostics, in path order."""

@@ -63,6 +63,46 @@ def test_the_marks_name_the_nodes_whose_mark_changed() -> None:
     assert marks.changed == {"b"}  # gone (the loader names it too)
 
 
+class _Counted(datetime):
+    """A report time that counts how often its timestamp is read."""
+
+    reads = 0
+
+    def timestamp(self) -> float:
+        _Counted.reads += 1
+        return super().timestamp()
+
+
+def _counted(node_id: str, at: float) -> Node:
+    # (model_copy does not validate: the subclass stays)
+    return _reported(node_id, at).model_copy(update={"reportedAt": _Counted.fromtimestamp(at, UTC)})
+
+
+def test_the_same_mapping_given_again_is_marked_when_its_oldest_report_grows_too_old() -> None:
+    # a watcher gives the view's nodes mapping: the same object while no node file changed.
+    # While none is stale, only the oldest report's age is looked at; it still turns stale.
+    unit = make_unit()  # nodeTimeout 60 s
+    by_hand = _reported("c", 0).model_copy(update={"reportedAt": None})  # never stale
+    nodes = {"a": _counted("a", 1_100), "b": _counted("b", 1_000), "c": by_hand}
+    marks = StaleMarks()
+    _Counted.reads = 0
+    assert marks.apply(unit, nodes, 1_050) == list(nodes.values())
+    assert _Counted.reads == 2 and marks.changed == frozenset()
+    assert marks.apply(unit, nodes, 1_060) == list(nodes.values())  # b 60 s old: not stale
+    assert _Counted.reads == 2 and marks.changed == frozenset()
+    got = marks.apply(unit, nodes, 1_061)  # b's report 61 s old
+    assert marks.changed == {"b"}
+    assert [n is m for n, m in zip(got, nodes.values(), strict=True)] == [True, False, True]
+    assert got[1].id == "b" and got[1].reportedAt is not None
+    # what a list of the same nodes gives
+    assert StaleMarks().apply(unit, list(nodes.values()), 1_061) == got
+    # another mapping (a node file changed): every report looked at again
+    again = dict(nodes)
+    _Counted.reads = 0
+    marks.apply(unit, again, 1_061)
+    assert _Counted.reads == 2 and marks.changed == frozenset()
+
+
 def test_a_watchers_run_moves_the_instances_of_a_node_gone_stale(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

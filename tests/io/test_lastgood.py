@@ -4,11 +4,13 @@ and the conversion of the one-file-per-input layout."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -365,6 +367,46 @@ def test_a_memo_sync_skips_inputs_parsed_again_to_the_same_content(
     edited = _edit(root)
     assert store.sync(_view(root, again), memo=memo) == 3
     assert memo.looked_at == len(edited)
+
+
+def test_a_memo_sync_after_a_watchers_two_loads_takes_the_paths_they_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a watcher's runs: each a hinted load and its sync, then the stat pass after its writes.
+    # The loads name the paths whose record they replaced, so the next sync looks at those
+    # without comparing every record, and misses none of them.
+    root, view, store, memo = _memo_setup(tmp_path)
+    store.sync(view, memo=memo)
+    first = load_state(root, _view(root, view), changed=[])[0]  # the next run
+    store.sync(first, memo=memo)
+    after = _view(root, first)  # its stat pass
+    rels = [f"desired/many/svc-{s}.yaml" for s in ("001", "004")]
+    _service(root, "svc-001", "2.0.0")
+    broken = _service(root, "svc-004", "3.0.0")
+    broken.write_text("kind: [")  # invalid: keeps its entry
+    _bump(broken)
+    hinted = load_state(root, after, changed=rels)[0]
+    assert hinted.records_memo is not None
+    assert hinted.records_memo.replaced_since(first.files) == frozenset(rels)
+    compared: list[int] = []
+
+    def compress(data: Any, selectors: Any) -> Any:
+        compared.append(1)
+        return itertools.compress(data, selectors)
+
+    monkeypatch.setattr(lastgood, "itertools", SimpleNamespace(compress=compress))
+    assert store.sync(hinted, memo=memo) == 1  # svc-001's entry; svc-004 keeps its own
+    assert memo.looked_at == 2 and compared == []
+    monkeypatch.undo()
+    plain = LastGoodStore(tmp_path / "plain")
+    plain.sync(view)
+    plain.sync(hinted)
+    assert _tree(store.directory) == _tree(plain.directory)
+    assert store.get(rels[0]) == hinted.files[rels[0]].good
+    # a view the loads did not come from: every record compared, with the same answer
+    again = _view(root)
+    _service(root, "svc-005", "2.0.0")
+    assert store.sync(_view(root, again), memo=memo) == 1
 
 
 def test_another_writer_makes_the_memo_unusable(tmp_path: Path) -> None:
