@@ -99,7 +99,10 @@ class IdsMemo:
         self._counts = counts if not errors else None
         placements = result.placements
         self.since = None
-        patched = self._patched_ids(result, old, gids) if old_is_last and not errors else None
+        patched = None
+        if old_is_last and not errors:
+            # (gids patched from the last call's keep every gid of an item placed then and now)
+            patched = self._patched_ids(result, old, gids, kept=got is not None)
         self.patched = patched is not None
         if patched is not None:
             return patched, gids, []
@@ -190,6 +193,8 @@ class IdsMemo:
         result: BalanceResult,
         old: Mapping[str, Allocation],
         gids: dict[str, int],
+        *,
+        kept: bool = False,
     ) -> dict[str, Allocation] | None:
         """:func:`assign_ids`' allocations, made from this memo's last call for the nodes of the
         instances ``result.changes`` names only (every other node has the very placements, old
@@ -199,7 +204,12 @@ class IdsMemo:
         if last is None or out is None or last_gids is None:
             return None
         # an item added or removed since has all its instances named; any other keeps its gid
-        if gids != last_gids and any(gids.get(item, gid) != gid for item, gid in last_gids.items()):
+        # (``kept``: known, gids being :meth:`_patched_gids`' of the last call's)
+        if (
+            not kept
+            and gids != last_gids
+            and any(gids.get(item, gid) != gid for item, gid in last_gids.items())
+        ):
             return None
         named = result.changed_since(last)
         if named is None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from reconciler.model.documents import ActualInstance, ActualState
 from reconciler.model.jsonbytes import Joined
-from reconciler.placement.instances import BalanceResult, Placement
+from reconciler.placement.instances import BalanceResult, Failure, Placement
 from reconciler.planning.plans import (
     Action,
     Plan,
@@ -21,6 +21,7 @@ from reconciler.planning.plans import (
     action_piece,
     arrivals,
     by_node_and_id,
+    failure_piece,
     match_node,
     node_patch,
     node_piece,
@@ -96,6 +97,8 @@ class PlanMemo:
         self._node_pos: dict[str, int] = {}
         self._actions_joined = Joined()
         self._nodes_joined = Joined()
+        self._failure_fragments: dict[int, tuple[Failure, bytes]] = {}
+        self._failures_joined = Joined()
         # the delta path (see _delta_matches): the last call's result and what it made of it,
         # while no instance was listed by two actual documents (else None: the full pass)
         self._result: BalanceResult | None = None
@@ -402,4 +405,21 @@ class PlanMemo:
         self._action_fragments, self._node_fragments = actions, nodes
         self._pieces_for, self.node_pieces, self._node_pos = plan.patches, pieces, pos
         actions_array = self._actions_joined.array(action_frags, 1)
-        return plan_document(plan, inputs, actions_array, self._nodes_joined.object(pieces, 1))
+        # (a watcher's memo keeps an unplaceable service's failures: the same objects)
+        old_failures = self._failure_fragments
+        failures: dict[int, tuple[Failure, bytes]] = {}
+        failure_frags = []
+        for f in plan.failures:
+            known_failure = old_failures.get(id(f))
+            if known_failure is None or known_failure[0] is not f:
+                known_failure = (f, failure_piece(f))
+            failures[id(f)] = known_failure
+            failure_frags.append(known_failure[1])
+        self._failure_fragments = failures
+        return plan_document(
+            plan,
+            inputs,
+            actions_array,
+            self._nodes_joined.object(pieces, 1),
+            self._failures_joined.array(failure_frags, 1),
+        )

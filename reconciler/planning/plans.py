@@ -28,6 +28,7 @@ __all__ = [
     "by_node_and_id",
     "empty_actual_document",
     "failure_json",
+    "failure_piece",
     "make_plan",
     "match_node",
     "node_patch",
@@ -302,16 +303,28 @@ def action_piece(a: Action) -> bytes:
     return item(fragment(a.to_json(), 2), 1)
 
 
+def failure_piece(f: Failure) -> bytes:
+    """A failure as an item of the plan document's ``failures`` array."""
+    return item(fragment(failure_json(f), 2), 1)
+
+
 def plan_document(
-    plan: Plan, inputs: Mapping[str, Any], actions_array: bytes, nodes_object: bytes
+    plan: Plan,
+    inputs: Mapping[str, Any],
+    actions_array: bytes,
+    nodes_object: bytes,
+    failures_array: bytes | None = None,
 ) -> bytes:
     """The plan document's bytes, given its ``actions`` array (joined :func:`action_piece`
-    items) and its ``nodes`` object (joined :func:`node_piece` members, by node id)."""
+    items), its ``nodes`` object (joined :func:`node_piece` members, by node id) and, if
+    made, its ``failures`` array (joined :func:`failure_piece` items)."""
+    if failures_array is None:
+        failures_array = fragment([failure_json(f) for f in plan.failures], 1)
     members = [
         ("actions", actions_array),
         ("changesPresent", fragment(plan.changes_present, 1)),
         ("complete", fragment(plan.complete, 1)),
-        ("failures", fragment([failure_json(f) for f in plan.failures], 1)),
+        ("failures", failures_array),
         ("formatVersion", fragment(PLAN_FORMAT_VERSION, 1)),
         ("inputs", fragment(dict(inputs), 1)),
         ("nodes", nodes_object),

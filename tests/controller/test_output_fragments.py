@@ -5,13 +5,16 @@ input) against ``pretty_json`` of the documents built from scratch."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from reconciler.accel import plans as accel_plans
 from reconciler.accel.plans import PlanMemo
 from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
 from reconciler.controller.status import build_status
@@ -25,7 +28,8 @@ from reconciler.model.jsonbytes import (
     member,
     pretty_json,
 )
-from reconciler.planning.plans import started_record
+from reconciler.placement.instances import Failure
+from reconciler.planning.plans import Plan, started_record
 
 JSON = st.recursive(
     st.none()
@@ -132,6 +136,38 @@ def test_plan_bytes_reuse_only_the_same_objects(demo_copy: Path) -> None:
     assert first == pretty_json(report.computed.plan_document())
     emptier = type(plan)(plan.fingerprint, (), plan.failures, {n: () for n in plan.patches})
     assert memo.plan_bytes(emptier, inputs) == pretty_json(dict(emptier.to_json(), inputs=inputs))
+
+
+def test_plan_bytes_serialise_only_the_failures_not_seen_last_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A watcher's memo keeps an unplaceable service's failures (the same objects): the plan's
+    ``failures`` are serialised for the new ones only, and read as a whole document does."""
+    failures = tuple(
+        Failure(f"i{k}", "svc", "default", k, "1.0", 0, "Cpu", "0/3 nodes", (("Cpu", 3),))
+        for k in range(3)
+    )
+    plan = Plan("f", (), failures, {})
+    memo = PlanMemo()
+    made: list[Failure] = []
+    real = accel_plans.failure_piece
+
+    def counted(f: Failure) -> bytes:
+        made.append(f)
+        return real(f)
+
+    monkeypatch.setattr(accel_plans, "failure_piece", counted)
+    inputs = {"fingerprint": "f"}
+    assert memo.plan_bytes(plan, inputs) == pretty_json(dict(plan.to_json(), inputs=inputs))
+    assert made == list(failures)
+    made.clear()
+    other = Failure("i9", "svc", "default", 9, "1.0", 0, "Labels", "0/3 nodes", (("Labels", 3),))
+    equal = Failure(*(getattr(failures[0], f.name) for f in fields(Failure)))
+    later = Plan("f", (), (equal, failures[1], other), {})
+    assert memo.plan_bytes(later, inputs) == pretty_json(dict(later.to_json(), inputs=inputs))
+    assert made == [equal, other]  # an equal failure, another object: serialised again
+    empty = Plan("f", (), (), {})
+    assert memo.plan_bytes(empty, inputs) == pretty_json(dict(empty.to_json(), inputs=inputs))
 
 
 def test_encoded_bytes_hold_no_spare_buffer() -> None:
