@@ -179,8 +179,10 @@ class ClassIndex:
         # charges of a group computed at some length of it must look at again (see charges)
         self.moves: list[str] = []
         self.charged: dict[Group, Charged] = {}
-        # the groups whose every node is charged by a static node filter (see settled)
+        # the groups whose every node's charge no reservation or release changes (see settled),
+        # and those of them that owe it to the capacities (a usage renewal unsettles them)
         self.settled_groups: set[Group] = set()
+        self.bound_settled: set[Group] = set()
         # per (class, runtime filter), the largest room it declares per runtime on the class's
         # nodes (pipeline.most_room): what bounds an ask's charges there (see charges)
         self.rooms: dict[tuple[int, int], list[int]] = {}
@@ -258,9 +260,11 @@ class ClassIndex:
 
     def settled(self, instance: Instance) -> bool:
         """Whether :meth:`charges` for what ``instance`` asks, once computed, stays what it
-        was while this run lasts: every node is dropped by a static node filter (the answer
-        of its class, which no reservation, release or new usage changes; a node whose class
-        would change ends the run). False until its charges were asked."""
+        was while this run lasts: every class is answered whole, by a static node filter
+        (which no reservation, release or new usage changes; a node whose class would change
+        ends the run) or by what the filters' declarations bound whatever is reserved (an ask
+        more than any of its nodes could ever give: until a usage renewal changes the
+        capacities, which unsettles it). False until its charges were asked."""
         return self.group(instance) in self.settled_groups
 
     def alike(self, instance: Instance) -> Hashable:
@@ -294,8 +298,11 @@ class ClassIndex:
 
         if known is None:
             known = self._charge_classes(ask, verdict)
-            if all(code in STATIC_NODE_PREFIX for code in known[1]):
+            codes = known[1]
+            if all(code is not _PER_NODE for code in codes):  # every class answered whole
                 self.settled_groups.add(group)
+                if not all(code in STATIC_NODE_PREFIX for code in codes):
+                    self.bound_settled.add(group)  # (a bound: while the capacities stay)
         else:
             at, uniform, own, counts = known
             class_of = self.class_of
@@ -486,6 +493,8 @@ class ClassIndex:
         if cpu > self.cpu_top or ram > self.ram_top:
             return False
         self.rooms.clear()  # (capacities change)
+        self.settled_groups -= self.bound_settled
+        self.bound_settled.clear()
         self.index_valid = False
         self.stale.clear()
         return True

@@ -427,23 +427,26 @@ class TestTheMemoIsUsed:
             *self.services,
             make_service("big", instances=3, cpu=5000),
             make_service("odd", instances=2, labels=["nowhere"]),
+            make_service("wide", instances=2, cpu=100, ram="2Gi"),
         ]
         nodes = self.nodes
         first = self.memo.balance(None, nodes, services, {}, "stable")
-        assert sorted(f.item_id for f in first.failures) == ["big"] * 3 + ["odd"] * 2 + ["s4"] * 2
+        failing = ["big"] * 3 + ["odd"] * 2 + ["s4"] * 2 + ["wide"] * 2
+        assert sorted(f.item_id for f in first.failures) == failing
         edited = [*services[:2], make_service("s1", instances=2, cpu=100), *services[3:]]
         with pytest.MonkeyPatch.context() as m:
             given = _items_given(m, Run, "failures", lambda instances, *_: instances)
             charged = _items_given(m, Run, "charge", lambda instance: [instance])
             got = self.memo.balance(None, nodes, edited, previous_of(first), "stable")
         assert self.memo.incremental
-        assert {"s1", "s4"} <= set(given) and not {"big", "odd"} & set(given)  # (s4: for room)
-        # big is charged once (the CPU filter reads the node's state); odd, whose every node
-        # a static filter drops, not at all
-        assert charged.count("big") == 1 and "odd" not in charged
+        assert {"s1", "s4"} <= set(given) and not {"big", "odd", "wide"} & set(given)
+        # (s4: failing for room.) wide is charged once: more RAM than any node has, but the CPU
+        # filter, which comes first, reads the node's state; big (more CPU than any node has)
+        # and odd (every node dropped by a static filter) are not charged at all
+        assert charged.count("wide") == 1 and not {"big", "odd"} & set(charged)
         assert got == balance(None, nodes, edited, previous_of(first), "stable")
-        old = {f.instance_id: f for f in first.failures if f.item_id in ("big", "odd")}
-        assert len(old) == 5
+        old = {f.instance_id: f for f in first.failures if f.item_id in ("big", "odd", "wide")}
+        assert len(old) == 7
         assert all(f is old[f.instance_id] for f in got.failures if f.instance_id in old)
 
     def test_other_nodes_run_in_full(self) -> None:

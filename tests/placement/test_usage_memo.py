@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from reconciler.accel import BalanceMemo, balance
 from reconciler.model.documents import Node, NodeUsage, Service
-from tests.support.builders import make_node, make_service, make_unit, previous_of
+from tests.support.builders import make_node, make_service, make_unit, previous_of, runtime
 
 
 def _with_usage(node: Node, cpu: int, ram: int = 0, at: int = 0) -> Node:
@@ -77,3 +77,30 @@ def test_a_change_beyond_usage_is_no_usage_only_change() -> None:
     bigger = [nodes[0].model_copy(update={"maxDMIPS": 2000}), *nodes[1:]]
     memo.balance(unit, bigger, svcs, previous_of(first), "stable")
     assert not memo.incremental
+
+
+def test_a_failure_bounded_by_the_capacities_is_charged_again_after_a_usage_renewal() -> None:
+    # "wide" asks more CPU than three nodes have room for once their usage is taken (900 of
+    # 1000), and more RAM than any node has; the fourth node runs only another runtime. Its
+    # charge ("4 nodes: 3 Cpu, 1 RuntimeType") then holds whatever is reserved: a watcher's
+    # memo keeps it without charging it again. A usage renewal that gives n0 its CPU back
+    # makes n0 drop it for RAM instead: the memo must charge it again, as a full run does.
+    unit = make_unit()
+    nodes = [_with_usage(make_node(f"n{i}", dmips=1000), cpu=100) for i in range(3)]
+    nodes.append(make_node("n3", dmips=1000, runtimes=[runtime("crun")]))
+    wide = make_service("wide", instances=1, cpu=950, ram="2Gi", runtimes=["runc"])
+    svcs = [make_service("s0", instances=1, cpu=100, runtimes=["crun"]), wide]  # on n3
+    memo = BalanceMemo()
+    first = memo.balance(unit, nodes, svcs, {}, "stable")
+    assert [(f.item_id, f.counts) for f in first.failures] == [
+        ("wide", (("Cpu", 3), ("RuntimeType", 1)))
+    ]
+    edited = [make_service("s0", instances=2, cpu=100, runtimes=["crun"]), wide]
+    second = memo.balance(unit, nodes, edited, previous_of(first), "stable")
+    assert memo.incremental and second.failures == first.failures
+    idle = [_with_usage(nodes[0], cpu=0, at=10), *nodes[1:]]
+    third = memo.balance(unit, idle, edited, previous_of(second), "stable")
+    assert memo.incremental
+    full = balance(unit, idle, edited, previous_of(second), "stable")
+    assert third == full
+    assert [f.counts for f in third.failures] == [(("Cpu", 2), ("Ram", 1), ("RuntimeType", 1))]
