@@ -29,7 +29,7 @@ from reconciler.model.jsonbytes import (
     pretty_json,
 )
 from reconciler.placement.instances import Failure
-from reconciler.planning.plans import Plan, started_record
+from reconciler.planning.plans import Plan, failure_piece, started_record
 
 JSON = st.recursive(
     st.none()
@@ -150,7 +150,7 @@ def test_plan_bytes_serialise_only_the_failures_not_seen_last_time(
     plan = Plan("f", (), failures, {})
     memo = PlanMemo()
     made: list[Failure] = []
-    real = accel_plans.failure_piece
+    real = failure_piece
 
     def counted(f: Failure) -> bytes:
         made.append(f)
