@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 from reconciler.model.documents import ActualInstance, ActualState
 from reconciler.model.jsonbytes import Joined
@@ -371,15 +371,8 @@ class PlanMemo:
         """``pretty_json(doc)`` of the plan document ``doc = plan.to_json()`` with ``inputs`` as
         its ``inputs``, put together from the fragments of the actions and node patches the memo
         holds while they are the same objects (the planner reuses them for what did not change)."""
-        old_actions, old_nodes = self._action_fragments, self._node_fragments
-        actions: dict[int, tuple[Action, bytes]] = {}
-        action_frags = []
-        for a in plan.actions:
-            got = old_actions.get(id(a))
-            if got is None or got[0] is not a:
-                got = (a, action_piece(a))
-            actions[id(a)] = got
-            action_frags.append(got[1])
+        old_nodes = self._node_fragments
+        actions, action_frags = _pieces(plan.actions, self._action_fragments, action_piece)
         nodes: dict[str, tuple[tuple[dict[str, Any], ...], bytes]]
         since = self._patched_from
         if since is not None and since[0] is self._pieces_for and plan.patches is self._patch_map:
@@ -406,15 +399,7 @@ class PlanMemo:
         self._pieces_for, self.node_pieces, self._node_pos = plan.patches, pieces, pos
         actions_array = self._actions_joined.array(action_frags, 1)
         # (a watcher's memo keeps an unplaceable service's failures: the same objects)
-        old_failures = self._failure_fragments
-        failures: dict[int, tuple[Failure, bytes]] = {}
-        failure_frags = []
-        for f in plan.failures:
-            known_failure = old_failures.get(id(f))
-            if known_failure is None or known_failure[0] is not f:
-                known_failure = (f, failure_piece(f))
-            failures[id(f)] = known_failure
-            failure_frags.append(known_failure[1])
+        failures, failure_frags = _pieces(plan.failures, self._failure_fragments, failure_piece)
         self._failure_fragments = failures
         return plan_document(
             plan,
@@ -423,3 +408,22 @@ class PlanMemo:
             self._nodes_joined.object(pieces, 1),
             self._failures_joined.array(failure_frags, 1),
         )
+
+
+_T = TypeVar("_T")
+
+
+def _pieces(
+    values: Iterable[_T], known: Mapping[int, tuple[_T, bytes]], piece: Callable[[_T], bytes]
+) -> tuple[dict[int, tuple[_T, bytes]], list[bytes]]:
+    """Each value's piece, in order: the one ``known`` holds for the very object, else made;
+    and what to know next time (by ``id``, with the object, so a reused id is not mistaken)."""
+    now: dict[int, tuple[_T, bytes]] = {}
+    out: list[bytes] = []
+    for v in values:
+        got = known.get(id(v))
+        if got is None or got[0] is not v:
+            got = (v, piece(v))
+        now[id(v)] = got
+        out.append(got[1])
+    return now, out

@@ -417,7 +417,8 @@ class LastGoodStore:
             if index is not None and named is not None:
                 # the loads since named them (the same paths): in ``files`` order, as below
                 changed = sorted(
-                    (rel for rel in named if files[rel] is not last[rel]), key=index.at.__getitem__
+                    (rel for rel in named if files[rel] is not last.get(rel)),
+                    key=index.at.__getitem__,
                 )
             else:
                 flags = map(operator.is_not, files.values(), map(last.get, files))
