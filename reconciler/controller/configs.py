@@ -15,6 +15,7 @@ from reconciler.accel.build import BuildMemo
 from reconciler.controller.reconcile import ConfigBuilder
 from reconciler.io.fsio import FileReadError, read_bytes_at
 from reconciler.io.loader import StateView
+from reconciler.model.changes import ServiceKey
 from reconciler.model.documents import Node, Service
 from reconciler.model.values import instance_ids, validate_id
 from reconciler.oci.builder import (
@@ -76,11 +77,17 @@ def default_config_builder(
     )
     last_nets: dict[str, InstanceAddress] = {}  # the previous run's (network, address) per id
     last_given: Mapping[str, Allocation] | None = None  # the allocations mapping itself
+    last_revision: int | None = None  # the revision of the view the last build was given
 
     def build(
         state_dir: Path, view: StateView, result: BalanceResult, cp: Checkpoint
     ) -> BuildResult:
-        nonlocal last_base, last, last_result, last_built, last_nets, last_given
+        nonlocal last_base, last, last_result, last_built, last_nets, last_given, last_revision
+        # the services edited since the last call's view, when the loads counted them from it
+        changes = view.changes
+        edited = (
+            changes.services if changes is not None and changes.counts_from(last_revision) else None
+        )
         nodes = view.nodes
         allocations = cp.allocations
         # the ids whose allocation can differ from the last call's, when told of the mapping
@@ -118,10 +125,10 @@ def default_config_builder(
                     }
                     since = since | moved
                 built = _patched(
-                    since, done, view, result, allocations, rootfs_of, base, nets, told
+                    since, done, view, result, allocations, rootfs_of, base, nets, told, edited
                 )
                 last_base, last_result, last_built = base, result, built
-                last = (nodes, dict(allocations), view.services)
+                last, last_revision = (nodes, dict(allocations), view.services), view.revision
                 return built
         services = {s.key: s for s in view.services.values()}
         placements = result.placements
@@ -166,7 +173,7 @@ def default_config_builder(
         if held:
             built = _with_held(built, held, iids, base)
         last_base, last_result, last_built = base, result, built
-        last = (nodes, dict(allocations), view.services)
+        last, last_revision = (nodes, dict(allocations), view.services), view.revision
         return built
 
     def _patched(
@@ -179,6 +186,7 @@ def default_config_builder(
         base: str,
         nets: Mapping[str, InstanceAddress],
         told: frozenset[str] | None,
+        edited: frozenset[ServiceKey] | None,
     ) -> BuildResult:
         """The last run's build, with only the instances that can differ built again: those
         ``since`` names (placed, moved or removed since the last result), those of a service
@@ -186,13 +194,15 @@ def default_config_builder(
         the host something (its answers are checked again). Every other instance's job would
         be the very one of the last run (same service, node, placement, uid and gid).
         ``told``: the ids at which ``allocations`` may differ from the last call's (else
-        compared)."""
+        compared). ``edited``: a superset of the keys of the services edited since the last
+        call's view (else the services are compared)."""
         _nodes, last_allocs, last_services = last
         redo = set(since)
         if view.services is not last_services:
             # an edited service's configs can change while its placements do not (``since``
             # names changed placements only): every instance of one, from its instance counts
-            for key in _edited(view.services, last_services):
+            keys = _edited(view.services, last_services) if edited is None else edited
+            for key in keys:
                 now, then = view.services.get(key), last_services.get(key)
                 if now is not None and then is not None and same_service_inputs(then, now):
                     continue  # (the same input to the build: each instance's last job holds)
