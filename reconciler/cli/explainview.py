@@ -114,7 +114,16 @@ def suggestions(services: Sequence[Service], needle: str, n: int = 3) -> list[st
         if close:
             return close
     # a part of an id: "logger" for com.example.logger
-    return [name for name in shaped if needle.lower() in name.lower()][:n]
+    parts = [name for name in shaped if needle.lower() in name.lower()][:n]
+    if parts:
+        return parts
+    # a misspelt last part of a dotted item id: "telemetri" for com.example.telemetry (the
+    # whole id, a long shared prefix, is too far from it to be close)
+    short: dict[str, list[str]] = {}
+    for name in shaped:
+        item, sep, rest = name.partition(":")
+        short.setdefault(item.rsplit(".", 1)[-1] + sep + rest, []).append(name)
+    return sorted(full for name in closest(needle, short, n) for full in short[name])[:n]
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,6 +22,7 @@ from benchmarks.statedir import write_state_dir
 from reconciler.cli.commands import EXIT_USAGE, main
 from reconciler.cli.statusview import StatusFilter, render_status
 from reconciler.cli.textout import Column, Painter, TextTable
+from tests.support.paths import DEMO
 
 WIDTH = 80
 
@@ -440,6 +442,24 @@ class TestExplain:
         code, _, err = run(capsys, "explain", typed, "--state", str(state))
         assert code == 1
         assert f"no desired instance {typed!r}; did you mean {meant}" in err
+
+    @pytest.mark.parametrize(
+        ("typed", "meant"),
+        [
+            ("telemetri", "'com.example.telemetry'"),  # the last part misspelt
+            ("logr", "'com.example.logger'"),
+            ("telemetr", "'com.example.telemetry'"),  # a part of the id
+            ("nav:defualt", "'com.example.nav:default'"),
+        ],
+    )
+    def test_a_misspelt_last_part_of_a_dotted_id_gets_the_whole_id(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str], typed: str, meant: str
+    ) -> None:
+        state = tmp_path / "s"
+        shutil.copytree(DEMO, state, ignore=shutil.ignore_patterns("out", "checkpoint", ".lock"))
+        code, _, err = run(capsys, "explain", typed, "--state", str(state))
+        assert code == 1
+        assert f"no desired instance {typed!r}; did you mean {meant}?" in err
 
 
 def _explanation(failing: dict[str, int], placed_on: str | None) -> Any:
