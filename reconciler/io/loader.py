@@ -200,8 +200,10 @@ class ServiceSummary:
 _STEPS = 4
 """How many earlier views' ``files`` a :class:`RecordIndex` remembers (a watcher's run loads
 twice: its hinted load, and the stat pass after its writes)."""
-_STEP_PATHS = 1024
-"""The most replaced paths a remembered step lists."""
+_STEP_PATHS = 256
+"""The most replaced paths a remembered step lists (past that, a load changed so much that
+comparing every record costs little beside it; and the records replaced, which a step keeps
+alive through its mapping, stay few)."""
 
 
 @dataclass(frozen=True)
