@@ -161,8 +161,6 @@ class ClassIndex:
             by_key.setdefault(rep.request_key, rep)
         self.key_slots = list(by_key.values())
         self.groups: dict[object, Group] = {}  # by service (see group)
-        # an overloaded run's keys of ``groups`` per service (id(service), usage), to forget
-        self.usage_keys: dict[int, list[object]] = {}
         self.shape = shape_of()
         self.shapes: dict[Shape, Group] = {}
         self.asked: dict[tuple[AskKey, tuple[int, int] | None], Group] = {}  # (see group)
@@ -221,8 +219,6 @@ class ClassIndex:
                     group = self.shapes[shape] = Group(ask, shape)
                 self.asked[asks, usage] = group
             self.groups[key] = group
-            if self.overloaded:
-                self.usage_keys.setdefault(id(service), []).append(key)
         return group
 
     def static_candidates(self, ask: Ask) -> list[tuple[NodeSlot, tuple[int, ...]]]:
@@ -402,11 +398,13 @@ class ClassIndex:
 
     def forget_services(self, services: set[int]) -> None:
         """Forget the groups of the services (by ``id``) that are gone or edited."""
-        groups, usage_keys = self.groups, self.usage_keys
-        for sid in services:
+        groups = self.groups
+        if self.overloaded:  # keyed (id(service), usage): each group looked at
+            for g in [g for g in groups if isinstance(g, tuple) and g[0] in services]:
+                del groups[g]
+            return
+        for sid in services:  # keyed id(service)
             groups.pop(sid, None)
-            for key in usage_keys.pop(sid, ()):
-                groups.pop(key, None)
 
     def _classes(self, group: Group) -> list[tuple[int, ...]]:
         """Each class's static runtimes for ``group`` (and ``group.levels``)."""

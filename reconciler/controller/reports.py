@@ -52,7 +52,7 @@ class StaleMarks:
         source = nodes if isinstance(nodes, Mapping) else None
         fresh = self._fresh
         self._fresh = None
-        if fresh is not None and fresh[0] is source and source is not None:
+        if source is not None and fresh is not None and fresh[0] is source:
             first = fresh[1]
             # (each age as below: a report older than the oldest has a larger one)
             if first is None or now - first <= timeout:

@@ -264,12 +264,8 @@ class RecordIndex:
         paths = frozenset(records)
         steps: tuple[tuple[Mapping[str, FileRecord], frozenset[str]], ...] = ()
         if len(paths) <= _STEP_PATHS:  # (past that, comparing every record costs no more)
-            steps = tuple(
-                [(then, since | paths) for then, since in self.steps[1 - _STEPS :]]
-                + [(self.source, paths)]
-            )
-            if any(len(since) > _STEP_PATHS for _then, since in steps):
-                steps = tuple((then, since) for then, since in steps if len(since) <= _STEP_PATHS)
+            earlier = [(then, since | paths) for then, since in self.steps[1 - _STEPS :]]
+            steps = (*[s for s in earlier if len(s[1]) <= _STEP_PATHS], (self.source, paths))
         return RecordIndex(self.at, frozenset(deps), frozenset(diagnosed), files, steps)
 
     def diagnostics(self) -> list[Diagnostic]:

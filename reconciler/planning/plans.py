@@ -313,13 +313,11 @@ def plan_document(
     inputs: Mapping[str, Any],
     actions_array: bytes,
     nodes_object: bytes,
-    failures_array: bytes | None = None,
+    failures_array: bytes,
 ) -> bytes:
     """The plan document's bytes, given its ``actions`` array (joined :func:`action_piece`
-    items), its ``nodes`` object (joined :func:`node_piece` members, by node id) and, if
-    made, its ``failures`` array (joined :func:`failure_piece` items)."""
-    if failures_array is None:
-        failures_array = fragment([failure_json(f) for f in plan.failures], 1)
+    items), its ``nodes`` object (joined :func:`node_piece` members, by node id) and its
+    ``failures`` array (joined :func:`failure_piece` items)."""
     members = [
         ("actions", actions_array),
         ("changesPresent", fragment(plan.changes_present, 1)),
@@ -410,4 +408,5 @@ def plan_bytes(plan: Plan, inputs: Mapping[str, Any]) -> bytes:
     reusing the last call's pieces)."""
     actions = join_array([action_piece(a) for a in plan.actions], 1)
     nodes = join_object([node_piece(n, plan.patches[n]) for n in sorted(plan.patches)], 1)
-    return plan_document(plan, inputs, actions, nodes)
+    failures = join_array([failure_piece(f) for f in plan.failures], 1)
+    return plan_document(plan, inputs, actions, nodes, failures)
