@@ -23,6 +23,7 @@ from reconciler.planning.checkpoint import (
     decode_checkpoint,
     decoded_form,
     decoded_gids,
+    exact_str,
     plain_envelope,
     plain_gids,
     round_trip,
@@ -101,12 +102,14 @@ class CheckpointMemo:
         chunks = self.data_chunks(cp)
         return checkpoint_bytes(cp, canonical(cp.data()) if chunks is None else b"".join(chunks))
 
-    def as_decoded(self, cp: Checkpoint) -> Checkpoint:
+    def as_decoded(self, cp: Checkpoint, gids: dict[str, int] | None = None) -> Checkpoint:
         """:func:`~reconciler.planning.checkpoint.as_decoded` of a checkpoint this memo encoded
         last: an allocation it kept a fragment of is known to be in decoded form, and the ids
         are in the order it sorted them (the same result, without checking each
-        allocation)."""
-        gids = decoded_gids(cp.gids)
+        allocation). ``gids``: ``cp.gids`` as decoding gives them, when the caller knows them
+        (:meth:`CheckpointCache.decode_delta`)."""
+        if gids is None:
+            gids = decoded_gids(cp.gids)
         alerts = json.loads(canonical(dict(cp.alerts)))
         network = json.loads(canonical(dict(cp.network)))
         known_form = self.decoded(cp.allocations)
@@ -126,6 +129,20 @@ class CheckpointMemo:
                     a = round_trip(a)
             allocations[iid] = a
         return Checkpoint(cp.lineage, cp.generation, allocations, gids, dict(alerts), network)
+
+    def plain_envelope(self, cp: Checkpoint) -> bool:
+        """:func:`~reconciler.planning.checkpoint.plain_envelope`, without looking at each id
+        of allocations :meth:`decoded` answers for (their ids are exact ``str``: the last
+        :meth:`data_chunks` or :meth:`took` call checked them, or kept them from the call
+        before)."""
+        if self.decoded(cp.allocations) is None:
+            return plain_envelope(cp)
+        return (
+            exact_str(cp.lineage)
+            and bool(cp.lineage)
+            and type(cp.generation) is int
+            and cp.generation >= 0
+        )
 
     def sorted_ids(self, allocations: Mapping[str, object]) -> tuple[str, ...] | None:
         """``tuple(sorted(allocations))``; None when an id is not exactly a ``str`` (the
@@ -437,10 +454,10 @@ class CheckpointCache:
             written is not None
             and written[0] is base
             and written[1] == delta
-            and plain_envelope(written[2])
+            and self.memo.plain_envelope(written[2])
         ):
             try:  # (the memo encoded it: see save_checkpoint)
-                cp = self.memo.as_decoded(written[2])
+                cp = self.memo.as_decoded(written[2], self._patched_gids(base, written[2]))
             except (KeyError, TypeError, ValueError, AttributeError):
                 cp = None
         if cp is None:
@@ -448,6 +465,29 @@ class CheckpointCache:
         cp = replace(cp, memo=self.memo)
         self._delta = (base, delta, cp)
         return cp
+
+    def _patched_gids(self, base: Checkpoint, cp: Checkpoint) -> dict[str, int] | None:
+        """``cp``'s gids as decoding the delta written last on ``base`` gives them: ``base``'s
+        (as decoding gave them: :meth:`decode` returned it) edited by the delta's gids, when
+        that delta was written for ``cp`` and its gids are exact ``str`` items and ``int``
+        gids (what decoding gives of them); None otherwise (the caller decodes them whole).
+        A gid edited or removed keeps the order of the file; an item added comes last (looked
+        up by item only, as :meth:`CheckpointMemo.decoded` says of the ids)."""
+        last = self._since
+        if last is None or last[0] is not base or last[2].gids is None:
+            return None
+        written, changes = last[2].gids
+        if written is not cp.gids:
+            return None
+        gids = dict(base.gids)
+        for item, gid in changes.items():
+            if type(item) is not str or (gid is not None and type(gid) is not int):
+                return None
+            if gid is None:
+                gids.pop(item, None)
+            else:
+                gids[item] = gid
+        return gids
 
     def delta_since(self, base: Checkpoint, cp: Checkpoint) -> DeltaSince | None:
         """The ids of the last delta written and those ``cp.since`` names, when that delta

@@ -57,6 +57,7 @@ __all__ = [
     "decoded_gids",
     "encode_checkpoint",
     "envelope_tail",
+    "exact_str",
     "next_generation",
     "node_allocations",
     "placements_by_node",
@@ -259,19 +260,27 @@ class Checkpoint:
         allocation: the same object serialises alike, and any other pair is compared by its
         canonical bytes (equal values can serialise differently: ``0`` and ``0.0``).
         :func:`assign_ids` hands back the old object of every unchanged allocation, so after it
-        only the changed ones are serialised."""
-        if plain_gids(self.gids) and plain_gids(other.gids):
-            if dict(self.gids) != dict(other.gids):  # exact str keys, int values: as canonical
+        only the changed ones are serialised. The cheapest differences are looked for
+        first: a different number of allocations (distinct keys either way) answers before
+        any gid is looked at."""
+        mine, theirs = self.allocations, other.allocations
+        if len(mine) != len(theirs):
+            return False
+        gids, others = self.gids, other.gids
+        if gids is others:
+            pass
+        elif plain_gids(gids) and plain_gids(others):
+            # exact str keys, int values: equal as canonical exactly when equal as dicts
+            if (gids if type(gids) is dict else dict(gids)) != (
+                others if type(others) is dict else dict(others)
+            ):
                 return False
-        elif canonical(dict(sorted(self.gids.items()))) != canonical(
-            dict(sorted(other.gids.items()))
-        ):
+        elif canonical(dict(sorted(gids.items()))) != canonical(dict(sorted(others.items()))):
             return False
         if canonical(dict(self.alerts)) != canonical(dict(other.alerts)):
             return False
         if canonical(dict(self.network)) != canonical(dict(other.network)):
             return False
-        mine, theirs = self.allocations, other.allocations
         if mine.keys() != theirs.keys():
             return False
         for iid, a in mine.items():

@@ -23,6 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from benchmarks.statedir import bump_instances, write_state_dir
+from reconciler.accel import checkpoint as accel_checkpoint
 from reconciler.accel.checkpoint import CheckpointCache
 from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
 from reconciler.io import fsio
@@ -56,9 +57,10 @@ def _decoded(cp: Checkpoint) -> Checkpoint:
 
 
 def _same_by_id(got: Checkpoint, want: Checkpoint) -> None:
-    """:func:`_same` but for the order of the ids (a watcher's cache gives the ids added by a
-    run last: ``CheckpointMemo.decoded``)."""
-    _same(replace(got, allocations=dict(sorted(got.allocations.items()))), want)
+    """:func:`_same` but for the order of the ids and items (a watcher's cache gives the ids
+    and gids added by a run last: ``CheckpointMemo.decoded``, ``CheckpointCache``)."""
+    by_id = dict(sorted(got.allocations.items()))
+    _same(replace(got, allocations=by_id, gids=dict(sorted(got.gids.items()))), want)
 
 
 # ---------------------------------------------------------------- the pure part
@@ -159,7 +161,11 @@ def test_a_watchers_checkpoints_load_in_a_fresh_process_along_any_sequence(
             named |= set(data.draw(st.lists(st.sampled_from(ids), max_size=2), label="too"))
             gids = dict(last.gids)
             if data.draw(st.booleans(), label="gids"):
-                gids[data.draw(st.sampled_from(["a", "b"]))] = data.draw(st.integers(5000, 5003))
+                item = data.draw(st.sampled_from(["a", "b", "c"]))
+                if data.draw(st.booleans(), label="remove gid"):
+                    gids.pop(item, None)
+                else:
+                    gids[item] = data.draw(st.integers(5000, 5003))
             cp = Checkpoint(
                 "lin",
                 generation,
@@ -207,6 +213,38 @@ def _with_delta(tmp_path: Path) -> tuple[Path, Checkpoint, Checkpoint]:
     files = save_checkpoint(cpdir, new, current=loaded.current, base=loaded.base)
     assert files.delta is not None and (cpdir / DELTA).read_bytes() == files.delta
     return cpdir, base, new
+
+
+def test_a_watcher_reads_the_gids_of_its_own_delta_without_decoding_them_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gids of the delta a cache wrote come back as its base's, edited by the delta
+    (a gid changed, one removed, one added), not sorted again whole; the same values as a
+    fresh process reads."""
+    cpdir = tmp_path / "checkpoint"
+    cache = CheckpointCache()
+    allocs = {f"i{k}": _alloc(k) for k in range(40)}
+    save_checkpoint(
+        cpdir, Checkpoint("lin", 1, allocs, {"b": 5001, "d": 5003, "a": 5000}), cache=cache
+    )
+    loaded = load_checkpoint(cpdir, {}, cache=cache)
+    gids = {**loaded.checkpoint.gids, "c": 5002, "b": 5005}
+    del gids["d"]
+    now = dict(loaded.checkpoint.allocations)
+    now["i3"] = _alloc(33)
+    since = (loaded.checkpoint.allocations, frozenset({"i3"}))
+    cp = Checkpoint("lin", 2, now, gids, since=since)
+    files = save_checkpoint(cpdir, cp, cache=cache, current=loaded.current, base=loaded.base)
+    assert files.delta is not None
+
+    def whole(_gids: object) -> dict[str, int]:
+        raise AssertionError("the gids were decoded whole")
+
+    monkeypatch.setattr(accel_checkpoint, "decoded_gids", whole)
+    got = load_checkpoint(cpdir, {}, cache=cache).checkpoint
+    assert got.gids == {"a": 5000, "b": 5005, "c": 5002}
+    assert list(got.gids) == ["a", "b", "c"]  # b edited where it was, d gone, c added last
+    _same_by_id(got, load_checkpoint(cpdir, {}).checkpoint)
 
 
 def test_a_damaged_delta_is_quarantined_and_the_generation_before_it_used(
