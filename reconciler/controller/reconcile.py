@@ -28,7 +28,12 @@ from reconciler.controller.component_files import write_component_files
 from reconciler.controller.network_files import write_network_files
 from reconciler.controller.planbasis import BASIS_FILE, basis_bytes, digest
 from reconciler.controller.reports import StaleMarks
-from reconciler.controller.status import NodeStatusCache, cached_status, status_bytes
+from reconciler.controller.status import (
+    AllocationIds,
+    NodeStatusCache,
+    cached_status,
+    status_bytes,
+)
 from reconciler.controller.statuspage import PageMemo, page_source, render_status_page
 from reconciler.io.checkpoint_files import (
     CheckpointFiles,
@@ -601,7 +606,7 @@ def _write_outputs(
     # people (a crash in between leaves the previous report beside the new plan)
     if opts.on_stage is not None:
         opts.on_stage("reporting status")
-    uids = {iid: (a.uid, a.gid) for iid, a in c.checkpoint.allocations.items()}
+    uids = AllocationIds(c.checkpoint.allocations)  # (read per placed instance)
     raised = c.alerts.raised if c.alerts is not None else []
     status_cache = opts.cache.status if opts.cache is not None else NodeStatusCache()
     status = status_bytes(

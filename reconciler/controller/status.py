@@ -7,9 +7,9 @@ raised alerts, and the invalid input files with their errors.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from reconciler.accel import node_states
 from reconciler.io.loader import Diagnostic, StateView
@@ -20,10 +20,12 @@ from reconciler.placement.instances import BalanceResult, Placement
 from reconciler.placement.nodestate import NodeSlot, Pool, system_usage
 from reconciler.placement.sharing import REGISTRY
 from reconciler.placement.sharing.shared_count import UNLIMITED
+from reconciler.planning.checkpoint import Allocation
 from reconciler.planning.plans import failure_json
 
 __all__ = [
     "STATUS_FORMAT_VERSION",
+    "AllocationIds",
     "NodeStatusCache",
     "build_status",
     "cached_status",
@@ -32,6 +34,39 @@ __all__ = [
 ]
 
 STATUS_FORMAT_VERSION = 1
+
+_D = TypeVar("_D")
+
+
+class AllocationIds(Mapping[str, tuple[int, int]]):
+    """Each instance's ``(uid, gid)`` in ``allocations``, read from its allocation when asked:
+    the status report looks up the placed instances' ids, and a run does not build a map of
+    every allocation for it (20,000 entries at that size)."""
+
+    __slots__ = ("_allocations",)
+
+    def __init__(self, allocations: Mapping[str, Allocation]) -> None:
+        self._allocations = allocations
+
+    def __getitem__(self, iid: str) -> tuple[int, int]:
+        a = self._allocations[iid]
+        return (a.uid, a.gid)
+
+    @overload
+    def get(self, iid: str, /) -> tuple[int, int] | None: ...
+
+    @overload
+    def get(self, iid: str, /, default: tuple[int, int] | _D) -> tuple[int, int] | _D: ...
+
+    def get(self, iid: str, /, default: object = None) -> object:
+        a = self._allocations.get(iid)
+        return default if a is None else (a.uid, a.gid)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._allocations)
+
+    def __len__(self) -> int:
+        return len(self._allocations)
 
 
 def _inv(inv: Inventory | None) -> dict[str, Any] | None:
@@ -167,6 +202,10 @@ class NodeStatusCache:
         self._instance_fragments: dict[str, tuple[InstanceKey, bytes, dict[str, Any]]] = {}
         self._instance_order: list[str] = []  # the fragments' ids, sorted
         self._records: dict[str, dict[str, Any]] = {}  # each instance's record, result order
+        # the actual states the last status_bytes call read (the view's mapping, which a load
+        # replaces rather than edits) and what _observed made of them
+        self._observed: tuple[Mapping[str, Any], dict[str, tuple[str, ActualInstance]]] | None
+        self._observed = None
         # (the joined sections are not kept: 7 MB each at 20,000 instances, and a run that
         # changes nothing, the only one a kept join would serve, joins them in a few ms)
 
@@ -342,7 +381,12 @@ def status_bytes(
         if got is None or got[0] is not entry:
             got = (entry, member(node_id, fragment(entry, 2), 1))
         node_frags[node_id] = got
-    observed = _observed(view)
+    last = cache._observed
+    if last is not None and last[0] is view.actual:
+        observed = last[1]  # (read only)
+    else:
+        observed = _observed(view)
+        cache._observed = (view.actual, observed)
     ids = uids or {}
     instance_frags: dict[str, tuple[InstanceKey, bytes, dict[str, Any]]] = {}
     records: dict[str, dict[str, Any]] = {}

@@ -25,10 +25,19 @@ import yaml
 import reconciler.io.fsio
 from reconciler.accel.build import BuildMemo
 from reconciler.accel.checkpoint import CheckpointCache
+from reconciler.controller import status as status_module
 from reconciler.controller.configs import default_config_builder
 from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
-from reconciler.controller.status import NodeStatusCache, node_statuses
+from reconciler.controller.status import (
+    AllocationIds,
+    NodeStatusCache,
+    build_status,
+    node_statuses,
+    status_bytes,
+)
 from reconciler.io.loader import load_state
+from reconciler.model.documents import ActualInstance, ActualState
+from reconciler.model.jsonbytes import pretty_json
 from reconciler.oci.builder import ConfigJob, DevicePolicy, build_all, config_json
 from reconciler.placement.instances import BalanceResult
 from reconciler.planning.checkpoint import (
@@ -282,6 +291,59 @@ def test_node_status_cache_matches_a_full_replay(demo_copy: Path) -> None:
     fewer = BalanceResult(result.placements[1:], result.failures, result.preempted)
     assert node_statuses(view2, fewer, cache) == node_statuses(view2, fewer)
     assert cache.recomputed == 1
+
+
+def test_allocation_ids_read_as_the_map_of_every_allocations_ids() -> None:
+    allocs = {f"i{k}": _alloc(k) for k in range(3)}
+    ids = AllocationIds(allocs)
+    want = {iid: (a.uid, a.gid) for iid, a in allocs.items()}
+    assert dict(ids) == want and len(ids) == 3 and list(ids) == list(want)
+    assert ids["i1"] == want["i1"] and ids.get("i2") == want["i2"]
+    assert ids.get("nope") is None and ids.get("nope", (0, 0)) == (0, 0) and "nope" not in ids
+    assert not AllocationIds({})
+
+
+def test_the_status_report_reads_the_actual_states_again_only_when_they_change(
+    demo_copy: Path, monkeypatch: Any
+) -> None:
+    """The instances' observed states are made once per actual-state mapping the view hands
+    out (a load replaces the mapping when an actual state changes), and a changed one shows."""
+    c = reconcile(demo_copy, ReconcileOptions()).computed
+    view, result = c.view, c.result
+    uids = AllocationIds(c.checkpoint.allocations)
+    made: list[object] = []
+    real = status_module._observed
+
+    def observed(v: Any) -> Any:
+        made.append(v)
+        return real(v)
+
+    monkeypatch.setattr(status_module, "_observed", observed)
+    cache = NodeStatusCache()
+    first = status_bytes(view, result, (), uids=uids, cache=cache)
+    assert status_bytes(view, result, (), uids=uids, cache=cache) == first
+    assert len(made) == 1
+    p = result.placements[0]
+    assert json.loads(first)["instances"][p.instance_id]["state"] == "pending"
+    running = ActualInstance(
+        itemId=p.item_id,
+        subjectId=p.subject_id,
+        index=p.index,
+        version=p.version,
+        runtimeId=p.runtime_id,
+        state="active",
+    )
+    doc = ActualState(
+        apiVersion="reconciler/v1",
+        kind="ActualState",
+        nodeId=p.node_id,
+        instances={p.instance_id: running},
+    )
+    now = replace(view, actual={**view.actual, p.node_id: doc})
+    got = status_bytes(now, result, (), uids=uids, cache=cache)
+    assert len(made) == 2
+    assert json.loads(got)["instances"][p.instance_id]["state"] == "active"
+    assert got == pretty_json(build_status(now, result, None, (), uids=dict(uids)))
 
 
 def _outputs(state: Path) -> dict[str, bytes]:
