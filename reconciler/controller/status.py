@@ -7,7 +7,8 @@ raised alerts, and the invalid input files with their errors.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC
 from typing import Any, TypeVar, overload
 
@@ -16,6 +17,7 @@ from reconciler.io.loader import Diagnostic, StateView
 from reconciler.model.documents import ActualInstance, Node, Service, UnitConfig
 from reconciler.model.inventory import Inventory
 from reconciler.model.jsonbytes import document, fragment, join_object, member
+from reconciler.model.values import instance_ids
 from reconciler.placement.instances import BalanceResult, Placement
 from reconciler.placement.nodestate import NodeSlot, Pool, system_usage
 from reconciler.placement.sharing import REGISTRY
@@ -197,6 +199,7 @@ class NodeStatusCache:
     def __init__(self) -> None:
         self._entries: dict[str, tuple[_NodeKey, dict[str, Any]]] = {}
         self.recomputed = 0  # in the last call: nodes whose entry was computed again
+        self.looked = 0  # in the last call: nodes whose inputs were compared with the last
         # status_bytes: each node entry's and each instance record's pretty JSON
         self._node_fragments: dict[str, tuple[dict[str, Any], bytes]] = {}
         self._instance_fragments: dict[str, tuple[InstanceKey, bytes, dict[str, Any]]] = {}
@@ -206,8 +209,63 @@ class NodeStatusCache:
         # replaces rather than edits) and what _observed made of them
         self._observed: tuple[Mapping[str, Any], dict[str, tuple[str, ActualInstance]]] | None
         self._observed = None
-        # (the joined sections are not kept: 7 MB each at 20,000 instances, and a run that
-        # changes nothing, the only one a kept join would serve, joins them in a few ms)
+        # what the last node_statuses call was given, to tell which nodes the next one must
+        # look at (_stale_nodes), and its entries' node ids in order
+        self._basis: _Basis | None = None
+        self._sorted: list[str] = []
+
+
+@dataclass(frozen=True, slots=True)
+class _Basis:
+    result: BalanceResult
+    unit: UnitConfig | None
+    services: Mapping[tuple[str, str], Service]  # the view's mapping itself
+    revision: int  # the view's
+    nodes: dict[str, Node]  # the nodes given, by id
+
+
+def _stale_nodes(
+    basis: _Basis, view: StateView, result: BalanceResult, by_id: Mapping[str, Node]
+) -> set[str] | None:
+    """The ids of the nodes whose entry may differ from the last call's (a superset), from
+    what names the changes: the nodes whose object is not the last call's, the nodes of the
+    instances the balance says changed (before and after) and of every instance of a service
+    that is not the last call's object (told by the loads when their changes count from the
+    last call's view, else found by identity). None when that cannot be told: another unit,
+    another set of nodes, or a result that does not say what changed since the last one."""
+    if view.unit is not basis.unit or by_id.keys() != basis.nodes.keys():
+        return None
+    changed = result.changed_since(basis.result)
+    if changed is None:
+        return None
+    last_nodes = basis.nodes
+    stale = {node_id for node_id, node in by_id.items() if last_nodes[node_id] is not node}
+    before, now = basis.result.by_id, result.by_id
+    for iid in changed:
+        for p in (before.get(iid), now.get(iid)):
+            if p is not None:
+                stale.add(p.node_id)
+    services, last_services = view.services, basis.services
+    if services is last_services:
+        return stale
+    told = view.changes
+    if told is not None and told.counts_from(basis.revision):
+        keys: Iterable[tuple[str, str]] = told.services
+    else:
+        keys = [
+            k
+            for k in services.keys() | last_services.keys()
+            if services.get(k) is not last_services.get(k)
+        ]
+    for key in keys:
+        counts = [s.instances for s in (last_services.get(key), services.get(key)) if s]
+        for iid in instance_ids(key[0], key[1], 0, max(counts, default=0)):
+            for p in (before.get(iid), now.get(iid)):
+                if p is not None:
+                    stale.add(p.node_id)
+    return stale
+    # (the joined sections are not kept: 7 MB each at 20,000 instances, and a run that
+    # changes nothing, the only one a kept join would serve, joins them in a few ms)
 
 
 def node_statuses(
@@ -232,13 +290,22 @@ def node_statuses(
             else node_states(view.unit, every, view.services_sorted(), result)
         )
         return {node_id: _node_status(slots[node_id]) for node_id in sorted(slots)}
+    by_id = {node.id: node for node in every}
+    basis = cache._basis
+    named = _stale_nodes(basis, view, result, by_id) if basis is not None else None
+    cache._basis = _Basis(result, view.unit, view.services, view.revision, by_id)
     services = {s.key: s for s in view.services.values()}
     on_node: dict[str, list[Placement]] = {}
-    for p in result.placements:
-        on_node.setdefault(p.node_id, []).append(p)
+    if named is None:
+        for p in result.placements:
+            on_node.setdefault(p.node_id, []).append(p)
+    elif named:  # (only the nodes named: the others' keys and entries are the last call's)
+        for p in result.placements:
+            if p.node_id in named:
+                on_node.setdefault(p.node_id, []).append(p)
     keys: dict[str, _NodeKey] = {}
     stale: list[Node] = []
-    for node in every:
+    for node in every if named is None else [by_id[n] for n in sorted(named)]:
         placed = tuple(on_node.get(node.id, ()))
         key: _NodeKey = (
             view.unit,
@@ -265,13 +332,18 @@ def node_statuses(
             BalanceResult(placements, (), frozenset(), held=result.held),
         )
         fresh = {node_id: _node_status(slot) for node_id, slot in slots.items()}
-    entries = {
+    made = {
         node_id: (key, fresh[node_id] if node_id in fresh else cache._entries[node_id][1])
         for node_id, key in keys.items()
     }
-    cache._entries = entries
-    cache.recomputed = len(fresh)
-    return {node_id: entries[node_id][1] for node_id in sorted(entries)}
+    if named is None:
+        cache._entries = entries = made
+        cache._sorted = sorted(entries)
+    else:  # the same nodes: the last call's entries, those named made again
+        entries = cache._entries
+        entries.update(made)
+    cache.recomputed, cache.looked = len(fresh), len(keys)
+    return {node_id: entries[node_id][1] for node_id in cache._sorted}
 
 
 def _observed(view: StateView) -> dict[str, tuple[str, ActualInstance]]:
