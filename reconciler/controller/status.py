@@ -194,7 +194,9 @@ class NodeStatusCache:
     """Per node, its status entry of the last :func:`node_statuses` call and what it was
     computed from: the unit, the node's document, the placements on the node (in result
     order) and their services. A node's inventories are its own capacities with its own
-    placements reserved again, so while all of these are equal its entry is the same."""
+    placements reserved again, so while all of these are equal its entry is the same. When
+    the next call's result says what changed since this call's (a watcher's balance memo),
+    only the nodes :func:`_stale_nodes` names are compared; the others keep their entries."""
 
     def __init__(self) -> None:
         self._entries: dict[str, tuple[_NodeKey, dict[str, Any]]] = {}
@@ -205,6 +207,8 @@ class NodeStatusCache:
         self._instance_fragments: dict[str, tuple[InstanceKey, bytes, dict[str, Any]]] = {}
         self._instance_order: list[str] = []  # the fragments' ids, sorted
         self._records: dict[str, dict[str, Any]] = {}  # each instance's record, result order
+        # (the joined sections are not kept: 7 MB each at 20,000 instances, and a run that
+        # changes nothing, the only one a kept join would serve, joins them in a few ms)
         # the actual states the last status_bytes call read (the view's mapping, which a load
         # replaces rather than edits) and what _observed made of them
         self._observed: tuple[Mapping[str, Any], dict[str, tuple[str, ActualInstance]]] | None
@@ -258,14 +262,13 @@ def _stale_nodes(
             if services.get(k) is not last_services.get(k)
         ]
     for key in keys:
-        counts = [s.instances for s in (last_services.get(key), services.get(key)) if s]
+        both = (last_services.get(key), services.get(key))
+        counts = [s.instances for s in both if s is not None]
         for iid in instance_ids(key[0], key[1], 0, max(counts, default=0)):
             for p in (before.get(iid), now.get(iid)):
                 if p is not None:
                     stale.add(p.node_id)
     return stale
-    # (the joined sections are not kept: 7 MB each at 20,000 instances, and a run that
-    # changes nothing, the only one a kept join would serve, joins them in a few ms)
 
 
 def node_statuses(
