@@ -606,7 +606,7 @@ def _write_outputs(
     # people (a crash in between leaves the previous report beside the new plan)
     if opts.on_stage is not None:
         opts.on_stage("reporting status")
-    uids = AllocationIds(c.checkpoint.allocations)  # (read per placed instance)
+    uids = AllocationIds(c.checkpoint.allocations, c.checkpoint.since)  # (read when asked)
     raised = c.alerts.raised if c.alerts is not None else []
     status_cache = opts.cache.status if opts.cache is not None else NodeStatusCache()
     status = status_bytes(

@@ -7,6 +7,7 @@ raised alerts, and the invalid input files with their errors.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC
@@ -45,10 +46,20 @@ class AllocationIds(Mapping[str, tuple[int, int]]):
     the status report looks up the placed instances' ids, and a run does not build a map of
     every allocation for it (20,000 entries at that size)."""
 
-    __slots__ = ("_allocations",)
+    __slots__ = ("_allocations", "since")
 
-    def __init__(self, allocations: Mapping[str, Allocation]) -> None:
+    def __init__(
+        self,
+        allocations: Mapping[str, Allocation],
+        since: tuple[Mapping[str, Allocation], frozenset[str]] | None = None,
+    ) -> None:
         self._allocations = allocations
+        self.since = since
+        """``allocations`` is that mapping but at these ids (:attr:`Checkpoint.since`)."""
+
+    @property
+    def allocations(self) -> Mapping[str, Allocation]:
+        return self._allocations
 
     def __getitem__(self, iid: str) -> tuple[int, int]:
         a = self._allocations[iid]
@@ -217,6 +228,10 @@ class NodeStatusCache:
         # look at (_stale_nodes), and its entries' node ids in order
         self._basis: _Basis | None = None
         self._sorted: list[str] = []
+        # what the last status_bytes call's instance records were made from: its result,
+        # observed states and allocations (see _changed_instances)
+        self._made_from: tuple[BalanceResult, object, object] | None = None
+        self.remade = 0  # in the last call: instances whose inputs were compared
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +284,30 @@ def _stale_nodes(
                 if p is not None:
                     stale.add(p.node_id)
     return stale
+
+
+def _changed_instances(
+    made_from: tuple[BalanceResult, object, object],
+    result: BalanceResult,
+    observed: object,
+    uids: Mapping[str, tuple[int, int]] | None,
+) -> set[str] | None:
+    """The ids whose status record may differ from the last call's (a superset): those the
+    balance says changed and those whose allocation is not the last call's object, while
+    the observed states are the last call's very mapping. None when that cannot be told."""
+    last_result, last_observed, last_allocations = made_from
+    if observed is not last_observed:
+        return None
+    changed = result.changed_since(last_result)
+    if changed is None:
+        return None
+    allocations = uids.allocations if isinstance(uids, AllocationIds) else uids
+    if allocations is last_allocations:
+        return set(changed)
+    since = uids.since if isinstance(uids, AllocationIds) else None
+    if since is None or since[0] is not last_allocations:
+        return None
+    return set(changed) | since[1]
 
 
 def node_statuses(
@@ -463,21 +502,60 @@ def status_bytes(
         observed = _observed(view)
         cache._observed = (view.actual, observed)
     ids = uids or {}
-    instance_frags: dict[str, tuple[InstanceKey, bytes, dict[str, Any]]] = {}
-    records: dict[str, dict[str, Any]] = {}
-    for p in result.placements:
-        iid = p.instance_id
-        key: InstanceKey = (p, _state(p, observed), ids.get(iid))
-        known = old_instances.get(iid)
-        if known is None or known[0][0] is not p or known[0][1:] != key[1:]:
-            record = _instance_record(p, key[1], key[2])
-            known = (key, member(iid, fragment(record, 2), 1), record)
-        instance_frags[iid] = known
-        records[iid] = known[2]
-    if instance_frags.keys() != old_instances.keys():
-        cache._instance_order = sorted(instance_frags)
+    made_from = cache._made_from
+    named = _changed_instances(made_from, result, observed, uids) if made_from is not None else None
+    allocations = uids.allocations if isinstance(uids, AllocationIds) else uids
+    cache._made_from = (result, observed, allocations)
+    if named is None:
+        instance_frags: dict[str, tuple[InstanceKey, bytes, dict[str, Any]]] = {}
+        records: dict[str, dict[str, Any]] = {}
+        for p in result.placements:
+            iid = p.instance_id
+            key: InstanceKey = (p, _state(p, observed), ids.get(iid))
+            known = old_instances.get(iid)
+            if known is None or known[0][0] is not p or known[0][1:] != key[1:]:
+                record = _instance_record(p, key[1], key[2])
+                known = (key, member(iid, fragment(record, 2), 1), record)
+            instance_frags[iid] = known
+            records[iid] = known[2]
+        if instance_frags.keys() != old_instances.keys():
+            cache._instance_order = sorted(instance_frags)
+        cache._records = records
+        cache.remade = len(instance_frags)
+    else:  # only the instances named: the others' records are the last call's
+        instance_frags = dict(old_instances)
+        added: list[str] = []
+        removed: list[str] = []
+        by_id = result.by_id
+        for iid in named:
+            placed = by_id.get(iid)
+            if placed is None:
+                if instance_frags.pop(iid, None) is not None:
+                    removed.append(iid)
+                continue
+            key = (placed, _state(placed, observed), ids.get(iid))
+            known = old_instances.get(iid)
+            if known is None:
+                added.append(iid)
+            if known is None or known[0][0] is not placed or known[0][1:] != key[1:]:
+                record = _instance_record(placed, key[1], key[2])
+                known = (key, member(iid, fragment(record, 2), 1), record)
+            instance_frags[iid] = known
+        if 64 * (len(added) + len(removed)) > len(instance_frags):
+            cache._instance_order = sorted(instance_frags)
+        elif added or removed:
+            order = list(cache._instance_order)
+            for iid in removed:
+                del order[bisect_left(order, iid)]
+            for iid in added:
+                insort(order, iid)
+            cache._instance_order = order
+        if named:  # (the page's records in the result's order, as a full pass makes them)
+            cache._records = {
+                p.instance_id: instance_frags[p.instance_id][2] for p in result.placements
+            }
+        cache.remade = len(named)
     cache._node_fragments, cache._instance_fragments = node_frags, instance_frags
-    cache._records = records
     instances = [instance_frags[i][1] for i in cache._instance_order]
     members = [
         ("alerts", fragment(list(alerts), 1)),

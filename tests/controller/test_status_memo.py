@@ -7,18 +7,30 @@ the last call's view, from another one, or are not known."""
 from __future__ import annotations
 
 import itertools
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from benchmarks.statedir import bump_instances, write_state_dir
 from reconciler.accel import BalanceMemo
-from reconciler.controller.status import NodeStatusCache, node_statuses
+from reconciler.accel.ids import IdsMemo
+from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
+from reconciler.controller.status import (
+    AllocationIds,
+    NodeStatusCache,
+    build_status,
+    node_statuses,
+    status_bytes,
+)
 from reconciler.io.loader import StateView
 from reconciler.model.changes import InputChanges
-from reconciler.model.documents import Node
+from reconciler.model.documents import ActualInstance, ActualState, Node
+from reconciler.model.jsonbytes import pretty_json
 from reconciler.placement.instances import PreviousAllocation
+from reconciler.planning.checkpoint import Allocation
 from tests.placement.test_balance_memo_inputs import _anew, _edit
 from tests.support.balancer_scenarios import SETTINGS, Scenario, node_docs, scenarios
 from tests.support.builders import make_node, make_service, make_unit, previous_of
@@ -101,3 +113,84 @@ def test_the_node_an_unchanged_instance_moves_to_is_looked_at() -> None:
     )
     assert node_statuses(now, after, cache) == node_statuses(now, after)
     assert cache.looked == 2 and cache.recomputed == 2  # n1 and n2
+
+
+@SETTINGS
+@given(scenario=scenarios(), data=st.data())
+def test_the_records_the_changes_name_give_the_whole_report(
+    scenario: Scenario, data: st.DataObject
+) -> None:
+    """The whole report (``status_bytes``) of a watcher's runs, its instance records made again
+    only for the instances the balance, the uid memo or an agent's report changed, is the
+    report a fresh process builds; the records the status page reads keep the result's
+    order."""
+    nodes = scenario.nodes()
+    node_ids = [n.id for n in nodes]
+    svcs = list(scenario.services)
+    memo, ids, cache = BalanceMemo(), IdsMemo(), NodeStatusCache()
+    previous: dict[str, PreviousAllocation] = {}
+    allocations: dict[str, Allocation] = {}
+    gids: dict[str, int] = {}
+    actual: dict[str, ActualState] = {}
+    told = InputChanges.unknown(next(_REVISIONS))
+    for step in range(data.draw(st.integers(1, 6), label="steps")):
+        result = memo.balance(scenario.unit, nodes, svcs, previous, "stable", inputs=told)
+        allocations, gids, _ = ids.assign(result, allocations, gids, old_is_last=True)
+        uids = AllocationIds(allocations, ids.since_for(allocations))
+        reports = data.draw(st.booleans(), label="an agent reports")
+        if reports and result.placements:
+            p = data.draw(st.sampled_from(result.placements), label="reported")
+            on = data.draw(st.sampled_from([p.node_id, *node_ids]), label="on node")
+            state = data.draw(st.sampled_from(["active", "failed", "inactive"]), label="state")
+            seen = ActualInstance(
+                itemId=p.item_id,
+                subjectId=p.subject_id,
+                index=p.index,
+                version=p.version,
+                runtimeId=p.runtime_id,
+                state=state,
+            )
+            doc = ActualState(
+                apiVersion="reconciler/v1",
+                kind="ActualState",
+                nodeId=on,
+                instances={p.instance_id: seen},
+            )
+            actual = {**actual, on: doc}  # (a load replaces the mapping)
+        view = StateView(
+            Path("unit"),
+            scenario.unit,
+            {s.key: s for s in svcs},
+            {n.id: n for n in nodes},
+            actual,
+            revision=told.revision,
+            changes=told,
+        )
+        got = status_bytes(view, result, (), uids=uids, cache=cache)
+        assert got == pretty_json(build_status(view, result, None, (), uids=dict(uids))), step
+        assert list(cache._records) == [p.instance_id for p in result.placements], step
+        previous = previous_of(result)
+        keys = _edit(data, svcs, node_ids, step)
+        told = InputChanges(told.revision, next(_REVISIONS), services=frozenset(keys))
+
+
+def test_a_watchers_edit_remakes_the_report_of_what_it_changed_only(tmp_path: Path) -> None:
+    """In the controller: after one service is scaled, the report's node entries and instance
+    records are looked at for what that edit changed (one node, its instances), not for all
+    200 instances on 50 nodes; the report is the one a fresh process writes."""
+    root = tmp_path / "unit"
+    write_state_dir(root, 50, 200, actual_every=0)
+    opts = ReconcileOptions(cache=ReconcileCache())
+    assert opts.cache is not None
+    view = reconcile(root, opts).computed.view
+    view = reconcile(root, opts, view).computed.view  # (a steady run: the memos' chain)
+    service = sorted((root / "desired").rglob("*.yaml"))[0].stem
+    bump_instances(root, service, +1)
+    reconcile(root, opts, view)
+    status = opts.cache.status
+    assert 0 < status.looked <= 2 and 0 < status.remade < 50
+    report = (root / "out" / "status.json").read_bytes()
+    fresh = tmp_path / "fresh"
+    shutil.copytree(root, fresh)
+    reconcile(fresh, ReconcileOptions())
+    assert (fresh / "out" / "status.json").read_bytes() == report
