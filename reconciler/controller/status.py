@@ -336,7 +336,7 @@ def node_statuses(
     basis = cache._basis
     named = _stale_nodes(basis, view, result, by_id) if basis is not None else None
     cache._basis = _Basis(result, view.unit, view.services, view.revision, by_id)
-    services = {s.key: s for s in view.services.values()}
+    services = view.services  # (keyed by each service's key, as the loader makes it)
     on_node: dict[str, list[Placement]] = {}
     if named is None:
         for p in result.placements:
