@@ -23,9 +23,9 @@ from reconciler.planning.checkpoint import (
     decode_checkpoint,
     decoded_form,
     decoded_gids,
-    exact_str,
     plain_envelope,
     plain_gids,
+    plain_header,
     round_trip,
 )
 from reconciler.planning.checkpoint_delta import DeltaSince, with_delta
@@ -137,12 +137,7 @@ class CheckpointMemo:
         before)."""
         if self.decoded(cp.allocations) is None:
             return plain_envelope(cp)
-        return (
-            exact_str(cp.lineage)
-            and bool(cp.lineage)
-            and type(cp.generation) is int
-            and cp.generation >= 0
-        )
+        return plain_header(cp)
 
     def sorted_ids(self, allocations: Mapping[str, object]) -> tuple[str, ...] | None:
         """``tuple(sorted(allocations))``; None when an id is not exactly a ``str`` (the

@@ -290,7 +290,8 @@ def _changed_instances(
     made_from: tuple[BalanceResult, object, object],
     result: BalanceResult,
     observed: object,
-    uids: Mapping[str, tuple[int, int]] | None,
+    allocations: object,
+    since: tuple[Mapping[str, Allocation], frozenset[str]] | None,
 ) -> set[str] | None:
     """The ids whose status record may differ from the last call's (a superset): those the
     balance says changed and those whose allocation is not the last call's object, while
@@ -301,10 +302,8 @@ def _changed_instances(
     changed = result.changed_since(last_result)
     if changed is None:
         return None
-    allocations = uids.allocations if isinstance(uids, AllocationIds) else uids
     if allocations is last_allocations:
         return set(changed)
-    since = uids.since if isinstance(uids, AllocationIds) else None
     if since is None or since[0] is not last_allocations:
         return None
     return set(changed) | since[1]
@@ -503,8 +502,13 @@ def status_bytes(
         cache._observed = (view.actual, observed)
     ids = uids or {}
     made_from = cache._made_from
-    named = _changed_instances(made_from, result, observed, uids) if made_from is not None else None
     allocations = uids.allocations if isinstance(uids, AllocationIds) else uids
+    since = uids.since if isinstance(uids, AllocationIds) else None
+    named = (
+        _changed_instances(made_from, result, observed, allocations, since)
+        if made_from is not None
+        else None
+    )
     cache._made_from = (result, observed, allocations)
     if named is None:
         instance_frags: dict[str, tuple[InstanceKey, bytes, dict[str, Any]]] = {}
@@ -523,7 +527,7 @@ def status_bytes(
         cache._records = records
         cache.remade = len(instance_frags)
     else:  # only the instances named: the others' records are the last call's
-        instance_frags = dict(old_instances)
+        instance_frags = dict(old_instances) if named else old_instances
         added: list[str] = []
         removed: list[str] = []
         by_id = result.by_id

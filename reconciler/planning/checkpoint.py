@@ -57,12 +57,12 @@ __all__ = [
     "decoded_gids",
     "encode_checkpoint",
     "envelope_tail",
-    "exact_str",
     "next_generation",
     "node_allocations",
     "placements_by_node",
     "plain_envelope",
     "plain_gids",
+    "plain_header",
     "rebuild_from_actual",
     "round_trip",
 ]
@@ -372,12 +372,16 @@ def decode_checkpoint(raw: bytes, expected_lineage: str | None) -> Checkpoint:
 
 def plain_envelope(cp: Checkpoint) -> bool:
     """The envelope fields are ones decoding accepts as they are (else: decode the bytes)."""
+    return plain_header(cp) and set(map(type, cp.allocations)) <= STR_TYPES
+
+
+def plain_header(cp: Checkpoint) -> bool:
+    """:func:`plain_envelope` but for the allocations' ids: the lineage and generation."""
     return (
         exact_str(cp.lineage)
         and bool(cp.lineage)
         and type(cp.generation) is int
         and cp.generation >= 0
-        and set(map(type, cp.allocations)) <= STR_TYPES
     )
 
 

@@ -36,7 +36,6 @@ from reconciler.controller.status import (
     status_bytes,
 )
 from reconciler.io.loader import load_state
-from reconciler.model.documents import ActualInstance, ActualState
 from reconciler.model.jsonbytes import pretty_json
 from reconciler.oci.builder import ConfigJob, DevicePolicy, build_all, config_json
 from reconciler.placement.instances import BalanceResult
@@ -49,6 +48,7 @@ from reconciler.planning.checkpoint import (
     decode_checkpoint,
     encode_checkpoint,
 )
+from tests.support.builders import reported
 from tests.support.oci import (
     GPU0,
     HOSTS,
@@ -325,20 +325,7 @@ def test_the_status_report_reads_the_actual_states_again_only_when_they_change(
     assert len(made) == 1
     p = result.placements[0]
     assert json.loads(first)["instances"][p.instance_id]["state"] == "pending"
-    running = ActualInstance(
-        itemId=p.item_id,
-        subjectId=p.subject_id,
-        index=p.index,
-        version=p.version,
-        runtimeId=p.runtime_id,
-        state="active",
-    )
-    doc = ActualState(
-        apiVersion="reconciler/v1",
-        kind="ActualState",
-        nodeId=p.node_id,
-        instances={p.instance_id: running},
-    )
+    doc = reported(p, p.node_id, "active")
     now = replace(view, actual={**view.actual, p.node_id: doc})
     got = status_bytes(now, result, (), uids=uids, cache=cache)
     assert len(made) == 2

@@ -27,13 +27,13 @@ from reconciler.controller.status import (
 )
 from reconciler.io.loader import StateView
 from reconciler.model.changes import InputChanges
-from reconciler.model.documents import ActualInstance, ActualState, Node
+from reconciler.model.documents import ActualState, Node
 from reconciler.model.jsonbytes import pretty_json
 from reconciler.placement.instances import PreviousAllocation
 from reconciler.planning.checkpoint import Allocation
 from tests.placement.test_balance_memo_inputs import _anew, _edit
 from tests.support.balancer_scenarios import SETTINGS, Scenario, node_docs, scenarios
-from tests.support.builders import make_node, make_service, make_unit, previous_of
+from tests.support.builders import make_node, make_service, make_unit, previous_of, reported
 
 _REVISIONS = itertools.count(10_000)
 
@@ -142,20 +142,7 @@ def test_the_records_the_changes_name_give_the_whole_report(
             p = data.draw(st.sampled_from(result.placements), label="reported")
             on = data.draw(st.sampled_from([p.node_id, *node_ids]), label="on node")
             state = data.draw(st.sampled_from(["active", "failed", "inactive"]), label="state")
-            seen = ActualInstance(
-                itemId=p.item_id,
-                subjectId=p.subject_id,
-                index=p.index,
-                version=p.version,
-                runtimeId=p.runtime_id,
-                state=state,
-            )
-            doc = ActualState(
-                apiVersion="reconciler/v1",
-                kind="ActualState",
-                nodeId=on,
-                instances={p.instance_id: seen},
-            )
+            doc = reported(p, on, state)
             actual = {**actual, on: doc}  # (a load replaces the mapping)
         view = StateView(
             Path("unit"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from reconciler.model.documents import Node, Service, UnitConfig
+from reconciler.model.documents import ActualInstance, ActualState, Node, Service, UnitConfig
 from reconciler.model.values import instance_id
 from reconciler.placement.instances import BalanceResult, Failure, Placement, PreviousAllocation
 
@@ -210,3 +210,21 @@ def failure(result: BalanceResult, item: str, index: int, subject: str = "defaul
 def previous_of(result: BalanceResult) -> dict[str, PreviousAllocation]:
     """The previous-allocation mapping a second (stable) reconcile gets from a first."""
     return {p.instance_id: p.previous() for p in result.placements}
+
+
+def reported(p: Placement, node_id: str, state: str) -> ActualState:
+    """An agent's actual state of ``node_id`` reporting the instance ``p`` in ``state``."""
+    seen = ActualInstance(
+        itemId=p.item_id,
+        subjectId=p.subject_id,
+        index=p.index,
+        version=p.version,
+        runtimeId=p.runtime_id,
+        state=state,
+    )
+    return ActualState(
+        apiVersion="reconciler/v1",
+        kind="ActualState",
+        nodeId=node_id,
+        instances={p.instance_id: seen},
+    )
