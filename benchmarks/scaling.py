@@ -7,7 +7,9 @@ alone, a cold ``reconciler reconcile`` oneshot, and a warm watcher's edit.
 Per shape (``benchmarks.synth.SHAPES``, all by default), at the size asked and at a tenth of
 its nodes and instances, taken together:
 
-- ``balance``: ``benchmarks.balancer --json --repeat 3``, fresh and stable (the best of 3);
+- ``balance``: ``benchmarks.balancer --json --repeat 3``, fresh and stable (the best of 3),
+  and its linear control (expanding the instances: linear by construction, so its ratio is
+  what the CPU's caches alone add at 10x the objects);
 - ``oneshot``: ``reconciler reconcile`` in a fresh process on a generated state directory
   (interpreter start-up included, as a user or a systemd oneshot runs it), the best of 2 on
   two copies of the directory (the second run of one copy would be a warm one);
@@ -73,6 +75,7 @@ def measure(shape: str, n_nodes: int, n_instances: int) -> dict[str, Any]:
         figures[label] = {
             "balance_fresh_s": bal["fresh"]["seconds"],
             "balance_stable_s": bal["stable"]["seconds"],
+            "linear_s": bal["linear"]["seconds"],
             "oneshot_s": oneshot,
             "warm_ms": statistics.median(warm["out_after_ms"]),
         }
@@ -99,6 +102,7 @@ def main() -> None:
             r, f = row["ratios"], row["figures"]
             print(
                 f"{shape:15s} balance {r['balance_fresh_s']:5.1f}x / {r['balance_stable_s']:5.1f}x"
+                f" (linear control {r['linear_s']:4.1f}x)"
                 f"  oneshot {r['oneshot_s']:5.1f}x ({f['tenth']['oneshot_s']:.2f} -> "
                 f"{f['full']['oneshot_s']:.2f} s)  warm {r['warm_ms']:5.1f}x "
                 f"({f['tenth']['warm_ms']:.0f} -> {f['full']['warm_ms']:.0f} ms)",

@@ -79,6 +79,7 @@ def test_the_balancer_benchmark_measures_a_state_directory_as_json() -> None:
     for mode in ("fresh", "stable"):
         assert set(doc[mode]) >= {"seconds", "instances_per_s", "placed", "failed"}
         assert doc[mode]["placed"] + doc[mode]["failed"] == instances
+    assert doc["linear"]["seconds"] > 0  # the control: the instances expanded
     assert doc["unit"]["nodes"] == len(unit[1])
 
 
@@ -119,7 +120,7 @@ def test_the_scaling_benchmark_compares_a_size_with_its_tenth() -> None:
     args = ("--nodes", "40", "--instances", "160", "--shape", "homogeneous")
     (row,) = _benchmark_json("scaling", *args)["rows"]
     assert row["shape"] == "homogeneous"
-    for key in ("balance_fresh_s", "balance_stable_s", "oneshot_s", "warm_ms"):
+    for key in ("balance_fresh_s", "balance_stable_s", "linear_s", "oneshot_s", "warm_ms"):
         small, big = row["figures"]["tenth"][key], row["figures"]["full"][key]
         assert small > 0 and big > 0
         assert row["ratios"][key] == big / small
