@@ -16,7 +16,7 @@ reported. ``--json`` prints one JSON object: ``{"fresh": {"seconds", "instances_
 ``linear`` is a control for comparing two sizes: the best time of the balance's own first
 step, expanding the services into their instances (one pass over the services and one object
 per instance, in the same process and on the same objects). It is linear by construction, yet
-on a 2-core VM it took 10.3-12.8x as long at 10x the unit: the working set outgrows the CPU's
+on a 2-core VM it took 10.3-13.1x as long at 10x the unit: the working set outgrows the CPU's
 caches. ``benchmarks.scaling`` and ``benchmarks.shapes`` report the balance's ratio beside
 this one's.
 """

@@ -11,7 +11,7 @@ that no memory or cache carries over:
   moves by 20 % from minute to minute), and again at a tenth of the nodes and instances: the
   time's ratio (10x the instances, target <= 11x), beside the ratio of the benchmark's linear
   control (expanding the instances: linear work on the same objects, which the CPU's caches
-  alone make 10.3-12.8x on this VM);
+  alone make 10.3-13.1x on this VM);
 - ``benchmarks.warm --json`` with ``--edit placeable`` and, when the shape has unplaceable
   instances, ``--edit unplaceable``: a warm ``watch`` run after one desired-file edit, the
   median time until ``plan.json`` is written (the debounce excluded);
