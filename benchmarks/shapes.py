@@ -146,9 +146,8 @@ def measure(
     row["scaling_stable_x"] = bal["stable"]["seconds"] / small["stable"]["seconds"]
     # the same ratio of linear work on the same objects (benchmarks.balancer's control)
     row["scaling_linear_x"] = bal["linear"]["seconds"] / small["linear"]["seconds"]
-    row["scaling_over_linear"] = (
-        max(row["scaling_fresh_x"], row["scaling_stable_x"]) / (row["scaling_linear_x"])
-    )
+    worst = max(row["scaling_fresh_x"], row["scaling_stable_x"])
+    row["scaling_over_linear"] = worst / row["scaling_linear_x"]
     row["failed"] = bal["stable"]["failed"]
     row["preempted"] = bal["stable"].get("preempted", 0)
     kinds = ["placeable", "unplaceable"] if row["failed"] else ["placeable"]
