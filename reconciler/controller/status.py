@@ -260,10 +260,14 @@ def _stale_nodes(
     last_nodes = basis.nodes
     stale = {node_id for node_id, node in by_id.items() if last_nodes[node_id] is not node}
     before, now = basis.result.by_id, result.by_id
-    for iid in changed:
-        for p in (before.get(iid), now.get(iid)):
-            if p is not None:
-                stale.add(p.node_id)
+
+    def add_nodes_of(iids: Iterable[str]) -> None:  # (where each was and is)
+        for iid in iids:
+            for p in (before.get(iid), now.get(iid)):
+                if p is not None:
+                    stale.add(p.node_id)
+
+    add_nodes_of(changed)
     services, last_services = view.services, basis.services
     if services is last_services:
         return stale
@@ -279,10 +283,7 @@ def _stale_nodes(
     for key in keys:
         both = (last_services.get(key), services.get(key))
         counts = [s.instances for s in both if s is not None]
-        for iid in instance_ids(key[0], key[1], 0, max(counts, default=0)):
-            for p in (before.get(iid), now.get(iid)):
-                if p is not None:
-                    stale.add(p.node_id)
+        add_nodes_of(instance_ids(key[0], key[1], 0, max(counts, default=0)))
     return stale
 
 

@@ -267,16 +267,15 @@ class Checkpoint:
         if len(mine) != len(theirs):
             return False
         gids, others = self.gids, other.gids
-        if gids is others:
-            pass
-        elif plain_gids(gids) and plain_gids(others):
-            # exact str keys, int values: equal as canonical exactly when equal as dicts
-            if (gids if type(gids) is dict else dict(gids)) != (
-                others if type(others) is dict else dict(others)
-            ):
+        if gids is not others:
+            if plain_gids(gids) and plain_gids(others):
+                # exact str keys, int values: equal as canonical exactly when equal as dicts
+                if (gids if type(gids) is dict else dict(gids)) != (
+                    others if type(others) is dict else dict(others)
+                ):
+                    return False
+            elif canonical(dict(sorted(gids.items()))) != canonical(dict(sorted(others.items()))):
                 return False
-        elif canonical(dict(sorted(gids.items()))) != canonical(dict(sorted(others.items()))):
-            return False
         if canonical(dict(self.alerts)) != canonical(dict(other.alerts)):
             return False
         if canonical(dict(self.network)) != canonical(dict(other.network)):
