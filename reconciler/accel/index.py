@@ -37,6 +37,7 @@ from reconciler.accel.classes import (
 )
 from reconciler.model.documents import Service
 from reconciler.placement.ask import Ask, AskKey, ask_for, ask_key
+from reconciler.placement.filters import NodeFilter, Unreserved
 from reconciler.placement.instances import Cause, Instance, PreviousAllocation, Requested
 from reconciler.placement.nodestate import (
     NO_KEEP,
@@ -71,10 +72,20 @@ _STALE_MAX = 256  # nodes moved since the index was built beyond which it is bui
 _PER_NODE = "(per node)"
 """In a group's charges, the class entry of a class whose nodes each have their own."""
 
-Charged = tuple[int, list[str | None], dict[str, str | None], "Counter[str]"]
+Keyed = tuple[dict[str, tuple[Hashable, ...]], dict[tuple[Hashable, ...], str | None]]
+"""The charges of a class's nodes per key (``ClassIndex._bounded_charges``): each node's key
+(the ``unreserved_key`` of each dynamic node filter asked), and the charge of each key."""
+
+_Alike = tuple[dict[str, tuple[Hashable, ...]], dict[tuple[Hashable, ...], tuple[int, str]]]
+"""Each node of a class with its keys, and per keys how many nodes have them and the first
+(``ClassIndex._alike``)."""
+
+Charged = tuple[int, list[str | None], dict[str, str | None], "Counter[str]", dict[int, Keyed]]
 """A group's failure charges at some length of ``ClassIndex.moves``: per class, the charge of
-every node of the class (or ``_PER_NODE``); per node of the other classes (and per node moved
-since), its own; and how many nodes each code charges."""
+every node of the class (or ``_PER_NODE``); per node of the other classes, its own (in a class
+charged per key, the nodes the run had built when charged, and each node moved since); per
+class charged per key, the charges of its other nodes; and how many nodes each code
+charges."""
 
 
 class ClassIndex:
@@ -139,6 +150,8 @@ class ClassIndex:
             for i, (node_id, b) in enumerate(basics_of.items())
         }
         self.slot_at: list[NodeSlot | None] = [None] * count  # the states built, by rank
+        # per class, the nodes whose states the run has built, in the order it built them
+        self.built_members: dict[int, list[str]] = {}
         for slot in run.slots.values():
             self._built(slot)
         run.on_slot = self._built
@@ -187,10 +200,23 @@ class ClassIndex:
         # per dynamic node filter and what it reads of an ask (its declaration), whether each
         # node it was asked of refuses, while no node moves (at that length of moves)
         self.refusals: dict[tuple[str, tuple[object, ...]], tuple[int, dict[str, bool]]] = {}
+        # per dynamic node filter that declares its unreserved_key (filters.Unreserved) and
+        # what it reads of an ask, whether it refuses on a node nothing is reserved on, per
+        # that key: its answer on the nodes the run has not touched, whatever else moves
+        self.unreserved: dict[tuple[str, tuple[object, ...]], dict[Hashable, bool]] = {}
+        # per class and dynamic node filters (by name), each node's keys, and per keys how
+        # many nodes have them and the first of those (see _alike)
+        self.keyed_nodes: dict[tuple[int, tuple[str, ...]], _Alike] = {}
 
     def _built(self, slot: NodeSlot) -> None:
         slot.order_base = self.order_base[slot.id]
         self.slot_at[slot.order_base % self.count] = slot
+        cid = self.class_of[slot.id]
+        built = self.built_members.get(cid)
+        if built is None:
+            self.built_members[cid] = [slot.id]
+        else:
+            built.append(slot.id)
 
     # -- what is asked
 
@@ -300,11 +326,17 @@ class ClassIndex:
                 if not all(code in STATIC_NODE_PREFIX for code in codes):
                     self.bound_settled.add(group)  # (a bound: while the capacities stay)
         else:
-            at, uniform, own, counts = known
+            at, uniform, own, counts, keyed = known
             class_of = self.class_of
             for node_id in set(self.moves[at:]):
                 cid = class_of[node_id]
-                old = own[node_id] if node_id in own else uniform[cid]
+                if node_id in own:
+                    old = own[node_id]
+                elif cid in keyed:
+                    keys, charge_of = keyed[cid]
+                    old = charge_of[keys[node_id]]
+                else:
+                    old = uniform[cid]
                 if old in STATIC_NODE_PREFIX:
                     continue
                 new = own[node_id] = dynamic_drop(run.slot(node_id), ask, verdict(cid))
@@ -315,7 +347,7 @@ class ClassIndex:
                             del counts[old]
                     if new is not None:
                         counts[new] += 1
-            known = (len(self.moves), uniform, own, counts)
+            known = (len(self.moves), uniform, own, counts, keyed)
         self.charged[group] = known
         return known[3]
 
@@ -327,6 +359,7 @@ class ClassIndex:
         run = self.run
         uniform: list[str | None] = []  # per class: its nodes' charge (_PER_NODE: see own)
         own: dict[str, str | None] = {}  # per node of the others, its charge
+        keyed: dict[int, Keyed] = {}  # per class charged per key, those charges
         counts: Counter[str] = Counter()
         for cid, members in enumerate(self.members):
             code = static_drop(self.class_slot[cid], ask)
@@ -341,7 +374,9 @@ class ClassIndex:
                         own[node_id] = dynamic_drop(run.slot(node_id), ask, static)
                     code = _PER_NODE
                 elif bound[0]:
-                    self._bounded_charges(members, ask, bound, own)
+                    by_key = self._bounded_charges(cid, ask, bound, own, counts)
+                    if by_key is not None:
+                        keyed[cid] = by_key
                     code = _PER_NODE
                 else:
                     code = bound[1]
@@ -349,34 +384,104 @@ class ClassIndex:
             if code is not None and code is not _PER_NODE:
                 counts[code] += len(members)
         counts.update([code for code in own.values() if code is not None])
-        return (len(self.moves), uniform, own, counts)
+        return (len(self.moves), uniform, own, counts, keyed)
 
     def _bounded_charges(
-        self, members: list[str], ask: Ask, bound: Bound, codes: dict[str, str | None]
-    ) -> None:
-        """``pipeline.bounded_drop`` on each of ``members``, into ``codes``: the node filters it
-        asks, each once per node and what the filter reads of an ask while no node moves
-        (failing asks alike in what it reads share its answers)."""
+        self,
+        cid: int,
+        ask: Ask,
+        bound: Bound,
+        own: dict[str, str | None],
+        counts: Counter[str],
+    ) -> Keyed | None:
+        """``pipeline.bounded_drop`` on each node of class ``cid``: the node filters it asks,
+        each once per node and what the filter reads of an ask while no node moves (failing
+        asks alike in what it reads share its answers), into ``own``.
+
+        When each of those filters declares its
+        :class:`~reconciler.placement.filters.Unreserved` key, the nodes the run has not
+        built (nothing is reserved on them) are charged per key instead: each filter is asked
+        once per key it has not answered for an ask alike, on a state built for the question
+        and not kept, and ``counts`` gets each key's charge once per node having it; only the
+        nodes the run built are charged one by one (into ``own``). An ask no node can take is
+        then charged in time that grows with the keys and the nodes it touched, not with the
+        unit. Returns the charges per key (None when charged node by node)."""
         asked, code = bound
         run = self.run
         at = len(self.moves)
-        answers = []
+        answers: list[tuple[NodeFilter, dict[str, bool], tuple[str, tuple[object, ...]]]] = []
         for nf in asked:
             key = (nf.name, tuple([getattr(ask, name) for name in nf.reads_ask]))
             got = self.refusals.get(key)
             if got is None or got[0] != at:
                 got = self.refusals[key] = (at, {})
-            answers.append((nf, got[1]))
-        for node_id in members:
-            charge = code
-            for nf, refuses in answers:
+            answers.append((nf, got[1], key))
+
+        def charge_of_node(node_id: str) -> str | None:
+            slot = run.slot(node_id)
+            for nf, refuses, _ in answers:
                 refused = refuses.get(node_id)
                 if refused is None:
-                    refused = refuses[node_id] = nf.check(run.slot(node_id), ask) is not None
+                    refused = refuses[node_id] = nf.check(slot, ask) is not None
+                if refused:
+                    return nf.name
+            return code
+
+        alike = self._alike(cid, asked)
+        if alike is None:
+            for node_id in self.members[cid]:
+                own[node_id] = charge_of_node(node_id)
+            return None
+        keys, sizes = alike
+        charge_of: dict[tuple[Hashable, ...], str | None] = {}
+        for parts, (size, first) in sizes.items():
+            charge = code
+            empty: NodeSlot | None = None
+            for (nf, _, key), part in zip(answers, parts, strict=True):
+                known = self.unreserved.get(key)
+                if known is None:
+                    known = self.unreserved[key] = {}
+                refused = known.get(part)
+                if refused is None:
+                    if empty is None:
+                        empty = run.empty_slot(first)
+                    refused = known[part] = nf.check(empty, ask) is not None
                 if refused:
                     charge = nf.name
                     break
-            codes[node_id] = charge
+            charge_of[parts] = charge
+            if charge is not None:
+                counts[charge] += size
+        for node_id in self.built_members.get(cid, ()):  # (own's counts are added by the caller)
+            old = charge_of[keys[node_id]]
+            if old is not None:
+                counts[old] -= 1
+                if not counts[old]:
+                    del counts[old]
+            own[node_id] = charge_of_node(node_id)
+        return keys, charge_of
+
+    def _alike(self, cid: int, asked: tuple[NodeFilter, ...]) -> _Alike | None:
+        """Each node of class ``cid`` with its keys (the ``unreserved_key`` of each of
+        ``asked``, in order), and per keys how many nodes have them and the first; None when
+        one of ``asked`` declares no key. Made once per class and filters: the keys read the
+        nodes' documents, which a run never changes but for their measured usage."""
+        names = tuple([nf.name for nf in asked])
+        got = self.keyed_nodes.get((cid, names))
+        if got is None:
+            key_ofs = [nf.unreserved_key for nf in asked if isinstance(nf, Unreserved)]
+            if len(key_ofs) < len(asked):
+                return None
+            nodes = self.run.nodes
+            keys: dict[str, tuple[Hashable, ...]] = {}
+            sizes: dict[tuple[Hashable, ...], tuple[int, str]] = {}
+            for node_id in self.members[cid]:
+                node = nodes[node_id]
+                parts = keys[node_id] = tuple([key_of(node) for key_of in key_ofs])
+                seen = sizes.get(parts)
+                sizes[parts] = (1, node_id) if seen is None else (seen[0] + 1, seen[1])
+            got = self.keyed_nodes[cid, names] = (keys, sizes)
+        return got
 
     def _bound(
         self, cid: int, ask: Ask, static: tuple[tuple[int, ...], str | None]
@@ -388,10 +493,12 @@ class ClassIndex:
 
         def room(k: int, i: int) -> int:
             most = rooms.get((cid, k))
-            if most is None:
+            if most is None:  # (the nodes not touched yet from their documents)
                 run = self.run
-                slots = [run.slot(node_id) for node_id in members]
-                most = rooms[cid, k] = most_room(slots, k, len(rep.runtimes))
+                built, nodes, basics = run.slots, run.nodes, run.basics
+                slots = [built[node_id] for node_id in members if node_id in built]
+                empty = [(nodes[n], basics[n]) for n in members if n not in built]
+                most = rooms[cid, k] = most_room(slots, k, len(rep.runtimes), empty)
             return most[i]
 
         return dynamic_bound(rep, ask, static, room)

@@ -204,15 +204,19 @@ class Run:
         """The state of a node of the unit (KeyError for another id), built on first use."""
         got = self.slots.get(node_id)
         if got is None:
-            empty: frozenset[str] = frozenset()
-            overloaded = self.overload.get(node_id, empty) if self.overload else empty
-            node = self.nodes[node_id]
-            got = self.slots[node_id] = make_slot(
-                None, node, overloaded, self.basics[node_id], self.empty_states
-            )
+            got = self.slots[node_id] = self.empty_slot(node_id)
             if self.on_slot is not None:
                 self.on_slot(got)
         return got
+
+    def empty_slot(self, node_id: str) -> NodeSlot:
+        """The state of a node of the unit with nothing reserved, as :meth:`slot` first builds
+        it, but not kept: an answer about a node this run has not touched, which leaves it
+        untouched."""
+        empty: frozenset[str] = frozenset()
+        overloaded = self.overload.get(node_id, empty) if self.overload else empty
+        node = self.nodes[node_id]
+        return make_slot(None, node, overloaded, self.basics[node_id], self.empty_states)
 
     def all_slots(self) -> list[NodeSlot]:
         """Every node's state, by node id."""

@@ -40,14 +40,20 @@ of an unplaceable ask are then counted per class, not node by node; see
   the filter compares an amount the ask needs (read from what it declares, so equal on the
   nodes of a class) with a pool that reservations only shrink, whose capacity is ``room``: it
   fails whatever is reserved when ``need > room``, and passes whatever is reserved when
-  ``need`` is 0.
+  ``need`` is 0; ``empty_rooms(node, basics)`` gives ``room`` for each runtime of a node
+  nothing is reserved on from its document, without building its state.
 
-The tests check both declarations against ``check`` on random node states.
+A dynamic node filter may also declare what its answer on a node nothing is reserved on reads
+of the node's document (:class:`Unreserved`: ``unreserved_key(node)``): nodes with equal keys
+get the same answer there for every ask, so an unplaceable ask's charges on the nodes the run
+never touched are computed once per key, not node by node.
+
+The tests check these declarations against ``check`` on random node states.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
@@ -55,6 +61,8 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 from reconciler.model.human import human_bytes, plain_list
 from reconciler.placement.nodestate import (
     device_pool,
+    partition_capacity,
+    runtime_capacities,
     state_fits,
     state_need,
     storage_fits,
@@ -64,8 +72,9 @@ from reconciler.placement.sharing import REGISTRY, Status, StatusCode
 from reconciler.placement.sharing.base import SUCCESS
 
 if TYPE_CHECKING:
+    from reconciler.model.documents import Node
     from reconciler.placement.ask import Ask
-    from reconciler.placement.nodestate import NodeSlot, RuntimeSlot
+    from reconciler.placement.nodestate import Basics, NodeSlot, RuntimeSlot
 
 __all__ = [
     "FILTER_CODES",
@@ -77,6 +86,7 @@ __all__ = [
     "Idle",
     "NodeFilter",
     "RuntimeFilter",
+    "Unreserved",
     "ask_reads",
     "node_reads",
     "runtime_reads",
@@ -126,6 +136,22 @@ class Bounded(Protocol):
     def need(self, slot: NodeSlot, ask: Ask) -> int: ...
 
     def room(self, slot: NodeSlot, runtime: RuntimeSlot) -> int: ...
+
+    def empty_rooms(self, node: Node, basics: Basics) -> Sequence[int]:
+        """``room`` of each runtime (in the state's order) of ``node`` with nothing reserved
+        (``basics``: its :func:`~reconciler.placement.nodestate.node_basics`)."""
+        ...
+
+
+@runtime_checkable
+class Unreserved(Protocol):
+    """A dynamic node filter that says what its answer on a node nothing is reserved on reads
+    of the node's document (see the module docstring)."""
+
+    def unreserved_key(self, node: Node) -> Hashable:
+        """Equal on two nodes whose states with nothing reserved this filter answers alike
+        for every ask."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -192,6 +218,10 @@ class ResourcesFilter:
         """No named resource asked: nothing to refuse."""
         return not ask.resources
 
+    def unreserved_key(self, node: Node) -> Hashable:
+        """With nothing reserved, each named resource's pool is its shared count."""
+        return tuple([(r.name, r.sharedCount) for r in node.host_resources])
+
     def verdict(self, slot: NodeSlot, ask: Ask) -> Status:
         """The shared-count policy's verdict on the first named resource that refuses
         (``UnschedulableAndUnresolvable`` for one the node lacks), else Success."""
@@ -224,6 +254,16 @@ class DevicesFilter:
     def idle(self, ask: Ask) -> bool:
         """No device asked: nothing to refuse."""
         return not ask.devices
+
+    def unreserved_key(self, node: Node) -> Hashable:
+        """With nothing reserved, each pool is its policy's state of its devices (what
+        ``NodeSlot.pools`` makes them from)."""
+        return tuple(
+            [
+                (p.resource, p.policy, tuple([(d.id, d.healthy, d.memory) for d in p.devices]))
+                for p in node.devicePools
+            ]
+        )
 
     def verdict(self, slot: NodeSlot, ask: Ask) -> Status:
         """The policies' verdict on the first device request that fails (a request no pool of
@@ -324,6 +364,9 @@ class CpuFilter:
     def room(self, slot: NodeSlot, runtime: RuntimeSlot) -> int:
         return runtime.cpu_from.capacity
 
+    def empty_rooms(self, node: Node, basics: Basics) -> Sequence[int]:
+        return [cpu for cpu, _ in runtime_capacities(node, basics)]
+
 
 @dataclass(frozen=True)
 class RamFilter:
@@ -350,6 +393,9 @@ class RamFilter:
 
     def room(self, slot: NodeSlot, runtime: RuntimeSlot) -> int:
         return runtime.ram_from.capacity
+
+    def empty_rooms(self, node: Node, basics: Basics) -> Sequence[int]:
+        return [ram for _, ram in runtime_capacities(node, basics)]
 
 
 @dataclass(frozen=True)
@@ -381,6 +427,9 @@ class StorageFilter:
     def room(self, slot: NodeSlot, runtime: RuntimeSlot) -> int:
         pool = slot.storage_pool
         return 0 if pool is None else pool.capacity
+
+    def empty_rooms(self, node: Node, basics: Basics) -> Sequence[int]:
+        return [partition_capacity(node, "storages")] * len(node.runtimes)
 
 
 @dataclass(frozen=True)
@@ -420,6 +469,9 @@ class StateFilter:
     def room(self, slot: NodeSlot, runtime: RuntimeSlot) -> int:
         pool = slot.state_pool
         return 0 if pool is None else pool.capacity
+
+    def empty_rooms(self, node: Node, basics: Basics) -> Sequence[int]:
+        return [partition_capacity(node, "states")] * len(node.runtimes)
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,7 @@ __all__ = [
     "node_basics",
     "node_facts",
     "ordered_runtimes",
+    "partition_capacity",
     "release_reservation",
     "restore_reservation",
     "runtime_capacities",
@@ -694,6 +695,37 @@ def runtime_capacities(node: Node, basics: Basics) -> list[tuple[int, int]]:
     ]
 
 
+def _partition_pools(node: Node) -> tuple[dict[str, Pool], dict[str, str]]:
+    """A node's partition pools (the first partition typed ``storages`` and the first typed
+    ``states``), by name, and which partition each kind takes from."""
+    inventories = node.inventories
+    partitions: dict[str, Pool] = {}
+    partition_of: dict[str, str] = {}
+    declared = inventories.declared
+    for part in node.partitions:
+        for kind in ("storages", "states"):
+            if kind in part.types and kind not in partition_of:
+                partition_of[kind] = part.name
+                if not declared:
+                    partitions[part.name] = Pool(part.name, part.totalSize)
+                    continue
+                # one partition typed both is one pool: inventories.storage shapes it
+                settings_of = inventories.storage if kind == "storages" else inventories.state
+                if kind == "states" and part.name in partitions:
+                    continue
+                partitions[part.name] = _pool(part.name, part.totalSize, settings_of)
+    return partitions, partition_of
+
+
+def partition_capacity(node: Node, kind: str) -> int:
+    """The capacity of the partition pool ``kind`` (``storages`` or ``states``) takes from on
+    ``node``, 0 when none is typed so: what :func:`make_slot` gives it, known without building
+    the state."""
+    partitions, partition_of = _partition_pools(node)
+    name = partition_of.get(kind)
+    return 0 if name is None else partitions[name].capacity
+
+
 def make_slot(
     unit: UnitConfig | None,
     node: Node,
@@ -724,23 +756,9 @@ def make_slot(
                 node_ram,
             )
         )
-    partitions: dict[str, Pool] = {}
-    partition_of: dict[str, str] = {}
-    declared = inventories.declared
-    for part in node.partitions:
-        for kind in ("storages", "states"):
-            if kind in part.types and kind not in partition_of:
-                partition_of[kind] = part.name
-                if not declared:
-                    partitions[part.name] = Pool(part.name, part.totalSize)
-                    continue
-                # one partition typed both is one pool: inventories.storage shapes it
-                settings_of = inventories.storage if kind == "storages" else inventories.state
-                if kind == "states" and part.name in partitions:
-                    continue
-                partitions[part.name] = _pool(part.name, part.totalSize, settings_of)
+    partitions, partition_of = _partition_pools(node)
     units = None
-    if declared:
+    if inventories.declared:
         all_units = (
             inventories.cpu.units,
             inventories.ram.units,

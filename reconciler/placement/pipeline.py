@@ -7,11 +7,12 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from reconciler.model.documents import Node
 from reconciler.placement import filters
 from reconciler.placement.ask import Ask
 from reconciler.placement.filters import NO_NODES, Bounded, Idle
 from reconciler.placement.instances import Failure, Instance
-from reconciler.placement.nodestate import NodeSlot
+from reconciler.placement.nodestate import Basics, NodeSlot
 
 __all__ = [
     "STATIC_NODE_PREFIX",
@@ -211,10 +212,16 @@ def bounded_drop(slot: NodeSlot, ask: Ask, bound: Bound) -> str | None:
     return code
 
 
-def most_room(slots: Iterable[NodeSlot], k: int, n_runtimes: int) -> list[int]:
+def most_room(
+    slots: Iterable[NodeSlot],
+    k: int,
+    n_runtimes: int,
+    empty: Iterable[tuple[Node, Basics]] = (),
+) -> list[int]:
     """Per runtime index, the largest room ``filters.RUNTIME_FILTERS[k]`` declares on any of
-    ``slots`` (the nodes of a class, ``n_runtimes`` runtimes each); empty when that filter
-    declares none."""
+    ``slots`` and of the nodes of ``empty`` (each with its basics: nodes nothing is reserved
+    on, whose states need not be built); all of them the nodes of one class, ``n_runtimes``
+    runtimes each. Empty when that filter declares none."""
     rf = filters.RUNTIME_FILTERS[k]
     if not isinstance(rf, Bounded):
         return []
@@ -223,6 +230,10 @@ def most_room(slots: Iterable[NodeSlot], k: int, n_runtimes: int) -> list[int]:
         runtimes = slot.runtimes
         for i in range(n_runtimes):
             got = rf.room(slot, runtimes[i])
+            if got > most[i]:
+                most[i] = got
+    for node, basics in empty:
+        for i, got in enumerate(rf.empty_rooms(node, basics)):
             if got > most[i]:
                 most[i] = got
     return most

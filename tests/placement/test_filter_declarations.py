@@ -10,11 +10,15 @@
   ``room``) is what its ``check`` answers on random node states, and the per-class bound the
   pipeline derives from them (``dynamic_bound``) is the whole pipeline's answer on every node
   of a drawn class in random states.
+- What a filter declares of a node nothing is reserved on (``empty_rooms``, the
+  ``unreserved_key``) is what its state with nothing reserved holds and answers, so an
+  unplaceable ask is charged on the nodes a run never touched without building their states.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -54,6 +58,7 @@ from reconciler.placement.pipeline import (
     static_drop,
     static_runtime_verdict,
 )
+from reconciler.placement.search import all_charges
 from tests.support.balancer_scenarios import inventories
 from tests.support.builders import make_node, make_service, runtime
 
@@ -702,3 +707,133 @@ def test_runtime_capacities_are_the_empty_states(node: Node, overloaded: frozens
     got = runtime_capacities(node, basics)
     assert got == [(rt.cpu_from.capacity, rt.ram_from.capacity) for rt in slot.runtimes]
     assert basics_request_key(basics, overloaded) == slot.request_key
+
+
+@SETTINGS
+@given(node=node_docs(), overloaded=st.sampled_from((_NONE, frozenset({"cpu"}))))
+def test_empty_rooms_are_the_rooms_of_the_empty_state(
+    node: Node, overloaded: frozenset[str]
+) -> None:
+    """Each bounded filter's rooms on a node nothing is reserved on, read from its document
+    (``empty_rooms``), are the rooms its state with nothing reserved declares, runtime by
+    runtime in the state's order."""
+    basics = node_basics(None, node, overloaded)
+    slot = make_slot(None, node, overloaded, basics)
+    for rf in filters.RUNTIME_FILTERS:
+        if isinstance(rf, filters.Bounded):
+            want = [rf.room(slot, rt) for rt in slot.runtimes]
+            assert list(rf.empty_rooms(node, basics)) == want, rf.name
+
+
+@SETTINGS
+@given(slots=classes(), data=st.data())
+def test_the_largest_rooms_count_the_nodes_not_built(
+    slots: list[NodeSlot], data: st.DataObject
+) -> None:
+    """``most_room`` over a class whose nodes are partly given as documents (nodes nothing is
+    reserved on, whose states a run did not build) is its answer over all their states."""
+    fresh = [make_slot(None, slot.node, _NONE) for slot in slots]
+    untouched = data.draw(st.sets(st.sampled_from(range(len(slots)))))
+    built = [s for i, s in enumerate(fresh) if i not in untouched]
+    empty = [(fresh[i].node, node_basics(None, fresh[i].node, _NONE)) for i in untouched]
+    n = len(slots[0].runtimes)
+    for k in range(len(filters.RUNTIME_FILTERS)):
+        assert most_room(built, k, n, empty) == most_room(fresh, k, n), k
+
+
+def _alike_unreserved(draw: DrawFn, node: Node) -> Node:
+    """Another node (drawn) with ``node``'s named resources and device pools as far as the
+    filters' ``unreserved_key`` reads them: everything else of them is changed (the groups,
+    environment and devices of each resource; each device's host devices and annotations)."""
+    other = draw(node_docs())
+    resources = None
+    if node.resources is not None:
+        resources = tuple(
+            [
+                r.model_copy(update={"groups": ("g",), "envs": ("X=1",), "devices": ("/dev/x",)})
+                for r in node.resources
+            ]
+        )
+    pools = tuple(
+        [
+            p.model_copy(
+                update={
+                    "devices": tuple(
+                        [
+                            d.model_copy(update={"devices": ("/dev/y",), "annotations": {"a": "b"}})
+                            for d in p.devices
+                        ]
+                    )
+                }
+            )
+            for p in node.devicePools
+        ]
+    )
+    update = {"id": "m", "resources": resources, "devicePools": pools}
+    return Node.model_validate(other.model_copy(update=update).model_dump())
+
+
+@SETTINGS
+@given(node=node_docs(), data=st.data())
+def test_an_unreserved_key_gives_the_answer_on_every_node_with_nothing_reserved(
+    node: Node, data: st.DataObject
+) -> None:
+    """Two nodes with equal ``unreserved_key`` of a dynamic node filter (here, alike in their
+    named resources and device pools, different in all else) get the same answer from it
+    with nothing reserved, for any ask; and nodes whose named resources or device pools
+    differ in what the filters read have different keys."""
+    alike = _alike_unreserved(data.draw, node)
+    ask = _ask(data.draw(services("s")))
+    one, two = make_slot(None, node, _NONE), make_slot(None, alike, _NONE)
+    keyed = [nf for nf in filters.NODE_FILTERS if isinstance(nf, filters.Unreserved)]
+    assert {nf.name for nf in keyed} == {"Resources", "Devices"}
+    for nf in keyed:
+        assert isinstance(nf, filters.Unreserved)
+        assert not nf.static
+        assert nf.unreserved_key(node) == nf.unreserved_key(alike), nf.name
+        assert nf.check(one, ask) == nf.check(two, ask), nf.name
+    other = data.draw(node_docs())
+    resources, devices = keyed
+    if {(r.name, r.sharedCount) for r in other.host_resources} != {
+        (r.name, r.sharedCount) for r in node.host_resources
+    }:
+        assert resources.unreserved_key(other) != resources.unreserved_key(node)
+    if other.devicePools != node.devicePools:
+        assert devices.unreserved_key(other) != devices.unreserved_key(node)
+
+
+def test_an_unplaceable_ask_is_charged_without_building_the_untouched_nodes() -> None:
+    """A service asking more CPU than any node has and a named resource: each node is charged
+    ``Resources`` where it lacks the resource (or its only slot is taken) and ``Cpu``
+    elsewhere, as the exhaustive pipeline charges, and the index builds the state of no node
+    it had not touched (it asks each named-resource layout once, on a state it does not
+    keep)."""
+    nodes = []
+    for i in range(60):
+        layout = i % 3  # no resource, can0 shared by 1, can0 unlimited
+        resources = [] if layout == 0 else [{"name": "can0", "sharedCount": 2 - layout}]
+        nodes.append(make_node(f"n{i:02d}", dmips=1000, resources=resources))
+    holder = make_service("holder", cpu=10, resources=["can0"], node_id="n01")
+    greedy = make_service("greedy", cpu=5000, resources=["can0"])
+    run = Run(None, nodes, {}, search=ClassIndex)
+    index = run.search
+    assert isinstance(index, ClassIndex)
+    assert len(index.members) == 1  # (one class: named resources are no part of the key)
+    held = _ask(holder)
+    run.reserve(run.slot("n01"), held, 0)  # n01's only can0 slot is taken
+    built = set(run.slots)  # n01, and the class's representative
+    assert len(built) <= 2
+    counts = dict(index.charges(_ask(greedy)))
+    # by hand: 20 nodes without can0, and n01 whose slot is held; the 39 others have room
+    assert counts == {"Resources": 21, "Cpu": 39}
+    assert set(run.slots) == built
+    exhaustive = Run(None, nodes, {})
+    exhaustive.reserve(exhaustive.slot("n01"), _ask(holder), 0)
+    assert Counter(all_charges(exhaustive.all_slots(), _ask(greedy))) == counts
+    # a node charged by its key, then reserved on: charged again on its own state
+    other = make_service("other", cpu=10, resources=["can0"], node_id="n04")
+    run.reserve(run.slot("n04"), _ask(other), 0)  # n04 (can0 shared by 1) is now full too
+    again = dict(index.charges(_ask(greedy)))
+    assert again == {"Resources": 22, "Cpu": 38}
+    exhaustive.reserve(exhaustive.slot("n04"), _ask(other), 0)
+    assert Counter(all_charges(exhaustive.all_slots(), _ask(greedy))) == again
