@@ -741,11 +741,11 @@ def test_the_largest_rooms_count_the_nodes_not_built(
         assert most_room(built, k, n, empty) == most_room(fresh, k, n), k
 
 
-def _alike_unreserved(draw: DrawFn, node: Node) -> Node:
+def _alike_unreserved(data: st.DataObject, node: Node) -> Node:
     """Another node (drawn) with ``node``'s named resources and device pools as far as the
     filters' ``unreserved_key`` reads them: everything else of them is changed (the groups,
     environment and devices of each resource; each device's host devices and annotations)."""
-    other = draw(node_docs())
+    other = data.draw(node_docs())
     resources = None
     if node.resources is not None:
         resources = tuple(
@@ -782,7 +782,7 @@ def test_an_unreserved_key_gives_the_answer_on_every_node_with_nothing_reserved(
     named resources and device pools, different in all else) get the same answer from it
     with nothing reserved, for any ask; and nodes whose named resources or device pools
     differ in what the filters read have different keys."""
-    alike = _alike_unreserved(data.draw, node)
+    alike = _alike_unreserved(data, node)
     ask = _ask(data.draw(services("s")))
     one, two = make_slot(None, node, _NONE), make_slot(None, alike, _NONE)
     keyed = [nf for nf in filters.NODE_FILTERS if isinstance(nf, filters.Unreserved)]
