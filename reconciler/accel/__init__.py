@@ -15,7 +15,7 @@ from reconciler.model.gcpause import collector_paused
 from reconciler.placement import balancer
 from reconciler.placement.balancer import Explanation, Overload
 from reconciler.placement.instances import BalanceResult, Mode, PreviousAllocation
-from reconciler.placement.nodestate import NodeSlot
+from reconciler.placement.nodestate import NodeSlot, Occupancy
 from reconciler.placement.search import Exhaustive, SearchFactory
 
 __all__ = [
@@ -89,6 +89,7 @@ def explain(
     overload: Overload | None = None,
     *,
     result: BalanceResult | None = None,
+    occupied: Mapping[str, Occupancy] | None = None,
 ) -> Explanation:
     """:func:`reconciler.placement.balancer.explain` with the class index."""
     return balancer.explain(
@@ -101,4 +102,5 @@ def explain(
         overload,
         search=ClassIndex,
         result=result,
+        occupied=occupied,
     )

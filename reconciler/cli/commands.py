@@ -1294,10 +1294,11 @@ def explain(
     each instance of that item is listed with where it is placed or why it has no place. An
     id that names nothing gets the closest desired ids as suggestions.
 
-    The loaded inputs and the balance are kept in a read cache of the user's own
-    ($RECONCILER_CACHE_DIR, else $XDG_CACHE_HOME/reconciler, else ~/.cache/reconciler; empty:
-    none), so the next explain of unchanged inputs only stats the files and balances nothing.
-    Its output is the same either way.
+    The loaded inputs, the balance and what it leaves free on each node are kept in a read
+    cache of the user's own ($RECONCILER_CACHE_DIR, else $XDG_CACHE_HOME/reconciler, else
+    ~/.cache/reconciler; empty: none), so the next explain of unchanged inputs only stats the
+    files, balances nothing and reserves again only on the instance's own node. Its output is
+    the same either way.
 
     Exit codes: 0 explained, 1 unknown instance or error.
     """
@@ -1369,7 +1370,14 @@ def explain(
         else:
             render_item(_console(), item)
         return EXIT_OK
-    exp = explain_instance(view.unit, nodes, services, iid, None, _mode(mode), result=result)
+    # what each node holds after that balance, from the explanation of another instance
+    got = cache.get("occupancy", key) if cache is not None and key else None
+    occupied = got if isinstance(got, dict) else None
+    exp = explain_instance(
+        view.unit, nodes, services, iid, None, _mode(mode), result=result, occupied=occupied
+    )
+    if cache is not None and key and occupied is None and exp.occupancy is not None:
+        cache.put("occupancy", key, exp.occupancy)
     # the network phase after placement (SPEC §17): its failure, or the instance's network
     net_why, net = None, None
     if networked and exp.placement is not None and exp.failure is None:

@@ -29,7 +29,7 @@ index in :mod:`reconciler.accel` (the one the controller uses).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 
 from reconciler.model.documents import (
@@ -61,12 +61,15 @@ from reconciler.placement.nodestate import (
     Basics,
     NodeConfigs,
     NodeSlot,
+    Occupancy,
     RequestKey,
     Reservation,
     StateCache,
     basics_request_key,
     make_slot,
     node_basics,
+    occupancy,
+    occupy,
     release_reservation,
     restore_reservation,
     runtime_capacities,
@@ -852,15 +855,19 @@ def replay(
     skip: str | None = None,
     *,
     search: SearchFactory = Exhaustive,
+    only: Set[str] | None = None,
 ) -> Run:
     """Node states with every placement of ``result`` (but ``skip``) reserved again: real
     capacities and requests, as every mode's final state is (a rebalance's too). A placement
     whose instance is not desired (its service gone, its index beyond the count) is left out.
+    ``only``: the nodes to reserve on (the others' states are left as they are).
     """
     by_key = {s.key: s for s in services}
     run = Run(unit, nodes, {}, search=search)
     restore = run.search.restore
     for p in result.placements:
+        if only is not None and p.node_id not in only:
+            continue
         service = by_key.get((p.item_id, p.subject_id))
         if service is None or p.index >= service.instances or p.instance_id == skip:
             continue
@@ -908,6 +915,10 @@ class Explanation:
     # per node: (node id, per runtime: (runtime id, per runtime filter None=pass or why not))
     result: BalanceResult | None = field(default=None, compare=False, repr=False)
     """The balance the matrix was evaluated after (for the phases after placement)."""
+    occupancy: Mapping[str, Occupancy] | None = field(default=None, compare=False, repr=False)
+    """What was free on each node but the instance's own (where its reservation was given
+    back), when the nodes were replayed from the balance: ``explain``'s ``occupied`` for
+    another instance of the same balance (None when that was given)."""
 
     def feasibility(self) -> tuple[int, int, tuple[tuple[str, int], ...]]:
         """(nodes feasible, nodes, how many nodes each code dropped: by count, then code)."""
@@ -926,19 +937,29 @@ def explain(
     *,
     search: SearchFactory = Exhaustive,
     result: BalanceResult | None = None,
+    occupied: Mapping[str, Occupancy] | None = None,
 ) -> Explanation:
     """Balance, then evaluate every filter on every node for one instance against the final
     state with the instance's own reservation given back: why it is where it is, or why it
     fails. Raises KeyError for an unknown instance. ``result``: that balance of these very
-    arguments, already computed (it is not computed again)."""
+    arguments, already computed (it is not computed again). ``occupied``: the
+    ``occupancy`` of an explanation of another instance after that very balance: the nodes
+    it holds are not replayed (but this instance's own node)."""
     if result is None:
         result = balance(unit, nodes, services, previous, mode, overload, search=search)
     instance = _instance_of(result, services, instance_id)
-    run = replay(unit, nodes, services, result, instance_id, search=search)
+    own = result.by_id.get(instance_id)
+    own_node = None if own is None else own.node_id
+    run = None
+    if occupied is not None:
+        run = _occupied(unit, nodes, services, result, instance_id, own_node, occupied, search)
+    if run is None:
+        run = replay(unit, nodes, services, result, instance_id, search=search)
     ask = run.ask(instance)
     rows = []
     per_runtime = []
-    for slot in run.all_slots():
+    slots = run.all_slots()
+    for slot in slots:
         cells: list[str | None] = [f.check(slot, ask) for f in filters.NODE_FILTERS]
         grid = [[rf.check(slot, rt, ask) for rf in filters.RUNTIME_FILTERS] for rt in slot.runtimes]
         dropped = matrix_drop(cells, grid)  # (what evaluate(slot, ask) would ask them again)
@@ -955,9 +976,35 @@ def explain(
         instance,
         codes,
         tuple(rows),
-        result.by_id.get(instance_id),
+        own,
         failure,
         tuple(f.name for f in filters.RUNTIME_FILTERS),
         tuple(per_runtime),
         result,
+        occupied
+        if occupied is not None
+        else {slot.id: occupancy(slot) for slot in slots if slot.id != own_node},
     )
+
+
+def _occupied(
+    unit: UnitConfig | None,
+    nodes: Sequence[Node],
+    services: Sequence[Service],
+    result: BalanceResult,
+    instance_id: str,
+    own_node: str | None,
+    occupied: Mapping[str, Occupancy],
+    search: SearchFactory,
+) -> Run | None:
+    """:func:`replay` of ``result`` without ``instance_id``, from ``occupied`` where it holds
+    a node (but ``own_node``, the instance's: replayed without it); None when some node's
+    pools do not take what ``occupied`` holds for it (then replay them all)."""
+    replayed = {n.id for n in nodes if n.id not in occupied}
+    if own_node is not None:
+        replayed.add(own_node)
+    run = replay(unit, nodes, services, result, instance_id, search=search, only=replayed)
+    for node_id, held in occupied.items():
+        if node_id not in replayed and node_id in run.nodes and not occupy(run.slot(node_id), held):
+            return None
+    return run

@@ -52,6 +52,7 @@ __all__ = [
     "NodeFacts",
     "NodeSlot",
     "NodeUnits",
+    "Occupancy",
     "Pool",
     "RequestKey",
     "Reservation",
@@ -64,6 +65,8 @@ __all__ = [
     "make_slot",
     "node_basics",
     "node_facts",
+    "occupancy",
+    "occupy",
     "ordered_runtimes",
     "partition_capacity",
     "release_reservation",
@@ -984,6 +987,63 @@ def restore_reservation(slot: NodeSlot, res: Reservation) -> None:
     asked = tuple([ShareRequest(name) for name in res.resources])
     take(slot, res.runtime_index, res.requested, asked, res.device_requests, keep)
     slot.placed[res.instance.id] = res
+
+
+Occupancy = tuple[tuple[int, ...], tuple[int, ...] | None, tuple[tuple[str, PoolState], ...] | None]
+"""What is free on a node, pool by pool (:func:`occupancy`): each integer pool's free amount
+(the node's CPU and RAM, each runtime's instance slots and own CPU and RAM, the partitions),
+each named resource's free slots, and the device pools' states (None: as the node declares
+them, untouched)."""
+
+
+def _integer_pools(slot: NodeSlot) -> list[Pool]:
+    """The integer pools of ``slot`` but its named resources', in one fixed order."""
+    pools = [slot.cpu_pool, slot.ram_pool]
+    for rt in slot.runtimes:
+        pools.extend([p for p in (rt.slot_pool, rt.cpu_pool, rt.ram_pool) if p is not None])
+    pools.extend(slot.partition_pools.values())
+    return pools
+
+
+def occupancy(slot: NodeSlot) -> Occupancy:
+    """What is free on ``slot`` now, enough for :func:`occupy` to give the same free amounts,
+    named-resource slots and device pools to a state of the same node with nothing reserved
+    (the filters read nothing else of a state: which reservations hold them is not kept)."""
+    resources = slot._resource_pools
+    devices = slot._pools
+    return (
+        tuple([p.free for p in _integer_pools(slot)]),
+        None if resources is None else tuple([p.free for p in resources.values()]),
+        None if devices is None else tuple(devices.items()),
+    )
+
+
+def occupy(slot: NodeSlot, held: Occupancy) -> bool:
+    """Make ``slot``, a state with nothing reserved, hold what :func:`occupancy` read of a
+    state of the same node. False (``slot`` then unusable) when ``held`` does not fit its
+    pools: another node's, or another version of it."""
+    frees, resources, devices = held
+    pools = _integer_pools(slot)
+    if len(pools) != len(frees) or any(
+        not 0 <= free <= p.capacity for p, free in zip(pools, frees, strict=True)
+    ):
+        return False
+    for p, free in zip(pools, frees, strict=True):
+        p.free = free
+    if resources is not None:
+        shared = list(slot.resource_pools.values())
+        if len(shared) != len(resources):
+            return False
+        for pool, free in zip(shared, resources, strict=True):
+            if not 0 <= free <= pool.capacity:
+                return False
+            pool.free = free
+        slot._resources = None
+    if devices is not None:
+        if {r for r, _ in devices} != set(slot.pools):
+            return False
+        slot._pools = dict(devices)
+    return True
 
 
 def release_reservation(slot: NodeSlot, iid: str) -> Reservation:

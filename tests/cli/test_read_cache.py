@@ -28,6 +28,7 @@ from reconciler.controller.configs import default_config_builder
 from reconciler.controller.reconcile import ReconcileOptions
 from reconciler.controller.watch import WatchOptions, watch_loop
 from reconciler.io import fsio, loader, readcache
+from reconciler.placement import balancer
 from reconciler.placement.instances import expand_instances
 
 SETTINGS = settings(
@@ -144,6 +145,42 @@ class TestTheNextExplainStartsWarm:
         code, out, _err = run(capsys, "explain", f"{services[1].stem}:0", "--state", str(unit))
         assert code == 0 and services[1].stem in out
         assert (counts.balances, counts.parsed) == (0, 0)
+
+    @pytest.mark.parametrize("shape", ["homogeneous", "unplaceable-15", "devices", "preemption"])
+    def test_another_instance_reserves_again_on_its_own_node_only_and_says_the_same(
+        self,
+        tmp_path: Path,
+        capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch,
+        cache_dir: Path,
+        shape: str,
+    ) -> None:
+        """The first explain leaves what the balance holds on each node in the cache; the
+        next one, of another instance, replays only its own node and the first one's, and
+        prints what an uncached explain prints."""
+        root = _unit(tmp_path / shape, capsys, shape)
+        services = sorted((root / "desired").glob("*.yaml"))
+        run(capsys, "explain", f"{services[0].stem}:0", "--state", str(root))
+        assert len(list(cache_dir.glob("*/occupancy.pickle"))) == 1
+        replayed: list[object] = []
+        real = balancer.replay
+
+        def replay(*args: Any, **kwargs: Any) -> Any:
+            replayed.append(kwargs.get("only"))
+            return real(*args, **kwargs)
+
+        for service in services[1:4]:
+            for extra in ((), ("--json",)):
+                args = ("explain", f"{service.stem}:0", "--state", str(root), *extra)
+                with monkeypatch.context() as m:
+                    m.setattr(balancer, "replay", replay)
+                    replayed.clear()
+                    cached = run(capsys, *args)
+                assert cached[0] == 0
+                # one replay, of at most two nodes (this instance's and the first one's)
+                assert len(replayed) == 1 and isinstance(replayed[0], set), args
+                assert len(replayed[0]) <= 2
+                assert cached == _uncached(capsys, monkeypatch, *args), args
 
     def test_an_instance_id_is_found_in_the_cached_balance(
         self,

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.synth import LATE_PREFIX, SHAPES, synth_unit
-from reconciler.accel import BalanceMemo, balance, node_states
+from reconciler.accel import BalanceMemo, balance, explain, node_states
 from reconciler.accel import index as class_index
 from reconciler.placement import balancer, filters, pipeline
 from reconciler.placement.instances import BalanceResult
@@ -24,7 +24,7 @@ from reconciler.placement.pipeline import (
     static_runtime_verdict,
 )
 from reconciler.placement.search import Exhaustive
-from tests.support.builders import make_node, make_service, previous_of
+from tests.support.builders import make_node, make_service, previous_of, runtime
 from tests.support.filter_inputs import ask_of, slot_of
 
 SMALL = settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -252,6 +252,72 @@ def test_explains_matrix_drops_each_node_as_the_pipeline_does(shape: str, seed: 
             assert matrix_drop(cells, grid) == want, slot.id
             codes.add(want)
     assert len(codes) > 1
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@SMALL
+@given(seed=st.integers(0, 10_000), data=st.data())
+def test_explain_from_what_another_explanation_left_on_each_node_says_the_same(
+    shape: str, seed: int, data: st.DataObject
+) -> None:
+    """An explanation leaves what each node holds but the instance's own (``occupancy``);
+    explaining another instance of the same balance from it (``occupied``) reserves again
+    only on the nodes it lacks (that first instance's) and the new instance's own, and says
+    exactly what explaining it from a replay of every placement says: placed, held or
+    failing instances, named resources and devices."""
+    unit, nodes, services = synth_unit(40, 160, seed, shape)
+    result = balance(unit, nodes, services, mode="fresh")
+    ids = sorted(result.by_id) + [f.instance_id for f in result.failures]
+    first_id, *others = data.draw(st.lists(st.sampled_from(ids), min_size=2, max_size=4))
+    first = explain(unit, nodes, services, first_id, result=result)
+    assert first.occupancy is not None
+    own = result.by_id.get(first_id)
+    assert set(first.occupancy) == {n.id for n in nodes} - {own.node_id if own else ""}
+    replayed: list[object] = []
+    real = balancer.replay
+
+    def replay(*args: Any, **kwargs: Any) -> Any:
+        replayed.append(kwargs.get("only"))
+        return real(*args, **kwargs)
+
+    for iid in others:
+        replayed.clear()
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(balancer, "replay", replay)
+            got = explain(unit, nodes, services, iid, result=result, occupied=first.occupancy)
+        assert got.occupancy is first.occupancy
+        assert len(replayed) == 1 and isinstance(replayed[0], set)  # (no second replay)
+        assert len(replayed[0]) <= 2
+        want = explain(unit, nodes, services, iid, result=result)
+        assert (got.rows, got.runtimes, got.placement, got.failure) == (
+            want.rows,
+            want.runtimes,
+            want.placement,
+            want.failure,
+        )
+        assert got == want
+
+
+def test_explain_replays_every_node_when_what_it_was_given_does_not_fit() -> None:
+    """An ``occupied`` whose entry for a node does not fit that node's pools (another node's:
+    more runtimes, or more taken than it has) is not used: every node is replayed, and the
+    explanation is the one a replay gives."""
+    nodes = [
+        make_node("a", runtimes=[runtime("r1", "runc"), runtime("r2", "crun")]),
+        make_node("b", dmips=500),
+    ]
+    services = [make_service("s", instances=3, cpu=100)]
+    result = balance(None, nodes, services, mode="fresh")
+    iid = sorted(result.by_id)[0]
+    want = explain(None, nodes, services, iid, result=result)
+    assert want.occupancy is not None
+    other = {k: v for k, v in want.occupancy.items()}
+    if "a" in other and "b" in other:
+        other["a"], other["b"] = other["b"], other["a"]  # (a's has a pool more than b's)
+    else:
+        other["b" if "b" in other else "a"] = ((10**9,), None, None)
+    got = explain(None, nodes, services, iid, result=result, occupied=other)
+    assert got == want and got.rows == want.rows
 
 
 def test_the_dynamic_charge_of_a_node_whose_runtimes_all_fail_a_static_filter() -> None:
