@@ -22,7 +22,11 @@ What is kept, and why it is what ``explain`` would compute itself:
   exactly its placements. It is therefore kept only when nothing after the balancer took a
   placement out (a network failure, a config that could not be built, an id that could not be
   assigned) and the run balanced in the mode asked for (an alert's rebalance is not a mode
-  ``explain`` can ask for).
+  ``explain`` can ask for);
+- **what that balance holds on each node** (``nodestate.occupancy``), under the same key, with
+  the balance: ``explain`` then reserves again only on its instance's own node. The run's
+  own node states are gone by then (the status report read them), so they are replayed here,
+  after the run's output is written: about a fifth of the pickling's cost.
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from reconciler.accel import node_states
 from reconciler.controller.reconcile import Computed
 from reconciler.io import readcache
 from reconciler.placement.instances import Mode
+from reconciler.placement.nodestate import occupancy
 
 __all__ = ["keep_for_explain"]
 
@@ -70,4 +76,10 @@ def keep_for_explain(
         log.debug("read cache: the balance not kept: %s", e)
         return False
     cache.put("balance", key, c.result)
+    try:
+        states = node_states(c.view.unit, c.nodes, c.view.services_sorted(), c.result)
+    except KeyError as e:  # (a placement on a runtime its node lacks: explain replays it all)
+        log.debug("read cache: the node states not kept: %s", e)
+        return True
+    cache.put("occupancy", key, {node_id: occupancy(states[node_id]) for node_id in sorted(states)})
     return True

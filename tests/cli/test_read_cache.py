@@ -264,12 +264,25 @@ class TestTheControllerLeavesItsRunThere:
         count = yaml.safe_load(services[0].read_text())["instances"]
         _edit_yaml(services[0], _set(("instances",), count + 1))  # (and a new checkpoint)
         assert run(capsys, "reconcile", "--state", str(root))[0] == 0
+        assert len(list(cache_dir.glob("*/occupancy.pickle"))) == 1
+        replayed: list[object] = []
+        real = balancer.replay
+
+        def replay(*args: Any, **kwargs: Any) -> Any:
+            replayed.append(kwargs.get("only"))
+            return real(*args, **kwargs)
+
         for target in (_first_label(root), f"{services[-1].stem}:0", services[1].stem):
             for extra in ((), ("--json",)):
                 args = ("explain", target, "--state", str(root), *extra)
                 counts.reset()
-                cached = run(capsys, *args)
+                replayed.clear()
+                with monkeypatch.context() as m:
+                    m.setattr(balancer, "replay", replay)
+                    cached = run(capsys, *args)
                 assert (counts.balances, counts.parsed) == (0, 0), (target, extra)
+                # an instance: reserved again on its own node only (an item: no matrix)
+                assert all(isinstance(o, set) and len(o) <= 1 for o in replayed), replayed
                 assert cached == _uncached(capsys, monkeypatch, *args), (target, extra)
 
     def test_a_state_directory_no_command_read_gets_no_cache(
