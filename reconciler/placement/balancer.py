@@ -1003,7 +1003,8 @@ def _occupied(
     replayed = {n.id for n in nodes if n.id not in occupied}
     if own_node is not None:
         replayed.add(own_node)
-    run = replay(unit, nodes, services, result, instance_id, search=search, only=replayed)
+    # (the reference search: the class index would be built for the few nodes replayed)
+    run = replay(unit, nodes, services, result, instance_id, search=Exhaustive, only=replayed)
     for node_id, held in occupied.items():
         if node_id not in replayed and node_id in run.nodes and not occupy(run.slot(node_id), held):
             return None
