@@ -5,12 +5,13 @@ start their loads from the cached inputs too, with the same guarantee."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,22 @@ def _uncached(
         return run(capsys, *args)
 
 
+@contextlib.contextmanager
+def _replays(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[object]]:
+    """The node states replayed in the block: per replay, the nodes it reserved on (a set),
+    or None for every node."""
+    replayed: list[object] = []
+    real = balancer.replay
+
+    def replay(*args: Any, **kwargs: Any) -> Any:
+        replayed.append(kwargs.get("only"))
+        return real(*args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(balancer, "replay", replay)
+        yield replayed
+
+
 def _first_label(root: Path) -> str:
     first = sorted((root / "desired").glob("*.yaml"))[0]
     return f"{first.stem}:0"
@@ -162,19 +179,10 @@ class TestTheNextExplainStartsWarm:
         services = sorted((root / "desired").glob("*.yaml"))
         run(capsys, "explain", f"{services[0].stem}:0", "--state", str(root))
         assert len(list(cache_dir.glob("*/occupancy.pickle"))) == 1
-        replayed: list[object] = []
-        real = balancer.replay
-
-        def replay(*args: Any, **kwargs: Any) -> Any:
-            replayed.append(kwargs.get("only"))
-            return real(*args, **kwargs)
-
         for service in services[1:4]:
             for extra in ((), ("--json",)):
                 args = ("explain", f"{service.stem}:0", "--state", str(root), *extra)
-                with monkeypatch.context() as m:
-                    m.setattr(balancer, "replay", replay)
-                    replayed.clear()
+                with _replays(monkeypatch) as replayed:
                     cached = run(capsys, *args)
                 assert cached[0] == 0
                 # one replay, of at most two nodes (this instance's and the first one's)
@@ -265,20 +273,11 @@ class TestTheControllerLeavesItsRunThere:
         _edit_yaml(services[0], _set(("instances",), count + 1))  # (and a new checkpoint)
         assert run(capsys, "reconcile", "--state", str(root))[0] == 0
         assert len(list(cache_dir.glob("*/occupancy.pickle"))) == 1
-        replayed: list[object] = []
-        real = balancer.replay
-
-        def replay(*args: Any, **kwargs: Any) -> Any:
-            replayed.append(kwargs.get("only"))
-            return real(*args, **kwargs)
-
         for target in (_first_label(root), f"{services[-1].stem}:0", services[1].stem):
             for extra in ((), ("--json",)):
                 args = ("explain", target, "--state", str(root), *extra)
                 counts.reset()
-                replayed.clear()
-                with monkeypatch.context() as m:
-                    m.setattr(balancer, "replay", replay)
+                with _replays(monkeypatch) as replayed:
                     cached = run(capsys, *args)
                 assert (counts.balances, counts.parsed) == (0, 0), (target, extra)
                 # an instance: reserved again on its own node only (an item: no matrix)
