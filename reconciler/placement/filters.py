@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 from reconciler.model.human import human_bytes, plain_list
 from reconciler.placement.nodestate import (
     device_pool,
+    device_pool_key,
     partition_capacity,
     runtime_capacities,
     state_fits,
@@ -256,14 +257,8 @@ class DevicesFilter:
         return not ask.devices
 
     def unreserved_key(self, node: Node) -> Hashable:
-        """With nothing reserved, each pool is its policy's state of its devices (what
-        ``NodeSlot.pools`` makes them from)."""
-        return tuple(
-            [
-                (p.resource, p.policy, tuple([(d.id, d.healthy, d.memory) for d in p.devices]))
-                for p in node.devicePools
-            ]
-        )
+        """With nothing reserved, each pool is the state its key makes."""
+        return tuple([device_pool_key(p) for p in node.devicePools])
 
     def verdict(self, slot: NodeSlot, ask: Ask) -> Status:
         """The policies' verdict on the first device request that fails (a request no pool of

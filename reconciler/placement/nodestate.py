@@ -29,7 +29,14 @@ from operator import attrgetter
 from types import MappingProxyType
 from typing import NamedTuple
 
-from reconciler.model.documents import Node, NodeConfig, ResourceRatios, Runtime, UnitConfig
+from reconciler.model.documents import (
+    DevicePool,
+    Node,
+    NodeConfig,
+    ResourceRatios,
+    Runtime,
+    UnitConfig,
+)
 from reconciler.model.human import human_amount
 from reconciler.model.inventory import (
     OVER_CAPACITY,
@@ -62,6 +69,7 @@ __all__ = [
     "basics_request_key",
     "claim",
     "device_pool",
+    "device_pool_key",
     "make_slot",
     "node_basics",
     "node_facts",
@@ -361,6 +369,14 @@ they are immutable, and the nodes of a unit mostly declare the same named resour
 device pools, so each is built once rather than once per node."""
 
 
+def device_pool_key(
+    pool: DevicePool,
+) -> tuple[str, str, tuple[tuple[str, bool, int | None], ...]]:
+    """What the state of a device pool with nothing allocated is made of: its policy, its
+    resource and each device's id, health and memory (equal keys, equal states)."""
+    return (pool.policy, pool.resource, tuple([(d.id, d.healthy, d.memory) for d in pool.devices]))
+
+
 class NodeSlot:
     """One node's working state during a balance call.
 
@@ -507,11 +523,10 @@ class NodeSlot:
             empty = self._empty
             pools = {}
             for p in self.node.devicePools:
-                devices = tuple([(d.id, d.healthy, d.memory) for d in p.devices])
-                key = (p.policy, p.resource, devices)
+                key = device_pool_key(p)
                 state = empty.get(key)
                 if state is None:
-                    items = tuple([Item(*device) for device in devices])
+                    items = tuple([Item(*device) for device in key[2]])
                     state = empty[key] = REGISTRY[p.policy].new_state(p.resource, items)
                 pools[p.resource] = state
             self._pools = pools
