@@ -29,7 +29,6 @@ __all__ = [
     "ClassKey",
     "Entry",
     "Group",
-    "Level",
     "Shape",
     "class_key",
     "shape_of",
@@ -116,7 +115,6 @@ class Group:
         "devices",
         "inputs",
         "instance",
-        "levels",
         "names",
         "node_id",
         "passed",
@@ -126,6 +124,8 @@ class Group:
         "resources",
         "static_key",
         "usage",
+        "walk",
+        "walkable",
     )
 
     def __init__(self, ask: Ask, shape: Shape) -> None:
@@ -141,7 +141,10 @@ class Group:
         self.inputs = ask.amounts
         self._requested: dict[RequestKey, Requested] = {}
         self.per_class: list[tuple[int, ...]] | None = None  # static runtimes per class
-        self.levels: list[Level] | None = None  # the classes with any, by priority level
+        # per class, the static runtimes where pass 2 may place it (none where no device
+        # pool serves what it asks), and whether any class has some
+        self.walk: list[tuple[int, ...]] | None = None
+        self.walkable = False
         self.pinned: tuple[int, ...] | None = None  # static runtimes on the node it names
         self.refused: set[int] | None = (
             None  # shared by groups asking the same (ClassIndex._refused)
@@ -156,7 +159,3 @@ class Group:
             measured = self.usage if key[4] else None
             got = self._requested[key] = requested(self.inputs, key, measured)
         return got
-
-
-Level = list[tuple[int, tuple[int, ...]]]
-"""The classes of one priority level a service may use, each with its static runtimes."""

@@ -7,7 +7,10 @@ static answers (the static filter units run once per class and service shape, se
 SPEC §7.5, one integer per node. The consecutive instances of one service are placed together:
 a heap merges the classes' best nodes, each class read from the front past the nodes known to
 refuse the service, plus the nodes the service already took (with their new place in the
-order); a lower priority level joins only when the higher ones have no node left. Within the
+order). A class joins the heap only when its first node (the classes are kept sorted by their
+first nodes, SPEC §7.5's order putting a higher priority level first) comes before every node
+in the heap: a service of a few instances on a fleet of hundreds of classes looks at a few of
+them, not at every class that may take it. Within the
 group only the nodes it takes change, and only by shrinking, so a node refused stays refused
 and the first node of the heap that passes the dynamic filters (``claim``, on integers: the
 same rules the dynamic filter units call) is the best one. The nodes refused are remembered
@@ -23,14 +26,13 @@ import weakref
 from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from heapq import heapify, heappop, heappush, heapreplace
+from heapq import heappop, heappush, heapreplace
 from itertools import chain
 from typing import TYPE_CHECKING
 
 from reconciler.accel.classes import (
     Entry,
     Group,
-    Level,
     Shape,
     class_key,
     shape_of,
@@ -162,12 +164,15 @@ class ClassIndex:
         # while the index is valid: the nodes reserved on or released since it was built (or
         # last brought up to date), by rank; _ensure_index moves these only
         self.stale: dict[int, NodeSlot] = {}
+        # every class's first entry, sorted: the classes in the order of their best nodes,
+        # which pass 2 walks (see _place_group); kept with the index
+        self.heads: list[Entry] = []
         # per static key (a service's labels, runtime types and platform): each class's static
-        # runtimes, and the classes with any by priority level, highest first
-        self.static: dict[object, tuple[list[tuple[int, ...]], list[Level]]] = {}
-        # per static key and device requests: those levels without the classes whose device
-        # pools serve none of the requests (see _served)
-        self.served: dict[object, list[Level]] = {}
+        # runtimes
+        self.static: dict[object, list[tuple[int, ...]]] = {}
+        # per static key and device requests: those without the classes whose device pools
+        # serve none of the requests (see _served)
+        self.served: dict[object, list[tuple[int, ...]]] = {}
         # one node per distinct request key: what a service asks anywhere is known from these
         by_key: dict[RequestKey, NodeSlot] = {}
         for rep in self.class_slot:
@@ -278,7 +283,7 @@ class ClassIndex:
         if group.node_id is not None:
             return False
         self._classes(group)
-        return not group.levels
+        return not group.walkable
 
     def settled(self, instance: Instance) -> bool:
         """Whether :meth:`charges` for what ``instance`` asks, once computed, stays what it
@@ -514,46 +519,37 @@ class ClassIndex:
             groups.pop(sid, None)
 
     def _classes(self, group: Group) -> list[tuple[int, ...]]:
-        """Each class's static runtimes for ``group`` (and ``group.levels``)."""
+        """Each class's static runtimes for ``group`` (and ``group.walk``)."""
         if group.per_class is None:
-            got = self.static.get(group.static_key)
-            if got is None:
+            per_class = self.static.get(group.static_key)
+            if per_class is None:
                 ask = group.ask
                 per_class = [static_runtimes(rep, ask) for rep in self.class_slot]
-                levels: dict[int, Level] = {}
-                for cid, runtimes in enumerate(per_class):
-                    if runtimes:
-                        priority = self.class_slot[cid].priority
-                        levels.setdefault(priority, []).append((cid, runtimes))
-                got = (per_class, [levels[p] for p in sorted(levels, reverse=True)])
-                self.static[group.static_key] = got
-            group.per_class, group.levels = got
+                self.static[group.static_key] = per_class
+            group.per_class = group.walk = per_class
             if group.devices:
-                group.levels = self._served(group, got[1])
+                group.walk = self._served(group, per_class)
+            group.walkable = any(group.walk)
         return group.per_class
 
-    def _served(self, group: Group, levels: list[Level]) -> list[Level]:
-        """``levels`` without the classes on whose nodes no device pool serves one of
-        ``group``'s device requests: the ``Devices`` filter refuses it there whatever is
-        reserved (*UnschedulableAndUnresolvable*), alike on every node of the class (their
-        pools' resources and policies are part of its key, and a policy's ``has_request``
-        reads nothing else), so pass 2 never walks them. The static runtimes per class are
-        left as they are (the static filters' answers, which pass 1 and the failure charges
-        read)."""
+    def _served(self, group: Group, per_class: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """``per_class`` without (as no runtime) the classes on whose nodes no device pool
+        serves one of ``group``'s device requests: the ``Devices`` filter refuses it there
+        whatever is reserved (*UnschedulableAndUnresolvable*), alike on every node of the
+        class (their pools' resources and policies are part of its key, and a policy's
+        ``has_request`` reads nothing else), so pass 2 never walks them. The static runtimes
+        per class are left as they are (the static filters' answers, which pass 1 and the
+        failure charges read)."""
         key = (group.static_key, group.devices)
         got = self.served.get(key)
         if got is None:
             reps, devices = self.class_slot, group.devices
-            got = []
-            for level in levels:
-                kept = [
-                    (cid, runtimes)
-                    for cid, runtimes in level
-                    if all(device_pool(reps[cid].pools, d) is not None for d in devices)
-                ]
-                if kept:
-                    got.append(kept)
-            self.served[key] = got
+            got = self.served[key] = [
+                runtimes
+                if runtimes and all(device_pool(reps[cid].pools, d) is not None for d in devices)
+                else ()
+                for cid, runtimes in enumerate(per_class)
+            ]
         return got
 
     def static_for(self, group: Group, slot: NodeSlot) -> tuple[int, ...]:
@@ -638,6 +634,7 @@ class ClassIndex:
                 keys.append(key)
             keys.sort()
             self.index[cid] = keys
+        self.heads = sorted([keys[0] for keys in self.index])
         for passed in self.passed.values():  # entries are places in the index just rebuilt
             passed.clear()
         self.stale.clear()
@@ -645,12 +642,20 @@ class ClassIndex:
 
     def _reposition(self, slot: NodeSlot) -> None:
         """Move ``slot`` to its new place in its class index after reservations."""
-        entries = self.index[self.class_of[slot.id]]
-        old = self.entries[self.order_base[slot.id] % self.count]
-        del entries[bisect_left(entries, old)]
-        new = self.entry(slot)
-        self.entries[new % self.count] = new
+        self._move(self.index[self.class_of[slot.id]], self.entry(slot))
+
+    def _move(self, entries: list[Entry], new: Entry) -> None:
+        """Move a node of the class whose sorted entries are ``entries`` to its entry ``new``
+        (the same node: ``new % count`` is its rank), keeping ``heads``."""
+        rank = new % self.count
+        head = entries[0]
+        del entries[bisect_left(entries, self.entries[rank])]
+        self.entries[rank] = new
         insort(entries, new)
+        if entries[0] != head:
+            heads = self.heads
+            del heads[bisect_left(heads, head)]
+            insort(heads, entries[0])
 
     # -- pass 1
 
@@ -703,57 +708,58 @@ class ClassIndex:
         return self._place_group(group, instances, cause)
 
     def _place_one(self, group: Group, inst: Instance, cause: Cause | None) -> bool:
-        """:meth:`_place_group` for one instance, without its heap, while the best node of
-        the first level with any passes the dynamic filters: the heads of that level's classes
-        are found as ``_place_group`` opens them, and the smallest is the node it would take
-        first. False, and only that node noted as refused, when it refuses (then
-        ``_place_group`` goes on from there) or when no class has a node left."""
+        """:meth:`_place_group` for one instance, without its heap, while the best node passes
+        the dynamic filters: the classes are walked in the order of their first entries
+        (``heads``), each to its head past the nodes refused, until the next one's first entry
+        comes after the best head found, which is the node ``_place_group`` would take first.
+        False, and only that node noted as refused, when it refuses (then ``_place_group``
+        goes on from there) or when no class has a node left."""
         if self.stale or not self.index_valid:
             self._ensure_index()
-        levels, refused = group.levels, group.refused
-        if levels is None:
+        walk, refused = group.walk, group.refused
+        if walk is None:
             self._classes(group)
-            levels = group.levels
+            walk = group.walk
         if refused is None or group.names:
             refused = self._refused(group)
-        assert levels is not None and group.per_class is not None
-        index, count = self.index, self.count
+        assert walk is not None and group.per_class is not None
+        index, count, class_at = self.index, self.count, self.class_at
         best = -1
-        if not refused:  # each class's head is its first node (where a walk from passed ends)
-            if not levels:
-                return False
-            for cid, _ in levels[0]:
-                head = index[cid][0]
-                if best < 0 or head < best:
-                    best = head
+        if not refused:  # each class's head is its first entry: the first class walked
+            for first in self.heads:
+                if walk[class_at[first % count]]:
+                    best = first
+                    break
         else:
-            # (the head of each class past its refused nodes, as _place_group opens a level:
+            # (the head of each class past its refused nodes, as _place_group opens a class:
             # the same lines inline, not a call per class, on this hot path)
             passed = group.passed
-            for level in levels:
-                for cid, _ in level:
-                    entries = index[cid]
-                    end = len(entries)
-                    known = passed.get(cid)
-                    p = 0 if known is None else bisect_left(entries, known)
-                    while p < end and entries[p] % count in refused:
-                        p += 1
-                    if p < end:
-                        head = passed[cid] = entries[p]
-                        if best < 0 or head < best:
-                            best = head
-                    else:
-                        passed[cid] = entries[-1] + 1
-                if best >= 0:
+            for first in self.heads:
+                if 0 <= best < first:
                     break
-            else:
-                return False
+                cid = class_at[first % count]
+                if not walk[cid]:
+                    continue
+                entries = index[cid]
+                end = len(entries)
+                known = passed.get(cid)
+                p = 0 if known is None else bisect_left(entries, known)
+                while p < end and entries[p] % count in refused:
+                    p += 1
+                if p < end:
+                    head = passed[cid] = entries[p]
+                    if best < 0 or head < best:
+                        best = head
+                else:
+                    passed[cid] = entries[-1] + 1
+        if best < 0:
+            return False
         rank = best % count
-        cid = self.class_at[rank]
+        cid = class_at[rank]
         slot = self.slot_at[rank] or self.run.slot(self.ids[rank])
         need = group.requested(self.class_slot[cid])
         resources, devices = group.resources, group.devices
-        at, ids = claim(slot, need, group.per_class[cid], resources, devices, NO_KEEP)
+        at, ids = claim(slot, need, walk[cid], resources, devices, NO_KEEP)
         if at < 0:
             refused.add(rank)
             if resources or devices:
@@ -763,15 +769,12 @@ class ClassIndex:
         slot.placed[iid] = Reservation(inst, at, need, group.names, ids, devices, cause)
         self.where[iid] = slot
         # the node taken moves to its new place in its class's order
-        key = (
+        self._move(
+            index[cid],
             slot.order_base
             - slot.cpu_pool.free * self.cpu_step
-            - slot.ram_pool.free * self.ram_step
+            - slot.ram_pool.free * self.ram_step,
         )
-        entries = index[cid]
-        del entries[bisect_left(entries, best)]
-        self.entries[rank] = key
-        insort(entries, key)
         self.moves.append(slot.id)
         return True
 
@@ -841,26 +844,27 @@ class ClassIndex:
     def _place_group(
         self, group: Group, instances: Sequence[Instance], cause: Cause | None
     ) -> list[Instance]:
-        """Pass 2 for consecutive instances of one group (see the class docstring). A lower
-        priority level's classes join the heap only when the higher ones have no node left."""
+        """Pass 2 for consecutive instances of one group (see the class docstring). A class
+        joins the heap when its first entry (``heads``, walked in order) comes before every
+        node in the heap: no node of the classes not joined yet can come first."""
         self._ensure_index()
         resources, devices, names = group.resources, group.devices, group.names
-        if group.levels is None:
+        if group.walk is None:
             self._classes(group)
-        assert group.levels is not None and group.per_class is not None
-        levels, per_class = group.levels, group.per_class
+        walk = group.walk
+        assert walk is not None
         refused = self._refused(group)
         passed = group.passed
         index, class_slot, slot_at = self.index, self.class_slot, self.slot_at
         class_at, count, by_rank = self.class_at, self.count, self.ids
         cpu_step, ram_step = self.cpu_step, self.ram_step
-        # per class opened: what the group asks there, its runtimes passing the static filters,
-        # and the place of its head (its next node in the order) in its index
+        heads = self.heads
+        walked, opened = len(heads), 0  # the classes in the order of heads, and how many seen
+        # per class joined: what the group asks there, and the place of its head (its next
+        # node in the order) in its index
         needs: dict[int, Requested] = {}
-        allowed: dict[int, tuple[int, ...]] = {}
         cursors: dict[int, int] = {}
-        heap: list[Entry] = []  # the heads of the classes opened, and the nodes taken
-        opened = 0
+        heap: list[Entry] = []  # the heads of the classes joined, and the nodes taken
         touched: dict[int, Entry] = {}  # nodes taken: their entries now (the index's are stale)
         failed: list[Instance] = []
         where = self.run.where
@@ -873,6 +877,28 @@ class ClassIndex:
         for n, inst in enumerate(instances):
             placed = False
             while True:
+                if opened < walked:
+                    first = heads[opened]
+                    if (last is None or first < last) and (not heap or first < heap[0]):
+                        # the next class may hold the best node: its head joins the heap
+                        # (what the group asks of it is looked up when its first node comes
+                        # out; no node in the heap moved, so the index is current there)
+                        opened += 1
+                        joining = class_at[first % count]
+                        if walk[joining]:
+                            ranked = index[joining]
+                            size = len(ranked)
+                            known = passed.get(joining)
+                            q = 0 if known is None else bisect_left(ranked, known)
+                            while q < size and ranked[q] % count in refused:
+                                q += 1
+                            if q < size:
+                                heappush(heap, ranked[q])
+                                passed[joining] = ranked[q]
+                                cursors[joining] = q
+                            else:
+                                passed[joining] = ranked[-1] + 1
+                        continue
                 if last is not None and not (heap and heap[0] < last):
                     last = None  # the node just taken, still the best: no class head
                     head = False
@@ -883,35 +909,14 @@ class ClassIndex:
                     elif heap:
                         key = heappop(heap)
                     else:
-                        if opened == len(levels):
-                            break
-                        # (the heap is empty: the level's heads go in at once; what the group
-                        # asks of a class is looked up when its first node comes out)
-                        for cid, _ in levels[opened]:
-                            entries = index[cid]
-                            end = len(entries)
-                            known = passed.get(cid)
-                            p = 0 if known is None else bisect_left(entries, known)
-                            while p < end and entries[p] % count in refused:
-                                p += 1
-                            if p < end:
-                                head_entry = entries[p]
-                                passed[cid] = head_entry
-                                heap.append(head_entry)
-                                cursors[cid] = p
-                            else:
-                                passed[cid] = entries[-1] + 1
-                        heapify(heap)
-                        opened += 1
-                        continue
+                        break
                     rank = key % count
                     cid = class_at[rank]
                     slot = slot_at[rank] or self.run.slot(by_rank[rank])
                     asked = needs.get(cid)
                     if asked is None:
                         asked = needs[cid] = group.requested(class_slot[cid])
-                        allowed[cid] = per_class[cid]
-                    need, runtimes = asked, allowed[cid]
+                    need, runtimes = asked, walk[cid]
                     entries = index[cid]
                     p, end = cursors[cid], len(entries)
                     head = p < end and entries[p] == key
@@ -941,12 +946,8 @@ class ClassIndex:
                 failed.extend(instances[n:])
                 break
         # the nodes taken move to their new place in their class's order
-        entry_of = self.entries
         for rank, key in touched.items():
-            entries = index[class_at[rank]]
-            del entries[bisect_left(entries, entry_of[rank])]
-            entry_of[rank] = key
-            insort(entries, key)
+            self._move(index[class_at[rank]], key)
         if touched:
             self.moves += [by_rank[rank] for rank in touched]
         return failed
