@@ -238,9 +238,11 @@ def instance_id(item_id: str, subject_id: str, index: int) -> str:
     """SPEC §4: uuid5 in the OID namespace of ``"<itemId>:<subjectId>:<index>"``.
 
     The same value as ``str(uuid.uuid5(uuid.NAMESPACE_OID, name))``, computed without building a
-    ``uuid.UUID`` (tests compare the two); see :func:`instance_ids`.
+    ``uuid.UUID`` (tests compare the two); see :func:`instance_ids` (this is its one-name
+    case without a list: a fleet of one-instance services names each instance alone).
     """
-    return instance_ids(item_id, subject_id, index, index + 1)[0]
+    h = _sha1(_OID + f"{item_id}:{subject_id}:{index}".encode()).hexdigest()
+    return f"{h[:8]}-{h[8:12]}-5{h[13:16]}-{_VARIANT_DIGIT[h[16]]}{h[17:20]}-{h[20:32]}"
 
 
 def instance_ids(item_id: str, subject_id: str, start: int, stop: int) -> list[str]:

@@ -8,7 +8,7 @@ from operator import itemgetter
 from typing import Any, Literal
 
 from reconciler.model.documents import Service
-from reconciler.model.values import instance_ids
+from reconciler.model.values import instance_id, instance_ids
 
 __all__ = [
     "BalanceResult",
@@ -94,7 +94,7 @@ def expand_instances(services: Iterable[Service]) -> list[Instance]:
         last = key
         _, item, subject = key
         if count == 1:  # (many fleets' services mostly: no list of one)
-            out.append(new_instance(instance_ids(item, subject, 0, 1)[0], item, subject, 0, s))
+            out.append(new_instance(instance_id(item, subject, 0), item, subject, 0, s))
             continue
         out += [
             new_instance(iid, item, subject, i, s)
