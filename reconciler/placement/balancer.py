@@ -29,7 +29,7 @@ index in :mod:`reconciler.accel` (the one the controller uses).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Hashable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 
 from reconciler.model.documents import (
@@ -43,7 +43,7 @@ from reconciler.model.documents import (
 )
 from reconciler.model.gcpause import collector_paused
 from reconciler.placement import filters
-from reconciler.placement.ask import Ask, ask_for
+from reconciler.placement.ask import Ask, RequestInputs, ask_for, request_inputs
 from reconciler.placement.instances import (
     BalanceResult,
     Cause,
@@ -196,7 +196,7 @@ class Run:
         # place, the previous allocation it keeps)
         self.held: dict[str, tuple[Instance, PreviousAllocation]] = {}
         self._tops: dict[RequestKey, tuple[int, int]] | None = None  # (_fits_somewhere_empty)
-        self._fits: dict[tuple[int, tuple[int, int] | None], tuple[Service, bool]] = {}
+        self._fits: dict[tuple[RequestInputs, tuple[int, int] | None], bool] = {}
         self.on_slot: Callable[[NodeSlot], None] | None = None
         """Called with each node state built (a search may note what it keeps on it)."""
         self.search = search(self)
@@ -462,7 +462,10 @@ class Run:
             lower = [r for r in slot.placed.values() if r.instance.priority < priority]
             if not lower or not _could_fit(slot, ask, runtimes, lower):
                 continue
-            lower.sort(key=lambda r: (r.instance.priority, _neg_order(r.instance)))
+            # lowest priority first, the latest in instance order first among equals (two
+            # stable sorts: the second keeps the first's order within a priority)
+            lower.sort(key=_reservation_order, reverse=True)
+            lower.sort(key=_reservation_priority)
             trial = slot.clone()
             victims: list[Reservation] = []
             fits = False
@@ -506,14 +509,18 @@ class Run:
         return not self._fits_empty(instance)
 
     def _fits_empty(self, instance: Instance) -> bool:
-        """:meth:`_fits_somewhere_empty` for what ``instance`` asks, once per service and
-        measured usage while the capacities stay."""
-        service = instance.service
-        key = (id(service), self.usage.get(instance.id) if self.usage else None)
+        """:meth:`_fits_somewhere_empty` for what ``instance`` asks, once per inputs of the
+        amounts it requests (SPEC §7.2: what that bound reads of a service) and measured usage
+        while the capacities stay: services asking the same amounts share the answer (a
+        fleet of one-instance services asks only a few)."""
+        key = (
+            request_inputs(instance.service),
+            self.usage.get(instance.id) if self.usage else None,
+        )
         got = self._fits.get(key)
-        if got is None or got[0] is not service:  # (an id is reused only by another object)
-            got = self._fits[key] = (service, self._fits_somewhere_empty(self.ask(instance)))
-        return got[1]
+        if got is None:
+            got = self._fits[key] = self._fits_somewhere_empty(self.ask(instance))
+        return got
 
     def _fits_somewhere_empty(self, ask: Ask) -> bool:
         """False when what ``ask`` asks exceeds, on every node, the CPU or the RAM of every
@@ -654,10 +661,12 @@ def _node_id(node: Node) -> str:
     return node.id
 
 
-def _neg_order(instance: Instance) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
-    """Reverse instance order (the last placed is evicted first among equal priorities)."""
-    p, item, subject, index = instance.order_key()
-    return (-p, tuple(-ord(c) for c in item), tuple(-ord(c) for c in subject), -index)
+def _reservation_order(r: Reservation) -> tuple[int, str, str, int]:
+    return r.instance.order_key()
+
+
+def _reservation_priority(r: Reservation) -> int:
+    return r.instance.priority
 
 
 def balance(
@@ -791,10 +800,12 @@ def passes(
     by_id: dict[str, Instance] | None = None  # (made at the first eviction: most runs have none)
     unplaced = []
     # what failed to preempt since the node states last changed: an instance asking the same
-    # (of the same service, with the same measured usage) fails again on the same states
-    hopeless: set[tuple[int, tuple[int, int] | None]] = set()
+    # (every filter answers it alike: the search's ``alike``, at least one service's with one
+    # measured usage) at the same priority fails again on the same states
+    hopeless: set[tuple[Hashable, int]] = set()
+    alike = run.search.alike
     for inst in failed:
-        same = (id(inst.service), run.usage_of(inst))
+        same = (alike(inst), inst.priority)
         evicted = None if same in hopeless else run.preempt(inst)
         if evicted is None:
             hopeless.add(same)

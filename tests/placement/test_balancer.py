@@ -544,6 +544,24 @@ class TestPreemption:
         slow = balance(None, nodes, services, previous_of(first), "stable", exhaustive=True)
         assert second == slow
 
+    def test_the_latest_in_instance_order_goes_first_among_equal_priorities(self) -> None:
+        # One node, two low-priority instances of equal size: evicting either makes room, so
+        # the one latest in instance order goes. "lo.b" comes after "lo" ("lo" is a prefix
+        # of it): an order made of negated characters would put "lo" last instead.
+        nodes = [make_node("A", dmips=1000)]
+        lo = make_service("lo", priority=1, cpu=400)
+        lob = make_service("lo.b", priority=1, cpu=400)
+        first = balance(None, nodes, [lo, lob], mode="fresh")
+        assert nodes_of(first, "lo") == nodes_of(first, "lo.b") == ["A"]
+        hi = make_service("hi", priority=100, cpu=500)
+        services = [lo, lob, hi]
+        for exhaustive in (False, True):
+            second = balance(
+                None, nodes, services, previous_of(first), "stable", exhaustive=exhaustive
+            )
+            assert second.preempted == frozenset({instance_id("lo.b", "default", 0)})
+            assert nodes_of(second, "lo") == nodes_of(second, "hi") == ["A"]
+
     def test_fresh_mode_places_high_priority_first(self) -> None:
         nodes = four_nodes()
         lo = make_service("lo", cpu=800)
