@@ -19,6 +19,7 @@ from reconciler.placement.nodestate import (
     node_facts,
     ordered_runtimes,
 )
+from reconciler.placement.sharing import ShareRequest
 
 Entry = int
 """A node's place in the choice order of SPEC §7.5 (smallest is best): one integer that orders
@@ -115,6 +116,7 @@ class Group:
         "devices",
         "inputs",
         "instance",
+        "merged",
         "names",
         "node_id",
         "passed",
@@ -150,6 +152,7 @@ class Group:
             None  # shared by groups asking the same (ClassIndex._refused)
         )
         self.passed: dict[int, Entry] = {}  # (shared as refused is, see ClassIndex._refused)
+        self.merged: dict[str | ShareRequest, int] = {}  # (the same)
 
     def requested(self, slot: NodeSlot) -> Requested:
         """SPEC §7.2 on ``slot`` (cached per ratios and overload), as ``Ask.requested``."""

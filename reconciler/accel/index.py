@@ -27,7 +27,7 @@ from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from heapq import heappop, heappush, heapreplace
-from itertools import chain
+from itertools import chain, islice
 from typing import TYPE_CHECKING
 
 from reconciler.accel.classes import (
@@ -189,8 +189,11 @@ class ClassIndex:
         # the class for another group of the key starts (see _place_group)
         self.passed: dict[object, dict[int, Entry]] = {}
         # per named resource (its name), nodes with no free slot of it; per device request
-        # (the ShareRequest), nodes whose pool cannot serve it (see _note_exhausted)
-        self.exhausted: dict[str | ShareRequest, set[int]] = {}
+        # (the ShareRequest), nodes whose pool cannot serve it, in the order found (see
+        # _note_exhausted); and per key of dynamic answers, how many of each list are in its
+        # refused set (so each group adds only the ones found since: see _refused)
+        self.exhausted: dict[str | ShareRequest, list[int]] = {}
+        self.merged: dict[object, dict[str | ShareRequest, int]] = {}
         # the nodes reserved on or released from, in order (with repeats): what the failure
         # charges of a group computed at some length of it must look at again (see charges)
         self.moves: list[str] = []
@@ -585,6 +588,8 @@ class ClassIndex:
         for passed in self.passed.values():
             passed.clear()
         self.exhausted.clear()
+        for merged in self.merged.values():
+            merged.clear()
 
     def renewed(self, basics: Basics) -> bool:
         """A node's capacity changed: its place in the choice order moves (the index is built
@@ -720,7 +725,7 @@ class ClassIndex:
         if walk is None:
             self._classes(group)
             walk = group.walk
-        if refused is None or group.names:
+        if refused is None or group.names or group.devices:  # (exhausted since?)
             refused = self._refused(group)
         assert walk is not None and group.per_class is not None
         index, count, class_at = self.index, self.count, self.class_at
@@ -818,14 +823,19 @@ class ClassIndex:
             if refused is None:
                 refused = self.refused[key] = set()
                 self.passed[key] = {}
+                self.merged[key] = {}
             group.refused, group.passed = refused, self.passed[key]
+            group.merged = self.merged[key]
         if self.exhausted:  # nodes without a free slot of a resource or a device it asks
-            exhausted = self.exhausted
+            exhausted, merged = self.exhausted, group.merged
             needs: Iterable[str | ShareRequest] = chain(group.names, group.devices)
             for need in needs:
                 got = exhausted.get(need)
                 if got:
-                    group.refused |= got
+                    start = merged.get(need, 0)
+                    if start < len(got):  # (only those found since the key's last merge)
+                        group.refused.update(islice(got, start, None))
+                        merged[need] = len(got)
         return group.refused
 
     def _note_exhausted(self, slot: NodeSlot, rank: int, group: Group) -> None:
@@ -835,11 +845,11 @@ class ClassIndex:
         on one request with less free does not turn)."""
         for r in group.resources:
             if slot.free_slots((r,)) is None:
-                self.exhausted.setdefault(r.resource, set()).add(rank)
+                self.exhausted.setdefault(r.resource, []).append(rank)
         for d in group.devices:
             pool = device_pool(slot.pools, d)
             if pool is None or not REGISTRY[pool.policy].filter(pool, d, ()).ok:
-                self.exhausted.setdefault(d, set()).add(rank)
+                self.exhausted.setdefault(d, []).append(rank)
 
     def _place_group(
         self, group: Group, instances: Sequence[Instance], cause: Cause | None

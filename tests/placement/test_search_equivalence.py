@@ -11,10 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.synth import LATE_PREFIX, SHAPES, synth_unit
-from reconciler.accel import BalanceMemo, balance, explain, node_states
+from reconciler.accel import BalanceMemo, ClassIndex, balance, explain, node_states
 from reconciler.accel import index as class_index
 from reconciler.placement import balancer, filters, pipeline
-from reconciler.placement.instances import BalanceResult
+from reconciler.placement.balancer import Run
+from reconciler.placement.instances import BalanceResult, expand_instances
 from reconciler.placement.nodestate import claim as nodestate_claim
 from reconciler.placement.pipeline import (
     dynamic_drop,
@@ -204,6 +205,43 @@ def test_device_requests_are_not_walked_over_nodes_whose_pools_cannot_serve_them
     assert set(claims) <= {f"npu{i}" for i in range(4)} | {"gpu0"}
     assert claims.count("gpu0") == 1  # (a fractional pool: a count it refuses)
     assert len(claims) <= 8 + 4 + 1  # a claim per placement, a refusal per pool
+
+
+def test_nodes_found_exhausted_after_a_release_refuse_every_group_asking_them() -> None:
+    """The nodes whose device pool cannot serve a request refuse every group asking it, each
+    group adding to its refused nodes only those found since it last looked; a release
+    forgets them all, and the ones found after it refuse those groups again (without a claim
+    of each), however many there were before."""
+    nodes = [make_node(f"npu{i}", dmips=1000, device_pools=[_npu_pool(1)]) for i in range(4)]
+    npu = [{"resource": "example.com/npu", "count": 1}]
+    a = make_service("a", instances=5, cpu=10, devices=npu)  # 4 placed, the 5th refused by all
+    b = make_service("b", cpu=11, devices=npu)
+    b2 = make_service("b2", cpu=11, devices=npu)  # (b's shape: b's refusals)
+    c = make_service("c", cpu=12, devices=npu)
+    d = make_service("d", instances=2, cpu=13, devices=npu)
+    run = Run(None, nodes, {}, search=ClassIndex)
+    index = run.search
+    assert isinstance(index, ClassIndex)
+    instances = expand_instances([a, b, b2, c, d])
+    of = {s.id: [i for i in instances if i.service is s] for s in (a, b, b2, c, d)}
+    claims: list[str] = []
+    real = nodestate_claim
+
+    def counting(slot: Any, *args: Any) -> Any:
+        claims.append(slot.id)
+        return real(slot, *args)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(class_index, "claim", counting)
+        assert len(index.place(of["a"], None)) == 1
+        assert len(index.place(of["b"], None)) == 1  # the 4 pools found full: refused
+        placed = of["a"][0]
+        run.release(run.where[placed.id], placed.id)  # one pool free again
+        assert index.place(of["c"], None) == []  # takes it
+        assert len(index.place(of["d"], None)) == 2  # finds all 4 full again
+        del claims[:]
+        assert len(index.place(of["b2"], None)) == 1
+    assert claims == []
 
 
 def test_failures_of_services_asking_alike_are_summarized_alike() -> None:
