@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 
 from benchmarks.balancer import measure, read_unit
+from benchmarks.grow import grow
 from benchmarks.statedir import bump_instances, copy_state_dir, edit_target
 from benchmarks.synth import LATE_PREFIX, SHAPES, synth_documents, synth_unit
+from reconciler.io.loader import load_state
 from tests.support.paths import DEMO, ROOT
 
 N_NODES, N_INSTANCES = 120, 480
@@ -124,3 +126,46 @@ def test_the_scaling_benchmark_compares_a_size_with_its_tenth() -> None:
         small, big = row["figures"]["tenth"][key], row["figures"]["full"][key]
         assert small > 0 and big > 0
         assert row["ratios"][key] == big / small
+
+
+@pytest.mark.parametrize("source", ["state", "examples/rack", "examples/vehicle"])
+def test_a_grown_unit_is_its_source_copied_under_new_ids(source: str, tmp_path: Path) -> None:
+    """``benchmarks.grow``: a bundled unit grown to the size asked loads without a diagnostic,
+    and each node and service is a copy of one of the source's with ``-<k>`` appended to its
+    id (everything else as written); a unit.yaml entry for one node gets one per copy, and
+    a service naming its node names a copy of that node."""
+    src = ROOT / source
+    dest = tmp_path / "grown"
+    sizes = grow(src, dest, 50, 200)
+    view, diagnostics = load_state(dest)
+    assert diagnostics == []
+    base_view, _ = load_state(src)
+    assert len(view.nodes) == sizes["nodes"] >= 50
+    assert sum(s.instances for s in view.services_sorted()) == sizes["instances"] >= 200
+    copies = sizes["nodes"] // len(base_view.nodes)
+    for node_id, node in view.nodes.items():
+        base_id, k = node_id.rsplit("-", 1)
+        assert 0 <= int(k) < copies
+        assert node.model_dump(exclude={"id", "resourcesFile"}) == base_view.nodes[
+            base_id
+        ].model_dump(exclude={"id", "resourcesFile"})
+    originals = {s.id: s for s in base_view.services_sorted()}
+    for service in view.services_sorted():
+        base_id, _ = service.id.rsplit("-", 1)
+        source_service = originals[base_id]
+        assert service.model_dump(exclude={"id", "nodeId"}) == source_service.model_dump(
+            exclude={"id", "nodeId"}
+        )
+        if source_service.nodeId is not None:
+            assert service.nodeId is not None and service.nodeId.rsplit("-", 1)[0] == (
+                source_service.nodeId
+            )
+    assert view.unit is not None and base_view.unit is not None
+    named = [e.nodeId for e in base_view.unit.nodes if e.nodeId]
+    assert sorted(e.nodeId for e in view.unit.nodes if e.nodeId) == sorted(
+        f"{n}-{k:05d}" for n in named for k in range(copies)
+    )
+    again = tmp_path / "again"
+    grow(src, again, 50, 200)
+    files = sorted(p.relative_to(dest) for p in dest.rglob("*") if p.is_file())
+    assert [(dest / f).read_bytes() for f in files] == [(again / f).read_bytes() for f in files]

@@ -1,0 +1,115 @@
+"""A big state directory grown from a small one: every benchmark's ``--state`` on a unit that
+the generator did not make.
+
+.venv/bin/python -m benchmarks.grow SOURCE DEST [--nodes 5000] [--instances 20000]
+
+``SOURCE`` is any state directory (the bundled ``state/``, an ``examples/`` unit, your own).
+Its nodes are copied until there are at least ``--nodes`` of them, and its services until they
+ask at least ``--instances`` instances; copy ``k`` of a node or service takes the id
+``<id>-<k>`` (five digits), and everything else is kept as written: node types, runtimes,
+partitions, device pools, usage, a node's ``resourcesFile`` (every copy reads the one file),
+labels, requests, quotas, named resources, devices, owners and ports. What names a node
+follows it: a unit.yaml entry for one node id gets an entry per copy, and a service naming its
+node (``nodeId``) names copy ``k mod (the node copies)`` of that node. The node status, the
+actual state, the checkpoint and ``out/`` are not copied (the grown unit starts where a first
+run starts); ``rootfs/`` and ``resources/`` are linked, not copied.
+
+Files are written as one line of JSON each (valid YAML), under the same relative paths with
+the copy's suffix. Deterministic: the same source and sizes give the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ruamel.yaml import YAML
+
+__all__ = ["grow"]
+
+_LINKED = ("rootfs", "resources")
+
+
+def _documents(root: Path, folder: str) -> list[tuple[Path, dict[str, Any]]]:
+    """Each YAML document under ``root/folder``, by relative path (sorted)."""
+    yaml = YAML(typ="safe", pure=True)
+    out = []
+    for path in sorted((root / folder).rglob("*")):
+        if path.suffix in (".yaml", ".yml") and path.is_file():
+            doc = yaml.load(path.read_text(encoding="utf-8"))
+            if isinstance(doc, dict):
+                out.append((path.relative_to(root), doc))
+    return out
+
+
+def _write(path: Path, doc: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _copy_path(rel: Path, k: int) -> Path:
+    return rel.with_name(f"{rel.stem}-{k:05d}{rel.suffix}")
+
+
+def grow(source: Path, dest: Path, n_nodes: int, n_instances: int) -> dict[str, int]:
+    """Write the grown state directory (see the module docstring); returns its sizes."""
+    nodes = _documents(source, "nodes")
+    services = _documents(source, "desired")
+    if not nodes or not services:
+        raise SystemExit(f"{source}: no nodes/ or no desired/ documents to grow from")
+    node_copies = -(-n_nodes // len(nodes))
+    per_copy = sum(int(doc.get("instances", 1)) for _, doc in services)
+    service_copies = -(-n_instances // max(1, per_copy))
+    dest.mkdir(parents=True)
+    for name in _LINKED:
+        if (source / name).exists():
+            os.symlink((source / name).resolve(), dest / name)
+    for rel, doc in nodes:
+        for k in range(node_copies):
+            _write(dest / _copy_path(rel, k), {**doc, "id": f"{doc['id']}-{k:05d}"})
+    for rel, doc in services:
+        for k in range(service_copies):
+            copy = {**doc, "id": f"{doc['id']}-{k:05d}"}
+            if doc.get("nodeId"):
+                copy["nodeId"] = f"{doc['nodeId']}-{k % node_copies:05d}"
+            _write(dest / _copy_path(rel, k), copy)
+    unit_path = source / "unit.yaml"
+    if unit_path.exists():
+        unit = YAML(typ="safe", pure=True).load(unit_path.read_text(encoding="utf-8"))
+        entries = []
+        for entry in unit.get("nodes") or []:
+            if entry.get("nodeId"):
+                entries += [
+                    {**entry, "nodeId": f"{entry['nodeId']}-{k:05d}"} for k in range(node_copies)
+                ]
+            else:
+                entries.append(entry)
+        if entries:
+            unit["nodes"] = entries
+        _write(dest / "unit.yaml", unit)
+    return {
+        "nodes": node_copies * len(nodes),
+        "services": service_copies * len(services),
+        "instances": service_copies * per_copy,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("source", type=Path)
+    parser.add_argument("dest", type=Path, help="a new directory")
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--instances", type=int, default=20000)
+    args = parser.parse_args(argv)
+    sizes = grow(args.source, args.dest, args.nodes, args.instances)
+    print(json.dumps(sizes, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
