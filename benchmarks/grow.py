@@ -14,8 +14,9 @@ node (``nodeId``) names copy ``k mod (the node copies)`` of that node. The node 
 actual state, the checkpoint and ``out/`` are not copied (the grown unit starts where a first
 run starts); ``rootfs/`` and ``resources/`` are linked, not copied.
 
-Files are written as one line of JSON each (valid YAML), under the same relative paths with
-the copy's suffix. Deterministic: the same source and sizes give the same bytes.
+Node files are written as one line of JSON each (valid YAML, as a node agent writes them),
+services and unit.yaml as YAML in block style, under the same relative paths with the copy's
+suffix. Deterministic: the same source and sizes give the same bytes.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from ruamel.yaml import YAML
 
 __all__ = ["grow"]
@@ -46,9 +48,17 @@ def _documents(root: Path, folder: str) -> list[tuple[Path, dict[str, Any]]]:
     return out
 
 
-def _write(path: Path, doc: dict[str, Any]) -> None:
+def _write(path: Path, doc: dict[str, Any], *, block: bool = False) -> None:
+    """One line of JSON (as a node agent writes), or YAML in block style (as a person does)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, sort_keys=True) + "\n", encoding="utf-8")
+    text = (
+        # (through JSON: copies share nested values, which PyYAML would write as aliases,
+        # and the loader refuses aliases)
+        yaml.safe_dump(json.loads(json.dumps(doc)), sort_keys=False, default_flow_style=False)
+        if block
+        else json.dumps(doc, sort_keys=True) + "\n"
+    )
+    path.write_text(text, encoding="utf-8")
 
 
 def _copy_path(rel: Path, k: int) -> Path:
@@ -76,7 +86,7 @@ def grow(source: Path, dest: Path, n_nodes: int, n_instances: int) -> dict[str, 
             copy = {**doc, "id": f"{doc['id']}-{k:05d}"}
             if doc.get("nodeId"):
                 copy["nodeId"] = f"{doc['nodeId']}-{k % node_copies:05d}"
-            _write(dest / _copy_path(rel, k), copy)
+            _write(dest / _copy_path(rel, k), copy, block=True)
     unit_path = source / "unit.yaml"
     if unit_path.exists():
         unit = YAML(typ="safe", pure=True).load(unit_path.read_text(encoding="utf-8"))
@@ -90,7 +100,7 @@ def grow(source: Path, dest: Path, n_nodes: int, n_instances: int) -> dict[str, 
                 entries.append(entry)
         if entries:
             unit["nodes"] = entries
-        _write(dest / "unit.yaml", unit)
+        _write(dest / "unit.yaml", unit, block=True)
     return {
         "nodes": node_copies * len(nodes),
         "services": service_copies * len(services),
