@@ -49,6 +49,7 @@ from reconciler.placement.nodestate import (
     Reservation,
     claim,
     device_pool,
+    device_served,
     take,
 )
 from reconciler.placement.pipeline import (
@@ -62,7 +63,7 @@ from reconciler.placement.pipeline import (
     static_runtimes,
 )
 from reconciler.placement.search import all_charges, kept_devices
-from reconciler.placement.sharing import REGISTRY, ShareRequest
+from reconciler.placement.sharing import ShareRequest
 
 if TYPE_CHECKING:
     from reconciler.placement.balancer import Run
@@ -847,8 +848,7 @@ class ClassIndex:
             if slot.free_slots((r,)) is None:
                 self.exhausted.setdefault(r.resource, []).append(rank)
         for d in group.devices:
-            pool = device_pool(slot.pools, d)
-            if pool is None or not REGISTRY[pool.policy].filter(pool, d, ()).ok:
+            if not device_served(slot, d):
                 self.exhausted.setdefault(d, []).append(rank)
 
     def _place_group(

@@ -66,6 +66,7 @@ from reconciler.placement.nodestate import (
     Reservation,
     StateCache,
     basics_request_key,
+    device_served,
     make_slot,
     node_basics,
     occupancy,
@@ -636,7 +637,9 @@ def _could_fit(
     capacity) could make ``ask`` fit one of ``runtimes`` of ``slot`` (those passing the static
     filters): a bound checked before any eviction is tried. False when no such runtime would
     have the CPU and RAM asked even with every one of those reservations given back (each
-    gives back at most what it reserved), or when a sharing policy says a named resource or a
+    gives back at most what it reserved), when a named resource or a device asked has no
+    free slot or no pool serving it now and none of ``lower`` holds any of it (only its
+    holders' eviction changes that), or when a sharing policy says a named resource or a
     device asked can never be served there. The nodes where a static filter fails are not
     asked (no eviction changes what they read): both are Volcano's
     *UnschedulableAndUnresolvable*."""
@@ -651,10 +654,22 @@ def _could_fit(
         )
     cpu = sum([r.requested.cpu for r in lower])
     ram = sum([r.requested.ram for r in lower])
-    return any(
+    if not any(
         rts[i].cpu_from.free + cpu >= need.cpu and rts[i].ram_from.free + ram >= need.ram
         for i in runtimes
-    )
+    ):
+        return False
+    for wanted in ask.resources:
+        if slot.free_slots((wanted,)) is None and not any(
+            wanted.resource in r.resources for r in lower
+        ):
+            return False
+    for d in ask.devices:
+        if not device_served(slot, d) and not any(
+            held == d.resource for r in lower for held, _ in r.devices
+        ):
+            return False
+    return True
 
 
 def _node_id(node: Node) -> str:

@@ -70,6 +70,7 @@ __all__ = [
     "claim",
     "device_pool",
     "device_pool_key",
+    "device_served",
     "make_slot",
     "node_basics",
     "node_facts",
@@ -840,6 +841,13 @@ def device_pool(pools: Mapping[str, PoolState], request: ShareRequest) -> PoolSt
     if pool is None or not REGISTRY[pool.policy].has_request(pool, request):
         return None
     return pool
+
+
+def device_served(slot: NodeSlot, request: ShareRequest) -> bool:
+    """Whether a device pool of ``slot`` serves ``request`` now: the pool :func:`device_pool`
+    finds, and its policy's ``filter`` (what the ``Devices`` filter asks) with what is free."""
+    pool = device_pool(slot.pools, request)
+    return pool is not None and REGISTRY[pool.policy].filter(pool, request, ()).ok
 
 
 def claim(

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from benchmarks.synth import LATE_PREFIX, SHAPES, synth_unit
 from reconciler.accel import BalanceMemo, ClassIndex, balance, explain, node_states
 from reconciler.accel import index as class_index
+from reconciler.model.values import instance_id
 from reconciler.placement import balancer, filters, pipeline
 from reconciler.placement.balancer import Run
 from reconciler.placement.instances import BalanceResult, expand_instances
@@ -100,6 +101,55 @@ def test_an_unplaceable_service_tries_preemption_once_per_state() -> None:
         None, nodes, [low, big], previous_of(first), "stable", search=Exhaustive
     )
     assert got == slow
+
+
+@pytest.mark.parametrize("needs", ["resource", "device"])
+def test_no_eviction_is_tried_where_no_lower_instance_holds_what_is_short(needs: str) -> None:
+    """A named resource with no free slot (or a device pool that cannot serve the request) is
+    given back only by evicting its holders: where every holder has the priority of the
+    instance or more, evicting the lower ones (however much CPU they hold) cannot help, and
+    no eviction is tried there (pass 3 asks the pipeline of no trial node). The result is
+    the one trying every node gives; a node where a lower instance holds it still evicts."""
+    pool = {"resource": "example.com/npu", "policy": "exclusive", "devices": [{"id": "npu0"}]}
+    declared: dict[str, Any] = (
+        {"resources": [{"name": "cam", "sharedCount": 1}]}
+        if needs == "resource"
+        else {"device_pools": [pool]}
+    )
+    asked: dict[str, Any] = (
+        {"resources": ["cam"]}
+        if needs == "resource"
+        else {"devices": [{"resource": "example.com/npu", "count": 1}]}
+    )
+    nodes = [make_node(f"n{i}", dmips=1000, **declared) for i in range(3)]
+    holders = [
+        make_service(f"keep{i}", priority=50, node_id=f"n{i}", cpu=100, **asked) for i in (0, 1)
+    ]
+    low = make_service("low", instances=3, priority=1, cpu=800)  # CPU on every node
+    lower_holder = make_service("lowhold", priority=1, node_id="n2", cpu=50, **asked)
+    first = balance(None, nodes, [*holders, low, lower_holder], mode="fresh")
+    assert len(first.placements) == 6
+    high = make_service("high", priority=40, cpu=500, **asked)
+    services = [*holders, low, lower_holder, high]
+    tried: list[str] = []
+    real = balancer.evaluate
+
+    def counting(slot: Any, ask: Any) -> Any:
+        tried.append(slot.id)
+        return real(slot, ask)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(balancer, "evaluate", counting)
+        got = balance(None, nodes, services, previous_of(first), "stable")
+    assert set(tried) == {"n2"}  # (n0 and n1: their holder has priority 50)
+    assert [p.node_id for p in got.placements if p.item_id == "high"] == ["n2"]
+    assert instance_id("lowhold", "default", 0) in got.preempted
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(balancer, "_could_fit", lambda *_: True)
+        assert (
+            balancer.balance(None, nodes, services, previous_of(first), "stable", search=Exhaustive)
+            == got
+        )
 
 
 def test_services_asking_alike_try_preemption_once_per_priority_and_state() -> None:
