@@ -75,6 +75,7 @@ def grow(source: Path, dest: Path, n_nodes: int, n_instances: int) -> dict[str, 
     per_copy = sum(int(doc.get("instances", 1)) for _, doc in services)
     service_copies = -(-n_instances // max(1, per_copy))
     dest.mkdir(parents=True)
+    (dest / "actual").mkdir()  # (what the agents report: nothing yet)
     for name in _LINKED:
         if (source / name).exists():
             os.symlink((source / name).resolve(), dest / name)

@@ -374,6 +374,7 @@ def _steady_actual(result: BalanceResult) -> dict[str, ActualState]:
 
 def _write_actual(root: Path, actual: dict[str, ActualState]) -> None:
     """What the node agents write: ``actual/<node>.yaml`` (JSON is YAML), one per node."""
+    (root / "actual").mkdir(exist_ok=True)  # (a state directory may have none yet)
     for node_id, doc in actual.items():
         data = json.dumps(doc.model_dump(mode="json", exclude_none=True), sort_keys=True)
         (root / "actual" / f"{node_id}.yaml").write_text(data + "\n")
