@@ -892,7 +892,9 @@ class ClassIndex:
                     if (last is None or first < last) and (not heap or first < heap[0]):
                         # the next class may hold the best node: its head joins the heap
                         # (what the group asks of it is looked up when its first node comes
-                        # out; no node in the heap moved, so the index is current there)
+                        # out; no node in the heap moved, so the index is current there).
+                        # The same lines as _place_one's, inline: a method called per class
+                        # cost 5 % of heterogeneous's fresh balance (60,500 against 64,500/s)
                         opened += 1
                         joining = class_at[first % count]
                         if walk[joining]:

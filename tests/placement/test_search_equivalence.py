@@ -132,7 +132,7 @@ def test_no_eviction_is_tried_where_no_lower_instance_holds_what_is_short(needs:
     high = make_service("high", priority=40, cpu=500, **asked)
     services = [*holders, low, lower_holder, high]
     tried: list[str] = []
-    real = balancer.evaluate
+    real = evaluate
 
     def counting(slot: Any, ask: Any) -> Any:
         tried.append(slot.id)
@@ -200,6 +200,18 @@ def test_one_instance_services_asking_alike_check_the_empty_nodes_once() -> None
     assert got == balancer.balance(None, nodes, services, mode="fresh", search=Exhaustive)
 
 
+def _counted_claims(m: pytest.MonkeyPatch) -> list[str]:
+    """The nodes the class index claims on from now on (in ``m``'s context), in order."""
+    claims: list[str] = []
+
+    def counting(slot: Any, *args: Any) -> Any:
+        claims.append(slot.id)
+        return nodestate_claim(slot, *args)
+
+    m.setattr(class_index, "claim", counting)
+    return claims
+
+
 def _npu_pool(devices: int) -> dict[str, Any]:
     return {
         "resource": "example.com/npu",
@@ -240,15 +252,8 @@ def test_device_requests_are_not_walked_over_nodes_whose_pools_cannot_serve_them
         )
         for k in range(6)
     ]
-    claims: list[str] = []
-    real = nodestate_claim
-
-    def counting(slot: Any, *args: Any) -> Any:
-        claims.append(slot.id)
-        return real(slot, *args)
-
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(class_index, "claim", counting)
+        claims = _counted_claims(m)
         got = balance(None, nodes, services, mode="fresh")
     assert got == balance(None, nodes, services, mode="fresh", exhaustive=True)
     assert len(got.placements) == 8 and len(got.failures) == 4  # 4 pools of 2 NPUs
@@ -274,15 +279,8 @@ def test_nodes_found_exhausted_after_a_release_refuse_every_group_asking_them() 
     assert isinstance(index, ClassIndex)
     instances = expand_instances([a, b, b2, c, d])
     of = {s.id: [i for i in instances if i.service is s] for s in (a, b, b2, c, d)}
-    claims: list[str] = []
-    real = nodestate_claim
-
-    def counting(slot: Any, *args: Any) -> Any:
-        claims.append(slot.id)
-        return real(slot, *args)
-
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(class_index, "claim", counting)
+        claims = _counted_claims(m)
         assert len(index.place(of["a"], None)) == 1
         assert len(index.place(of["b"], None)) == 1  # the 4 pools found full: refused
         placed = of["a"][0]
