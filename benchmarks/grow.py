@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from ruamel.yaml import YAML
 
 __all__ = ["grow"]
@@ -36,9 +35,16 @@ __all__ = ["grow"]
 _LINKED = ("rootfs", "resources")
 
 
+def _yaml() -> YAML:
+    """The project's YAML library, safe types only, block style when it writes."""
+    yaml = YAML(typ="safe", pure=True)
+    yaml.default_flow_style = False
+    return yaml
+
+
 def _documents(root: Path, folder: str) -> list[tuple[Path, dict[str, Any]]]:
     """Each YAML document under ``root/folder``, by relative path (sorted)."""
-    yaml = YAML(typ="safe", pure=True)
+    yaml = _yaml()
     out = []
     for path in sorted((root / folder).rglob("*")):
         if path.suffix in (".yaml", ".yml") and path.is_file():
@@ -51,14 +57,13 @@ def _documents(root: Path, folder: str) -> list[tuple[Path, dict[str, Any]]]:
 def _write(path: Path, doc: dict[str, Any], *, block: bool = False) -> None:
     """One line of JSON (as a node agent writes), or YAML in block style (as a person does)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = (
-        # (through JSON: copies share nested values, which PyYAML would write as aliases,
-        # and the loader refuses aliases)
-        yaml.safe_dump(json.loads(json.dumps(doc)), sort_keys=False, default_flow_style=False)
-        if block
-        else json.dumps(doc, sort_keys=True) + "\n"
-    )
-    path.write_text(text, encoding="utf-8")
+    if not block:
+        path.write_text(json.dumps(doc, sort_keys=True) + "\n", encoding="utf-8")
+        return
+    # (through JSON: copies share nested values, which would be written as aliases, and the
+    # loader refuses aliases)
+    with path.open("w", encoding="utf-8") as out:
+        _yaml().dump(json.loads(json.dumps(doc)), out)
 
 
 def _copy_path(rel: Path, k: int) -> Path:
@@ -90,7 +95,7 @@ def grow(source: Path, dest: Path, n_nodes: int, n_instances: int) -> dict[str, 
             _write(dest / _copy_path(rel, k), copy, block=True)
     unit_path = source / "unit.yaml"
     if unit_path.exists():
-        unit = YAML(typ="safe", pure=True).load(unit_path.read_text(encoding="utf-8"))
+        unit = _yaml().load(unit_path.read_text(encoding="utf-8"))
         entries = []
         for entry in unit.get("nodes") or []:
             if entry.get("nodeId"):
