@@ -160,6 +160,41 @@ class BalanceMemo:
             return None
         return states_of(run)
 
+    def dropped(
+        self, result: BalanceResult, errors: Mapping[str, str], reason: str
+    ) -> BalanceResult:
+        """``result`` (this memo's last answer) with the placements of ``errors``' ids turned
+        into failures by a phase after the balance (the network phase, the configs; see
+        :meth:`BalanceResult.failed`): numbered, with what changed counted from where
+        ``result``'s changes count (so the stages after it, which never saw ``result`` itself,
+        stay incremental).
+
+        When ``result`` is the memo's result, this one takes its place: those instances are
+        released from the memo's run, so the next call, whose ``previous`` (the checkpoint
+        written from this one) holds none of them, finds it exactly the memo's result and
+        places them again in its pass 2, in instance order, as the full run does: their
+        services have failures here. (Else every later call would run in full.)"""
+        without = result.failed(errors, reason)
+        gone = frozenset(errors)
+        since = result.changes
+        if since is not None:
+            changes: Changes | None = Changes(since.since, since.ids | gone)
+        else:
+            changes = _changes(result, gone)
+        out = replace(without, revision=next(_REVISIONS), changes=changes)
+        run = self._run
+        if run is None or result is not self._result:
+            return out
+        where, made, dirty = run.where, self._made, self._dirty
+        for iid in gone:
+            made.pop(iid, None)
+            slot = where.get(iid)
+            if slot is not None:
+                run.release(slot, iid)
+                dirty.add(iid)
+        self._result = out  # (its placements in the order of result's)
+        return out
+
     def _balance(
         self,
         unit: UnitConfig | None,

@@ -76,7 +76,7 @@ from reconciler.oci.writer import (
     write_instance_outputs,
 )
 from reconciler.placement.alerts import AlertUpdate, observe
-from reconciler.placement.instances import BalanceResult, Failure, Mode, placement_order
+from reconciler.placement.instances import BalanceResult, Mode
 from reconciler.placement.nodestate import NodeSlot
 from reconciler.planning.checkpoint import (
     Checkpoint,
@@ -313,6 +313,7 @@ def compute_once(
         )
         final = opts.cache.balance.final_states(result)
     balanced = result
+    memo = opts.cache.balance if opts.cache is not None else None
     # the network phase after placement (SPEC §17): failures leave the placements
     network = assign_networks(
         view.unit, view.services, result, cp.network, networked=summary.networked > 0
@@ -323,6 +324,7 @@ def compute_once(
             result,
             {i: f"{by_id[i].label}: {m}" for i, m in network.failures.items()},
             NETWORK_FAILURE,
+            memo,
         )
     ids = opts.cache.ids if opts.cache is not None else None
     if ids is not None:
@@ -343,7 +345,7 @@ def compute_once(
         configs = opts.configs(state_dir, view, result, new_cp)
         built, built_since = configs.built, configs.since
         if configs.errors:
-            result = _without(result, configs.errors)
+            result = _without(result, configs.errors, CONFIG_FAILURE, memo)
             allocations = {i: a for i, a in allocations.items() if i not in configs.errors}
             new_cp = Checkpoint(
                 cp.lineage, cp.generation, allocations, gids, alerts.timelines, net_state
@@ -389,28 +391,14 @@ def compute_once(
 
 
 def _without(
-    result: BalanceResult, errors: Mapping[str, str], reason: str = CONFIG_FAILURE
+    result: BalanceResult,
+    errors: Mapping[str, str],
+    reason: str,
+    memo: BalanceMemo | None,
 ) -> BalanceResult:
-    """The result with the instances whose config (or network) failed turned into failures."""
-    failures = list(result.failures)
-    for p in result.placements:
-        if p.instance_id in errors:
-            failures.append(
-                Failure(
-                    p.instance_id,
-                    p.item_id,
-                    p.subject_id,
-                    p.index,
-                    p.version,
-                    p.priority,
-                    reason,
-                    errors[p.instance_id],
-                    ((reason, 1),),
-                )
-            )
-    failures.sort(key=placement_order)
-    kept = tuple(p for p in result.placements if p.instance_id not in errors)
-    return BalanceResult(kept, tuple(failures), result.preempted, held=result.held - errors.keys())
+    """The result with the instances whose config (or network) failed turned into failures;
+    told to the balance memo, if any (so that its next answer starts from this one)."""
+    return result.failed(errors, reason) if memo is None else memo.dropped(result, errors, reason)
 
 
 def fingerprint(view: StateView, generation: int) -> str:

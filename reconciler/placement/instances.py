@@ -218,6 +218,30 @@ class BalanceResult:
     """Ids whose current spec places nowhere and that keep their last placement (node,
     runtime, devices, version and amounts): each is both placed and failed."""
 
+    def failed(self, errors: Mapping[str, str], reason: str) -> BalanceResult:
+        """This result with the placements of ``errors``' ids turned into failures of
+        ``reason``, each with its message (a phase after the balance refused them: the network
+        phase, the configs). Not numbered (see :meth:`BalanceMemo.dropped`)."""
+        failures = list(self.failures)
+        for p in self.placements:
+            if p.instance_id in errors:
+                failures.append(
+                    Failure(
+                        p.instance_id,
+                        p.item_id,
+                        p.subject_id,
+                        p.index,
+                        p.version,
+                        p.priority,
+                        reason,
+                        errors[p.instance_id],
+                        ((reason, 1),),
+                    )
+                )
+        failures.sort(key=placement_order)
+        kept = tuple(p for p in self.placements if p.instance_id not in errors)
+        return BalanceResult(kept, tuple(failures), self.preempted, held=self.held - errors.keys())
+
     def changed_since(self, last: BalanceResult | None) -> frozenset[str] | None:
         """The ids whose placement may not be ``last``'s very object: none when this is
         ``last``, :attr:`changes`' when they are counted from ``last``'s revision; None when not

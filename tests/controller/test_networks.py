@@ -4,6 +4,7 @@ across a restart and a corrupt checkpoint, reason ``Network`` in status and expl
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 
 from reconciler.cli.commands import main
 from reconciler.controller.configs import default_config_builder
-from reconciler.controller.reconcile import ReconcileOptions, reconcile
+from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
 from reconciler.io.checkpoint_files import CURRENT, PREVIOUS
 from reconciler.model.values import instance_id
 from tests.support.oci import assert_valid
@@ -282,3 +283,54 @@ def test_the_node_patch_records_each_instance_address(tmp_path: Path) -> None:
     plan = out(state, "plan.json")
     patched = {op["path"].rsplit("/", 1)[1]: op for op in plan["nodes"]["n1"]["patch"]}
     assert patched[iid("web")]["value"]["ip"] == "172.18.0.2"
+
+
+def _written(state: Path) -> dict[str, Any]:
+    """Every file under out/ (but the basis, which names the checkpoint's lineage) and the
+    checkpoint's data, with the state dir's own path taken out (a config names it)."""
+    root = str(state.resolve()).encode()
+    files = [p for p in sorted((state / "out").rglob("*")) if p.is_file()]
+    got: dict[str, Any] = {
+        str(p.relative_to(state)): p.read_bytes().replace(root, b"STATE")
+        for p in files
+        if p.name not in (".manifest.json", "plan.basis.json")
+    }
+    got["checkpoint"] = json.loads((state / "checkpoint" / "allocations.json").read_text())["data"]
+    return got
+
+
+def test_a_network_failure_keeps_the_watch_memo_warm(tmp_path: Path) -> None:
+    """An instance the network phase refuses is placed by the balance and taken out after it,
+    so the checkpoint never holds it. The watcher's next runs (nothing changed; then an edit
+    of another service) still balance from the memo, and write what a process of its own
+    writes for the same files."""
+    state = unit(tmp_path / "warm")
+    (state / "desired" / "web2.yaml").write_text(WEB.replace("id: web", "id: web2"))
+
+    def clock() -> float:
+        return 1_700_000_000.0
+
+    cache = ReconcileCache()
+    warm = ReconcileOptions(configs=default_config_builder(), cache=cache, clock=clock)
+    view = reconcile(state, warm).computed.view
+    assert not cache.balance.incremental
+
+    def again(edit: str | None = None) -> None:
+        nonlocal view
+        if edit is not None:
+            (state / "desired" / "client.yaml").write_text(
+                CLIENT.format(id="client", extra=f"{edit}\nallowedConnections: [web/80/tcp]\n")
+            )
+        report = reconcile(state, warm, view)
+        view = report.computed.view
+        assert cache.balance.incremental
+        assert [f.item_id for f in report.computed.result.failures] == ["web2"]
+        fresh = tmp_path / "fresh" / "state"
+        shutil.rmtree(fresh.parent, ignore_errors=True)
+        shutil.copytree(state, fresh, ignore=shutil.ignore_patterns("out", "checkpoint"))
+        reconcile(fresh, ReconcileOptions(configs=default_config_builder(), clock=clock))
+        assert _written(state) == _written(fresh)
+
+    again()
+    again("priority: 0")
+    again("quotas: {pidsLimit: 64}")

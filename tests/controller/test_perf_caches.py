@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 import reconciler.io.fsio
@@ -341,16 +342,25 @@ def _outputs(state: Path) -> dict[str, bytes]:
     return out
 
 
-def test_warm_reconcile_writes_what_a_fresh_process_writes(demo_copy: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("config_failure", [False, True], ids=["", "a-config-failing"])
+def test_warm_reconcile_writes_what_a_fresh_process_writes(
+    demo_copy: Path, tmp_path: Path, config_failure: bool
+) -> None:
     """One builder and one ReconcileCache across runs (as watch), against fresh options each
-    run, on two copies of the same directory edited the same way."""
+    run, on two copies of the same directory edited the same way. With an instance whose
+    config fails (a group the host does not have), taken out after the balance: the memo
+    still answers an edit of a service."""
+    if config_failure:
+        res = demo_copy / "resources" / "edge-1.json"
+        res.write_text(res.read_text().replace('"groups": ["video"]', '"groups": ["no-such-x"]'))
     fresh_dir = tmp_path / "fresh"
     shutil.copytree(demo_copy, fresh_dir)
 
     def clock() -> float:  # the status page's time: the same in both
         return 1_700_000_000.0
 
-    warm = ReconcileOptions(configs=default_config_builder(), cache=ReconcileCache(), clock=clock)
+    cache = ReconcileCache()
+    warm = ReconcileOptions(configs=default_config_builder(), cache=cache, clock=clock)
     view = None
 
     def both() -> None:
@@ -373,6 +383,9 @@ def test_warm_reconcile_writes_what_a_fresh_process_writes(demo_copy: Path, tmp_
     for state in (demo_copy, fresh_dir):
         _edit(state / "desired" / desired.name, add_env)
     both()
+    assert cache.balance.incremental
+    failed = json.loads((demo_copy / "out" / "plan.json").read_text())["failures"]
+    assert [f["reason"] for f in failed] == (["Config"] if config_failure else [])
     configs = list((demo_copy / "out" / "instances").glob("*/config.json"))
     assert any("WARM_TEST=1" in json.loads(c.read_text())["process"]["env"] for c in configs)
     node_file = sorted((demo_copy / "nodes").glob("*.yaml"))[0].name
