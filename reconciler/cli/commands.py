@@ -1319,7 +1319,8 @@ def explain(
     from reconciler.io import readcache
     from reconciler.io.checkpoint_files import LoadReport, load_checkpoint
     from reconciler.placement.instances import BalanceResult, Failure
-    from reconciler.planning.network import NETWORK_FAILURE, explain_network
+    from reconciler.planning.checkpoint import IDS_FAILURE, id_failure
+    from reconciler.planning.network import NETWORK_FAILURE, assign_networks
     from reconciler.planning.plans import failure_json
 
     _require_state(state_dir)
@@ -1378,15 +1379,25 @@ def explain(
     )
     if cache is not None and key and occupied is None and exp.occupancy is not None:
         cache.put("occupancy", key, exp.occupancy)
-    # the network phase after placement (SPEC §17): its failure, or the instance's network
-    net_why, net = None, None
-    if networked and exp.placement is not None and exp.failure is None:
-        net_why, net = explain_network(
-            view.unit, services, result, loaded().checkpoint.network, iid
-        )
-    if net_why is not None:
+    # the phases after placement, as reconcile runs them: the network phase (its failure, or
+    # the instance's network), then the uids and gids of what it left placed
+    why: tuple[str, str] | None = None
+    net = None
+    if exp.placement is not None and exp.failure is None:
+        cp = loaded().checkpoint
+        if networked:
+            phase = assign_networks(view.unit, services, result, cp.network)
+            net = phase.instances.get(iid)
+            if iid in phase.failures:
+                why = (NETWORK_FAILURE, f"{exp.instance.label}: {phase.failures[iid]}")
+            elif phase.failures:
+                result = result.failed(phase.failures, NETWORK_FAILURE)
+        if why is None:
+            lacking = id_failure(result, iid, cp.allocations, cp.gids)
+            why = None if lacking is None else (IDS_FAILURE, lacking)
+    if why is not None:
         i = exp.instance
-        summary = f"{i.label}: {net_why}"
+        reason, summary = why
         exp = dataclasses.replace(
             exp,
             placement=None,
@@ -1397,9 +1408,9 @@ def explain(
                 i.index,
                 i.version,
                 i.priority,
-                NETWORK_FAILURE,
+                reason,
                 summary,
-                ((NETWORK_FAILURE, 1),),
+                ((reason, 1),),
             ),
         )
     if as_json:

@@ -78,10 +78,7 @@ from reconciler.oci.writer import (
 from reconciler.placement.alerts import AlertUpdate, observe
 from reconciler.placement.instances import BalanceResult, Mode
 from reconciler.placement.nodestate import NodeSlot
-from reconciler.planning.checkpoint import (
-    Checkpoint,
-    assign_ids,
-)
+from reconciler.planning.checkpoint import IDS_FAILURE, Checkpoint, assign_ids, id_failures
 from reconciler.planning.network import NETWORK_FAILURE, NetworkResult, assign_networks
 from reconciler.planning.plans import Plan, make_plan, plan_bytes
 
@@ -333,6 +330,9 @@ def compute_once(
         )
     else:
         allocations, gids, id_errors = assign_ids(result, cp.allocations, cp.gids)
+    if len(allocations) != len(result.placements):  # no free uid or gid: they fail
+        errors = id_failures(result.placements, allocations, gids)
+        result = _without(result, errors, IDS_FAILURE, memo)
     net_state = network.state
     since = ids.since_for(allocations) if ids is not None else None  # (for the configs)
     new_cp = Checkpoint(

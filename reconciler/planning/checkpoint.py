@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FORMAT_VERSION",
     "GID_RANGE",
+    "IDS_FAILURE",
     "UID_RANGE",
     "Allocation",
     "AllocationsMemo",
@@ -57,6 +58,8 @@ __all__ = [
     "decoded_gids",
     "encode_checkpoint",
     "envelope_tail",
+    "id_failure",
+    "id_failures",
     "next_generation",
     "node_allocations",
     "placements_by_node",
@@ -70,6 +73,9 @@ __all__ = [
 FORMAT_VERSION = 1
 UID_RANGE = range(5000, 10000)
 GID_RANGE = range(5000, 10000)
+IDS_FAILURE = "Ids"
+"""The reason of an instance placed by the balance that found no free uid on its node or whose
+item found no free gid: it fails (a container without its ids is never started)."""
 
 
 class CheckpointError(ValueError):
@@ -534,6 +540,38 @@ def assign_ids(
     for ps in placements_by_node(result.placements).values():
         given.update(zip([p.instance_id for p in ps], node_allocations(ps, old, gids), strict=True))
     return collect_allocations(result.placements, given, errors), gids, errors
+
+
+def id_failures(
+    placements: Iterable[Placement], allocations: Mapping[str, Allocation], gids: Mapping[str, int]
+) -> dict[str, str]:
+    """Why each placement :func:`assign_ids` gave no allocation has none (the allocations and
+    gids it returned): its item found no free gid, or its node no free uid."""
+    return {
+        p.instance_id: _id_failure(p, gids) for p in placements if p.instance_id not in allocations
+    }
+
+
+def id_failure(
+    result: BalanceResult, iid: str, old: Mapping[str, Allocation], old_gids: Mapping[str, int]
+) -> str | None:
+    """Why :func:`assign_ids` would give placed ``iid`` no allocation (None: it gives one), from
+    its item's gid and its node's placements only (for ``explain``)."""
+    p = result.by_id.get(iid)
+    if p is None:
+        return None
+    gids, _ = assign_gids(result.placements, old_gids)
+    ps = [q for q in result.placements if q.node_id == p.node_id]
+    got = node_allocations(ps, old, gids)[ps.index(p)]
+    return None if type(got) is Allocation else _id_failure(p, gids)
+
+
+def _id_failure(p: Placement, gids: Mapping[str, int]) -> str:
+    if p.item_id not in gids:
+        taken = f"{GID_RANGE.start}-{GID_RANGE.stop - 1}"
+        return f"{p.label}: no free gid in {taken} for its item (each placed item holds one)"
+    taken = f"{UID_RANGE.start}-{UID_RANGE.stop - 1}"
+    return f"{p.label}: no free uid in {taken} on node {p.node_id} (each instance there holds one)"
 
 
 _ITEM_ID = attrgetter("item_id")

@@ -56,7 +56,6 @@ __all__ = [
     "NetworkResult",
     "assign_networks",
     "dns_names",
-    "explain_network",
     "has_network",
     "instance_addresses",
     "netns_name",
@@ -732,16 +731,3 @@ def _instance_networks(
             vlans.get(net_id),
         )
     return out, addresses
-
-
-def explain_network(
-    unit: UnitConfig | None,
-    services: Mapping[_ServiceKey, Service] | Iterable[Service],
-    result: BalanceResult,
-    previous: Mapping[str, Any],
-    instance: str,
-) -> tuple[str | None, InstanceNetwork | None]:
-    """For ``reconciler explain``: why the network phase fails ``instance`` (None: it does
-    not), and its network parameters when it has a network."""
-    net = assign_networks(unit, services, result, previous)
-    return net.failures.get(instance), net.instances.get(instance)

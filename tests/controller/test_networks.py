@@ -4,7 +4,6 @@ across a restart and a corrupt checkpoint, reason ``Network`` in status and expl
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, re
 from reconciler.io.checkpoint_files import CURRENT, PREVIOUS
 from reconciler.model.values import instance_id
 from tests.support.oci import assert_valid
+from tests.support.outputs import copied, written, written_afresh
 
 NODE = """apiVersion: reconciler/v1
 kind: Node
@@ -285,20 +285,6 @@ def test_the_node_patch_records_each_instance_address(tmp_path: Path) -> None:
     assert patched[iid("web")]["value"]["ip"] == "172.18.0.2"
 
 
-def _written(state: Path) -> dict[str, Any]:
-    """Every file under out/ (but the basis, which names the checkpoint's lineage) and the
-    checkpoint's data, with the state dir's own path taken out (a config names it)."""
-    root = str(state.resolve()).encode()
-    files = [p for p in sorted((state / "out").rglob("*")) if p.is_file()]
-    got: dict[str, Any] = {
-        str(p.relative_to(state)): p.read_bytes().replace(root, b"STATE")
-        for p in files
-        if p.name not in (".manifest.json", "plan.basis.json")
-    }
-    got["checkpoint"] = json.loads((state / "checkpoint" / "allocations.json").read_text())["data"]
-    return got
-
-
 def test_a_network_failure_keeps_the_watch_memo_warm(tmp_path: Path) -> None:
     """An instance the network phase refuses is placed by the balance and taken out after it,
     so the checkpoint never holds it. The watcher's next runs (nothing changed; then an edit
@@ -321,15 +307,12 @@ def test_a_network_failure_keeps_the_watch_memo_warm(tmp_path: Path) -> None:
             (state / "desired" / "client.yaml").write_text(
                 CLIENT.format(id="client", extra=f"{edit}\nallowedConnections: [web/80/tcp]\n")
             )
+        fresh = copied(state, tmp_path / "fresh")
         report = reconcile(state, warm, view)
         view = report.computed.view
         assert cache.balance.incremental
         assert [f.item_id for f in report.computed.result.failures] == ["web2"]
-        fresh = tmp_path / "fresh" / "state"
-        shutil.rmtree(fresh.parent, ignore_errors=True)
-        shutil.copytree(state, fresh, ignore=shutil.ignore_patterns("out", "checkpoint"))
-        reconcile(fresh, ReconcileOptions(configs=default_config_builder(), clock=clock))
-        assert _written(state) == _written(fresh)
+        assert written(state) == written_afresh(fresh, clock)
 
     again()
     again("priority: 0")
