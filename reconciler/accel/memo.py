@@ -185,13 +185,12 @@ class BalanceMemo:
         run = self._run
         if run is None or result is not self._result:
             return out
-        where, made, dirty = run.where, self._made, self._dirty
+        where, made = run.where, self._made
+        placed = [iid for iid in sorted(gone) if iid in where]  # (in one order every time)
         for iid in gone:
             made.pop(iid, None)
-            slot = where.get(iid)
-            if slot is not None:
-                run.release(slot, iid)
-                dirty.add(iid)
+        run.release_all(placed)
+        self._dirty.update(placed)
         self._result = out  # (its placements in the order of result's)
         return out
 
@@ -470,9 +469,7 @@ class BalanceMemo:
                 _rebind(where, got[1][:stay], expanded[key][1][:stay])
             for inst in got[1][stay:]:
                 made.pop(inst.id, None)
-                slot = where.get(inst.id)
-                if slot is not None:
-                    run.release(slot, inst.id)
+            run.release_all(inst.id for inst in got[1][stay:])
         index = run.search
         assert isinstance(index, ClassIndex)  # (a memo keeps no exhaustive run)
         index.forget_services(gone)

@@ -29,7 +29,7 @@ index in :mod:`reconciler.accel` (the one the controller uses).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Hashable, Mapping, Sequence, Set
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 
 from reconciler.model.documents import (
@@ -260,6 +260,22 @@ class Run:
             self.held.pop(iid, None)
         self.search.moved(slot)
         self.search.freed()  # something became free
+
+    def release_all(self, iids: Iterable[str]) -> None:
+        """:meth:`release` of each of ``iids`` that has a place (the search told once per
+        node and once that something became free)."""
+        where, held, moved = self.where, self.held, {}
+        for iid in iids:
+            slot = where.pop(iid, None)
+            if slot is not None:
+                release_reservation(slot, iid)
+                if held:
+                    held.pop(iid, None)
+                moved[slot.id] = slot
+        for slot in moved.values():
+            self.search.moved(slot)
+        if moved:
+            self.search.freed()
 
     def renew_usage(self, unit: UnitConfig | None, nodes: Sequence[Node]) -> bool:
         """Take in ``nodes`` that differ from this run's only in their measured usage (and
