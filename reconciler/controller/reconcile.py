@@ -25,7 +25,7 @@ from reconciler.accel.checkpoint import CheckpointCache
 from reconciler.accel.ids import IdsMemo
 from reconciler.accel.plans import PlanMemo
 from reconciler.controller.component_files import write_component_files
-from reconciler.controller.network_files import write_network_files
+from reconciler.controller.network_files import NetworkFilesMemo, write_network_files
 from reconciler.controller.planbasis import BASIS_FILE, basis_bytes, digest
 from reconciler.controller.reports import StaleMarks
 from reconciler.controller.status import (
@@ -132,6 +132,8 @@ class ReconcileCache:
     """out/status.html's node rows, by the status entries and records they were made from."""
     configs: WriteMemo = field(default_factory=WriteMemo)
     """out/instances as the last run left it (the manifest, in memory)."""
+    network_files: NetworkFilesMemo = field(default_factory=NetworkFilesMemo)
+    """The network files of out/instances and out/network.json as the last run left them."""
     encoded: dict[str, tuple[Path, object, bytes]] = field(default_factory=dict)
     """Per node, its patch file, the patch (the planner's tuple, by identity) and its bytes."""
     encoded_for: Mapping[str, object] | None = None
@@ -496,7 +498,14 @@ def _write_outputs(
         written += [f"out/instances/{i}" for i in report.removed]
         manifest = report.manifest
         # the network files (SPEC §17) beside the configs, before any plan names them
-        written += write_network_files(state_dir, c.network, c.built, commit)
+        written += write_network_files(
+            state_dir,
+            c.network,
+            c.built,
+            commit,
+            memo=opts.cache.network_files if opts.cache is not None else None,
+            verify=opts.verify,
+        )
     # the components' files (SPEC §18): what their agents install, before the plan
     written += write_component_files(
         state_dir,
@@ -571,6 +580,8 @@ def _write_outputs(
     plan_ident = content_key(plan_data)
     put(out / "plan.json", plan_data, ident=plan_ident)
     flush()
+    if opts.cache is not None:
+        opts.cache.network_files.written()  # (flushed with the plan)
     if trusted:  # the patch files on disk are the ones the last run left
         names = sorted(f"{n}.json" for n in trusted.keys() - c.plan.patches.keys())
     else:

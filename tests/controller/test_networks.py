@@ -3,6 +3,7 @@ across a restart and a corrupt checkpoint, reason ``Network`` in status and expl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 
 from reconciler.cli.commands import main
 from reconciler.controller.configs import default_config_builder
+from reconciler.controller.network_files import write_network_files
 from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
 from reconciler.io.checkpoint_files import CURRENT, PREVIOUS
 from reconciler.model.values import instance_id
@@ -317,3 +319,44 @@ def test_a_network_failure_keeps_the_watch_memo_warm(tmp_path: Path) -> None:
     again()
     again("priority: 0")
     again("quotas: {pidsLimit: 64}")
+
+
+def test_a_trusting_run_skips_network_files_it_knows(tmp_path: Path) -> None:
+    """An event's run (``verify`` off) skips each instance whose network parameters equal
+    what the last run left, and rewrites those that changed; the files then equal what a
+    process of its own writes. A run that fails before its commit is flushed leaves the memo
+    empty: the next run compares every file again."""
+    state = unit(tmp_path / "warm")
+
+    def clock() -> float:
+        return 1_700_000_000.0
+
+    cache = ReconcileCache()
+    verifying = ReconcileOptions(configs=default_config_builder(), cache=cache, clock=clock)
+    trusting = dataclasses.replace(verifying, verify=False)
+    report = reconcile(state, verifying)
+    report = reconcile(state, trusting, report.computed.view)
+    assert cache.network_files.trusted == 2  # web and client, nothing compared
+    assert not [w for w in report.written if w.endswith(("network.json", "resolv.conf"))]
+    # another port allowed: the client's firewall rules change, its file is rewritten
+    web = WEB.replace("exposedPorts: ['80/tcp']", "exposedPorts: ['80/tcp', '81/tcp']")
+    (state / "desired" / "web.yaml").write_text(web)
+    (state / "desired" / "client.yaml").write_text(
+        CLIENT.format(id="client", extra="allowedConnections: [web/80/tcp, web/81/tcp]\n")
+    )
+    fresh = copied(state, tmp_path / "fresh")
+    report = reconcile(state, trusting, report.computed.view)
+    assert f"out/instances/{iid('client')}/network.json" in report.written
+    assert written(state) == written_afresh(fresh, clock)
+    # a run whose commit never flushed: what it put in the memo is not kept
+    c = report.computed
+    path = state / "out" / "instances" / iid("client") / "network.json"
+    path.write_text("{}")  # (by hand: a trusting run does not look)
+    memo = cache.network_files
+    assert write_network_files(state, c.network, c.built, memo=memo, verify=False) == []
+    memo.written()
+    write_network_files(state, c.network, c.built, memo=memo, verify=True)  # never flushed
+    path.write_text("{}")
+    got = write_network_files(state, c.network, c.built, memo=memo, verify=False)
+    assert got == [f"out/instances/{iid('client')}/network.json"]
+    assert json.loads(path.read_text())["ip"] == addresses(state)[iid("client")]
