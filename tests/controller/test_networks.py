@@ -350,6 +350,7 @@ def test_a_trusting_run_skips_network_files_it_knows(tmp_path: Path) -> None:
     assert written(state) == written_afresh(fresh, clock)
     # a run whose commit never flushed: what it put in the memo is not kept
     c = report.computed
+    assert c.built is not None
     path = state / "out" / "instances" / iid("client") / "network.json"
     path.write_text("{}")  # (by hand: a trusting run does not look)
     memo = cache.network_files
