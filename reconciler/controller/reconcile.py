@@ -23,6 +23,7 @@ from typing import Any
 from reconciler.accel import BalanceMemo, FinalStates, balance, balance_with_states
 from reconciler.accel.checkpoint import CheckpointCache
 from reconciler.accel.ids import IdsMemo
+from reconciler.accel.network import NetworkMemo
 from reconciler.accel.plans import PlanMemo
 from reconciler.controller.component_files import write_component_files
 from reconciler.controller.network_files import NetworkFilesMemo, write_network_files
@@ -121,6 +122,9 @@ class ReconcileCache:
     checkpoint: CheckpointCache = field(default_factory=CheckpointCache)
     balance: BalanceMemo = field(default_factory=BalanceMemo)
     """The last balance: a run whose inputs differ only in some services re-places those."""
+    network: NetworkMemo = field(default_factory=NetworkMemo)
+    """The last network phase: a run whose networked placements and inputs are the last
+    run's gets its answer again."""
     last_good: LastGoodMemo = field(default_factory=LastGoodMemo)
     """checkpoint/last-good as the last sync left it: unchanged inputs cost an identity check."""
     ids: IdsMemo = field(default_factory=IdsMemo)
@@ -314,10 +318,13 @@ def compute_once(
     balanced = result
     memo = opts.cache.balance if opts.cache is not None else None
     # the network phase after placement (SPEC §17): failures leave the placements
-    network = assign_networks(
+    phase = opts.cache.network if opts.cache is not None else None
+    network = (phase.assign if phase is not None else assign_networks)(
         view.unit, view.services, result, cp.network, networked=summary.networked > 0
     )
+    taken: set[str] = set()  # what the phases after the balance take out of its result
     if network.failures:
+        taken.update(network.failures)
         by_id = result.by_id
         result = _without(
             result,
@@ -334,6 +341,7 @@ def compute_once(
         allocations, gids, id_errors = assign_ids(result, cp.allocations, cp.gids)
     if len(allocations) != len(result.placements):  # no free uid or gid: they fail
         errors = id_failures(result.placements, allocations, gids)
+        taken.update(errors)
         result = _without(result, errors, IDS_FAILURE, memo)
     net_state = network.state
     since = ids.since_for(allocations) if ids is not None else None  # (for the configs)
@@ -347,6 +355,7 @@ def compute_once(
         configs = opts.configs(state_dir, view, result, new_cp)
         built, built_since = configs.built, configs.since
         if configs.errors:
+            taken.update(configs.errors)
             result = _without(result, configs.errors, CONFIG_FAILURE, memo)
             allocations = {i: a for i, a in allocations.items() if i not in configs.errors}
             new_cp = Checkpoint(
@@ -364,6 +373,8 @@ def compute_once(
             net_state,
             since=since,
         )
+    if phase is not None:
+        phase.counted_from(result, taken)
     stage("planning")
     plan = (opts.cache.plan.make_plan if opts.cache is not None else make_plan)(
         result,

@@ -132,7 +132,7 @@ def test_a_watcher_stays_warm_around_an_id_failure(
         assert cache.balance.incremental
         assert [f.label for f in report.computed.result.failures] == failing
         assert {f.reason for f in report.computed.result.failures} <= {IDS_FAILURE}
-        assert written(state) == written_afresh(fresh, clock)
+        assert written(state) == written_afresh(fresh, clock, state)
 
     again(["d:default:0"])
     (state / "desired" / "a.yaml").write_text(SERVICE.format(id="a", n=2, extra=""))

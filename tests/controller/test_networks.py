@@ -314,7 +314,7 @@ def test_a_network_failure_keeps_the_watch_memo_warm(tmp_path: Path) -> None:
         view = report.computed.view
         assert cache.balance.incremental
         assert [f.item_id for f in report.computed.result.failures] == ["web2"]
-        assert written(state) == written_afresh(fresh, clock)
+        assert written(state) == written_afresh(fresh, clock, state)
 
     again()
     again("priority: 0")
@@ -347,7 +347,7 @@ def test_a_trusting_run_skips_network_files_it_knows(tmp_path: Path) -> None:
     fresh = copied(state, tmp_path / "fresh")
     report = reconcile(state, trusting, report.computed.view)
     assert f"out/instances/{iid('client')}/network.json" in report.written
-    assert written(state) == written_afresh(fresh, clock)
+    assert written(state) == written_afresh(fresh, clock, state)
     # a run whose commit never flushed: what it put in the memo is not kept
     c = report.computed
     assert c.built is not None

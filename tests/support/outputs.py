@@ -12,30 +12,36 @@ from reconciler.controller.configs import default_config_builder
 from reconciler.controller.reconcile import ReconcileOptions, reconcile
 
 
-def written(state: Path) -> dict[str, Any]:
+def written(state: Path, *also: Path) -> dict[str, Any]:
     """Every file under out/ (but the basis, which names the checkpoint's lineage) and the
-    checkpoint's data, with the state dir's own path taken out (a config names it)."""
-    root = str(state.resolve()).encode()
+    checkpoint's data, with the state dir's own path (and those of ``also``) taken out (a
+    config names it)."""
+    roots = [str(d.resolve()).encode() for d in (state, *also)]
     files = [p for p in sorted((state / "out").rglob("*")) if p.is_file()]
-    got: dict[str, Any] = {
-        str(p.relative_to(state)): p.read_bytes().replace(root, b"STATE")
-        for p in files
-        if p.name not in (".manifest.json", "plan.basis.json")
-    }
+    got: dict[str, Any] = {}
+    for p in files:
+        if p.name in (".manifest.json", "plan.basis.json"):
+            continue
+        data = p.read_bytes()
+        for root in roots:
+            data = data.replace(root, b"STATE")
+        got[str(p.relative_to(state))] = data
     got["checkpoint"] = json.loads((state / "checkpoint" / "allocations.json").read_text())["data"]
     return got
 
 
 def copied(state: Path, scratch: Path) -> Path:
-    """A copy of ``state``'s inputs and checkpoint (not out/) in ``scratch``, emptied first:
-    what a process of its own starts from when the run it is compared with starts."""
+    """A copy of ``state`` (its inputs, checkpoint and out/: a held instance's config is read
+    from there, and names ``state``) in ``scratch``, emptied first: what a process of its own
+    starts from when the run it is compared with starts."""
     shutil.rmtree(scratch, ignore_errors=True)
     fresh = scratch / "state"
-    shutil.copytree(state, fresh, ignore=shutil.ignore_patterns("out"))
+    shutil.copytree(state, fresh, symlinks=True)
     return fresh
 
 
-def written_afresh(copy: Path, clock: Callable[[], float]) -> dict[str, Any]:
-    """:func:`written` of a :func:`copied` state reconciled once by options of its own."""
+def written_afresh(copy: Path, clock: Callable[[], float], origin: Path) -> dict[str, Any]:
+    """:func:`written` of a :func:`copied` state (of ``origin``) reconciled once by options of
+    its own."""
     reconcile(copy, ReconcileOptions(configs=default_config_builder(), clock=clock))
-    return written(copy)
+    return written(copy, origin)
