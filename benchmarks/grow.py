@@ -5,14 +5,20 @@ the generator did not make.
 
 ``SOURCE`` is any state directory (the bundled ``state/``, an ``examples/`` unit, your own).
 Its nodes are copied until there are at least ``--nodes`` of them, and its services until they
-ask at least ``--instances`` instances; copy ``k`` of a node or service takes the id
-``<id>-<k>`` (five digits), and everything else is kept as written: node types, runtimes,
-partitions, device pools, usage, a node's ``resourcesFile`` (every copy reads the one file),
-labels, requests, quotas, named resources, devices, owners and ports. What names a node
-follows it: a unit.yaml entry for one node id gets an entry per copy, and a service naming its
-node (``nodeId``) names copy ``k mod (the node copies)`` of that node. The node status, the
-actual state, the checkpoint and ``out/`` are not copied (the grown unit starts where a first
-run starts); ``rootfs/`` and ``resources/`` are linked, not copied.
+ask at least ``--instances`` instances. Copy ``k`` of a node takes the id ``<id>-<k>`` (five
+digits). The services are copied as the source's whole set of services, ``SUBJECTS`` (5) copies
+to an item: copy ``k`` of a service is item ``<id>-<k // 5>`` (five digits), subject
+``<subject>-<k % 5>``, so that a unit of 20,000 services stays within the 5,000 gids (one per
+item) as a real fleet of tenants does. What a copy names follows it: its ``hostname`` takes
+the suffix ``-<k>`` (each copy its own DNS name), an ``allowedConnections`` entry naming one
+of the source's items names that item's copy of the same group (the copies of a group talk
+to each other, as the source's services do), and a service naming its node (``nodeId``)
+names copy ``k mod (the node copies)`` of that node; a unit.yaml entry for one node id gets
+an entry per copy. Everything else is kept as written: node types, runtimes, partitions,
+device pools, usage, a node's ``resourcesFile`` (every copy reads the one file), labels,
+requests, quotas, named resources, devices, owners and ports. The node status, the actual
+state, the checkpoint and ``out/`` are not copied (the grown unit starts where a first run
+starts); ``rootfs/`` and ``resources/`` are linked, not copied.
 
 Node files are written as one line of JSON each (valid YAML, as a node agent writes them),
 services and unit.yaml as YAML in block style, under the same relative paths with the copy's
@@ -33,6 +39,8 @@ from ruamel.yaml import YAML
 __all__ = ["grow"]
 
 _LINKED = ("rootfs", "resources")
+SUBJECTS = 5
+"""Copies of the source's services per item (as subjects): see the module docstring."""
 
 
 def _yaml() -> YAML:
@@ -70,6 +78,27 @@ def _copy_path(rel: Path, k: int) -> Path:
     return rel.with_name(f"{rel.stem}-{k:05d}{rel.suffix}")
 
 
+def _service_copy(doc: dict[str, Any], k: int, items: set[str], node_copies: int) -> dict[str, Any]:
+    """Copy ``k`` of a service (see the module docstring)."""
+    group = f"-{k // SUBJECTS:05d}"
+    copy = {
+        **doc,
+        "id": f"{doc['id']}{group}",
+        "subject": f"{doc.get('subject', 'default')}-{k % SUBJECTS}",
+    }
+    if doc.get("nodeId"):
+        copy["nodeId"] = f"{doc['nodeId']}-{k % node_copies:05d}"
+    if doc.get("hostname"):
+        copy["hostname"] = f"{doc['hostname']}-{k:05d}"
+    if doc.get("allowedConnections"):
+        copy["allowedConnections"] = [
+            f"{target}{group}/{rest}" if target in items else entry
+            for entry in doc["allowedConnections"]
+            for target, _, rest in [str(entry).partition("/")]
+        ]
+    return copy
+
+
 def grow(source: Path, dest: Path, n_nodes: int, n_instances: int) -> dict[str, int]:
     """Write the grown state directory (see the module docstring); returns its sizes."""
     nodes = _documents(source, "nodes")
@@ -87,12 +116,10 @@ def grow(source: Path, dest: Path, n_nodes: int, n_instances: int) -> dict[str, 
     for rel, doc in nodes:
         for k in range(node_copies):
             _write(dest / _copy_path(rel, k), {**doc, "id": f"{doc['id']}-{k:05d}"})
+    items = {str(doc["id"]) for _, doc in services}
     for rel, doc in services:
         for k in range(service_copies):
-            copy = {**doc, "id": f"{doc['id']}-{k:05d}"}
-            if doc.get("nodeId"):
-                copy["nodeId"] = f"{doc['nodeId']}-{k % node_copies:05d}"
-            _write(dest / _copy_path(rel, k), copy, block=True)
+            _write(dest / _copy_path(rel, k), _service_copy(doc, k, items, node_copies), block=True)
     unit_path = source / "unit.yaml"
     if unit_path.exists():
         unit = _yaml().load(unit_path.read_text(encoding="utf-8"))

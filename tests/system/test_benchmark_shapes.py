@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from benchmarks.balancer import measure, read_unit
-from benchmarks.grow import grow
+from benchmarks.grow import SUBJECTS, grow
 from benchmarks.statedir import bump_instances, copy_state_dir, edit_target
 from benchmarks.synth import LATE_PREFIX, SHAPES, synth_documents, synth_unit
+from reconciler.controller.reconcile import ReconcileOptions, reconcile
 from reconciler.io.loader import load_state
 from tests.support.paths import DEMO, ROOT
 
@@ -131,9 +132,12 @@ def test_the_scaling_benchmark_compares_a_size_with_its_tenth() -> None:
 @pytest.mark.parametrize("source", ["state", "examples/rack", "examples/vehicle"])
 def test_a_grown_unit_is_its_source_copied_under_new_ids(source: str, tmp_path: Path) -> None:
     """``benchmarks.grow``: a bundled unit grown to the size asked loads without a diagnostic,
-    and each node and service is a copy of one of the source's with ``-<k>`` appended to its
-    id (everything else as written); a unit.yaml entry for one node gets one per copy, and
-    a service naming its node names a copy of that node."""
+    and each node is a copy of one of the source's with ``-<k>`` appended to its id, each
+    service one with ``-<k // 5>`` appended to its item and ``-<k % 5>`` to its subject, its
+    hostname and connections renamed to its copy's (everything else as written); a unit.yaml
+    entry for one node gets one per copy, and a service naming its node names a copy of that
+    node. Reconciled, the copies fail for no reason their source does not (gids, DNS names,
+    connections) but capacity."""
     src = ROOT / source
     dest = tmp_path / "grown"
     sizes = grow(src, dest, 50, 200)
@@ -144,22 +148,33 @@ def test_a_grown_unit_is_its_source_copied_under_new_ids(source: str, tmp_path: 
     assert sum(s.instances for s in view.services_sorted()) == sizes["instances"] >= 200
     copies = sizes["nodes"] // len(base_view.nodes)
     for node_id, node in view.nodes.items():
-        base_id, k = node_id.rsplit("-", 1)
-        assert 0 <= int(k) < copies
+        base_id, copy = node_id.rsplit("-", 1)
+        assert 0 <= int(copy) < copies
         assert node.model_dump(exclude={"id", "resourcesFile"}) == base_view.nodes[
             base_id
         ].model_dump(exclude={"id", "resourcesFile"})
     originals = {s.id: s for s in base_view.services_sorted()}
+    renamed = {"id", "subject", "nodeId", "hostname", "allowedConnections"}
+    seen: set[int] = set()
     for service in view.services_sorted():
-        base_id, _ = service.id.rsplit("-", 1)
+        base_id, group = service.id.rsplit("-", 1)
         source_service = originals[base_id]
-        assert service.model_dump(exclude={"id", "nodeId"}) == source_service.model_dump(
-            exclude={"id", "nodeId"}
-        )
+        subject, r = service.subject.rsplit("-", 1)
+        assert subject == source_service.subject and 0 <= int(r) < SUBJECTS
+        k = int(group) * SUBJECTS + int(r)
+        seen.add(k)
+        assert service.model_dump(exclude=renamed) == source_service.model_dump(exclude=renamed)
         if source_service.nodeId is not None:
             assert service.nodeId is not None and service.nodeId.rsplit("-", 1)[0] == (
                 source_service.nodeId
             )
+        if source_service.hostname is not None:
+            assert service.hostname == f"{source_service.hostname}-{k:05d}"
+        assert service.allowedConnections == tuple(
+            f"{target}-{group}/{rest}" if target in originals else f"{target}/{rest}"
+            for target, _, rest in (c.partition("/") for c in source_service.allowedConnections)
+        )
+    assert seen == set(range(len(seen)))  # copies 0 .. n-1, each once per source service
     assert view.unit is not None and base_view.unit is not None
     named = [e.nodeId for e in base_view.unit.nodes if e.nodeId]
     assert sorted(e.nodeId for e in view.unit.nodes if e.nodeId) == sorted(
@@ -169,3 +184,11 @@ def test_a_grown_unit_is_its_source_copied_under_new_ids(source: str, tmp_path: 
     grow(src, again, 50, 200)
     files = sorted(p.relative_to(dest) for p in dest.rglob("*") if p.is_file())
     assert [(dest / f).read_bytes() for f in files] == [(again / f).read_bytes() for f in files]
+    # the copies name each other as the source's services do: none fails for want of a gid,
+    # a DNS name or a connection that the source has
+    grown = reconcile(dest, ReconcileOptions()).computed.result.failures
+    copy_state_dir(src, tmp_path / "base")
+    base = reconcile(tmp_path / "base", ReconcileOptions()).computed
+    reasons = {f.reason for f in base.result.failures}
+    assert {f.reason for f in grown} <= reasons | {"Resources", "Devices", "Cpu", "Ram"}
+    assert not {f.reason for f in grown} & ({"Ids", "Network"} - reasons)
