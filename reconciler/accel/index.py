@@ -71,6 +71,9 @@ if TYPE_CHECKING:
 __all__ = ["ClassIndex"]
 
 _STALE_MAX = 256  # nodes moved since the index was built beyond which it is built again
+MOVES_MAX = 1 << 20
+"""The length of ``ClassIndex.moves`` beyond which :meth:`ClassIndex.compacted` starts it
+again (a watcher's run lives for many calls: see ``BalanceMemo``)."""
 
 _PER_NODE = "(per node)"
 """In a group's charges, the class entry of a class whose nodes each have their own."""
@@ -581,6 +584,15 @@ class ClassIndex:
             else:
                 self.index_valid = False
                 stale.clear()
+
+    def compacted(self) -> None:
+        """``moves`` emptied when it has grown past :data:`MOVES_MAX`, with what was computed
+        at some length of it (the failure charges, the refusals): a memo's run is given every
+        call's moves, and its log must not grow with the watcher's lifetime."""
+        if len(self.moves) > MOVES_MAX:
+            self.moves = []
+            self.charged.clear()
+            self.refusals.clear()
 
     def freed(self) -> None:
         """Forget which nodes refused what (after a release)."""

@@ -443,6 +443,9 @@ class BalanceMemo:
         # (With nothing changed but instances unplaced, those go through pass 2 and 3 again,
         # as in the full run: one evicted by the last run's pass 3 may now evict another.)
         self._run = None  # mutated below: a failure leaves no usable state
+        index = run.search
+        assert isinstance(index, ClassIndex)  # (a memo keeps no exhaustive run)
+        index.compacted()
         expanded = self._expanded
         # A service scaled (edited in its instance count alone) keeps the reservations of the
         # instances both counts have: pass 1 would keep each where it is, with the very
@@ -470,8 +473,6 @@ class BalanceMemo:
             for inst in got[1][stay:]:
                 made.pop(inst.id, None)
             run.release_all(inst.id for inst in got[1][stay:])
-        index = run.search
-        assert isinstance(index, ClassIndex)  # (a memo keeps no exhaustive run)
         index.forget_services(gone)
         index.freed()
         # pass 1 for the services as they are now

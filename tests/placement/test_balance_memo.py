@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from reconciler.accel import BalanceMemo, balance, node_states
 from reconciler.accel import ids as ids_module
+from reconciler.accel import index as index_module
 from reconciler.accel.checkpoint import CheckpointMemo
 from reconciler.accel.ids import IdsMemo
 from reconciler.accel.index import ClassIndex
@@ -777,3 +778,31 @@ def test_room_an_edit_frees_goes_to_the_unplaced_in_instance_order() -> None:
     assert memo.incremental
     assert got == balance(None, nodes, gone, previous_of(first), "stable")
     assert [p.item_id for p in got.placements] == ["w00", "w01"]
+
+
+def test_a_long_lived_memo_keeps_its_move_log_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A watcher's run lives for every call: the class index's log of the nodes moved (what
+    its failure charges are brought up to date from) is started again past a bound, with the
+    charges computed on it, and the answers stay the full run's."""
+    monkeypatch.setattr(index_module, "MOVES_MAX", 8)
+    nodes = [make_node(f"n{i}", dmips=1000) for i in range(4)]
+    base = [make_service(f"s{i}", instances=3, cpu=100) for i in range(4)]
+    big = make_service("big", instances=6, cpu=700)  # two fail on Cpu: their charges
+    memo = BalanceMemo()
+    previous: dict[str, PreviousAllocation] = {}
+    lengths = []
+    incremental = 0
+    for step in range(30):
+        edited = make_service("s1", instances=1 + step % 4, cpu=100, quotas={"pidsLimit": 1 + step})
+        services = [base[0], edited, *base[2:], big]
+        got = memo.balance(None, nodes, services, previous, "stable")
+        assert got == balance(None, nodes, services, previous, "stable"), step
+        incremental += memo.incremental
+        assert got.failures, step
+        run = memo._run  # white box: the run the next call starts from
+        assert run is not None and isinstance(run.search, ClassIndex)
+        lengths.append(len(run.search.moves))
+        previous = previous_of(got)
+    assert incremental == 29
+    assert max(lengths) <= 8 + 2 * 20  # (the bound, then at most one call's moves)
+    assert len(set(lengths)) > 1
