@@ -201,6 +201,7 @@ class ClassIndex:
         # the nodes reserved on or released from, in order (with repeats): what the failure
         # charges of a group computed at some length of it must look at again (see charges)
         self.moves: list[str] = []
+        self.moves_before = 0  # the moves ``compacted`` emptied the log of
         self.charged: dict[Group, Charged] = {}
         # the groups whose every node's charge no reservation or release changes (see settled),
         # and those of them that owe it to the capacities (a usage renewal unsettles them)
@@ -590,9 +591,24 @@ class ClassIndex:
         at some length of it (the failure charges, the refusals): a memo's run is given every
         call's moves, and its log must not grow with the watcher's lifetime."""
         if len(self.moves) > MOVES_MAX:
+            self.moves_before += len(self.moves)
             self.moves = []
             self.charged.clear()
             self.refusals.clear()
+
+    def moved_count(self) -> int:
+        """How many moves this run has seen (``moves`` and those it was emptied of)."""
+        return self.moves_before + len(self.moves)
+
+    def moved_for(self, instance: Instance, since: int) -> bool:
+        """Whether a node reserved on or released from after the first ``since`` moves (see
+        :meth:`moved_count`) passes the static filters for ``instance`` (True when those
+        moves are no longer in ``moves``)."""
+        at = since - self.moves_before
+        if at < 0:
+            return True
+        group, slot = self.group(instance), self.run.slot
+        return any(self.static_for(group, slot(node_id)) for node_id in set(self.moves[at:]))
 
     def freed(self) -> None:
         """Forget which nodes refused what (after a release)."""

@@ -100,6 +100,9 @@ class BalanceMemo:
             {},
         )
         """A result and its failures by service (see :meth:`_failing_of`)."""
+        self._tried: dict[ServiceKey, int] = {}
+        """Per service sent through pass 2 and 3 by an answer from the memo's run: how many
+        moves that run's index had seen before those passes (see :meth:`_incremental`)."""
         self.incremental = False  # whether the last call was answered from the memo
         self.replaced = 0  # instances the last call released and placed again (incremental)
 
@@ -239,6 +242,7 @@ class BalanceMemo:
         self._run, self._result, self._made = run, result, made
         self._result_order = self._order
         self._validated = self._validated_from = None
+        self._tried = {}  # (another run: its moves count from nothing)
         return result
 
     def _edits(
@@ -491,7 +495,15 @@ class BalanceMemo:
         failing = self._failing_of(result)
         unplaced = changed | failing.keys()
         pos = self._position()
+        # An unchanged service whose every instance failed when the memo's run last sent it
+        # through pass 2 and 3 fails again, and evicts nobody, while no node passing its
+        # static filters was reserved on or released from since just before those passes:
+        # those nodes hold what they held then (the full run keeps it all in its pass 1), and
+        # what pass 2 places on them before its turn is of its priority or above (instance
+        # order), which neither makes room nor can be evicted by it. It is left out too.
+        tried = self._tried
         pending: list[Instance] = []
+        sent: list[ServiceKey] = []
         unresolved: list[ServiceKey] = []  # left out, every instance failing last time
         for key in sorted((k for k in unplaced if k in pos), key=pos.__getitem__):
             insts = expanded[key][1]
@@ -501,8 +513,21 @@ class BalanceMemo:
                 if len(failing[key]) == len(insts):  # (so none is placed: a memo holds none)
                     unresolved.append(key)
                 continue
+            since = tried.get(key) if key not in changed else None
+            if (
+                since is not None
+                and len(failing[key]) == len(insts)
+                and not index.moved_for(insts[0], since)
+            ):
+                unresolved.append(key)
+                continue
             pending += [inst for inst in insts if inst.id not in where]
+            sent.append(key)
+        before_passes = index.moved_count()
         preempted = passes(run, pending, {}, always, preempt=True, everyone=self._flat)
+        for key in changed:
+            tried.pop(key, None)
+        tried.update(dict.fromkeys(sent, before_passes))
         # Such a service left out has no placement, before and after; its failures are the
         # last result's very objects when they are charged alike on the final node states (as
         # the full run's ``failures`` would give them back; always, where only static filters

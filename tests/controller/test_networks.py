@@ -14,7 +14,7 @@ from reconciler.cli.commands import main
 from reconciler.controller.configs import default_config_builder
 from reconciler.controller.network_files import write_network_files
 from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
-from reconciler.io.checkpoint_files import CURRENT, PREVIOUS
+from reconciler.io.checkpoint_files import CURRENT, PREVIOUS, load_checkpoint, save_checkpoint
 from reconciler.model.values import instance_id
 from tests.support.oci import assert_valid
 from tests.support.outputs import copied, written, written_afresh
@@ -74,8 +74,9 @@ def out(state: Path, *parts: str) -> Any:
 
 
 def addresses(state: Path) -> dict[str, str]:
-    cp = json.loads((state / "checkpoint" / "allocations.json").read_text())
-    return {i: a["ip"] for i, a in cp["data"]["network"]["addresses"].items()}
+    """The checkpoint's addresses, as any reader takes them (a watcher writes a delta)."""
+    network = load_checkpoint(state / "checkpoint", {}, quarantine=False).checkpoint.network
+    return {i: a["ip"] for i, a in network["addresses"].items()}
 
 
 def test_outputs(tmp_path: Path) -> None:
@@ -361,3 +362,98 @@ def test_a_trusting_run_skips_network_files_it_knows(tmp_path: Path) -> None:
     got = write_network_files(state, c.network, c.built, memo=memo, verify=False)
     assert got == [f"out/instances/{iid('client')}/network.json"]
     assert json.loads(path.read_text())["ip"] == addresses(state)[iid("client")]
+
+
+def test_the_network_phase_runs_again_when_a_networked_instance_moves(tmp_path: Path) -> None:
+    """A service without a network, of a higher priority, evicts a networked instance, which
+    moves to another node: nothing networked was edited and the network state is the last
+    run's, but the phase runs again (the instance's parameters name its new node)."""
+    state = unit(tmp_path / "warm", nodes=("n1", "n2", "n3"))
+    (state / "desired" / "client.yaml").unlink()
+    heavy = WEB.replace("hostname: www\n", "instances: 2\nrequestedResources: {cpu: 60000}\n")
+    (state / "desired" / "web.yaml").write_text(heavy)
+
+    def clock() -> float:
+        return 1_700_000_000.0
+
+    cache = ReconcileCache()
+    opts = ReconcileOptions(configs=default_config_builder(), cache=cache, clock=clock)
+    view = reconcile(state, opts).computed.view
+    view = reconcile(state, opts, view).computed.view
+    nodes_before = {p.node_id for p in reconcile(state, opts, view).computed.result.placements}
+    assert cache.network.reused and nodes_before == {"n1", "n2"}
+    (state / "desired" / "big.yaml").write_text(
+        "apiVersion: reconciler/v1\nkind: Service\nid: big\nversion: 1.0.0\npriority: 9\n"
+        "nodeId: n1\nrequestedResources: {cpu: 60000}\n"
+        "image: {rootfs: /srv/rootfs, cmd: [sleep]}\n"
+    )
+    fresh = copied(state, tmp_path / "fresh")
+    report = reconcile(state, opts, view)
+    moved = {p.instance_id: p.node_id for p in report.computed.result.placements}
+    assert moved[iid("big")] == "n1" and moved[iid("web", 0)] == "n3"  # evicted, placed again
+    assert cache.balance.incremental and not cache.network.reused
+    assert out(state, "instances", iid("web", 0), "network.json")["nodeId"] == "n3"
+    assert written(state) == written_afresh(fresh, clock, state)
+
+
+def test_a_dropped_instance_the_balance_no_longer_places_is_not_in_the_answer(
+    tmp_path: Path,
+) -> None:
+    """``web2`` fails in the network phase each run (its DNS name is web's). A service without
+    a network then takes the room it was placed in: the balance fails it for CPU, and the
+    network phase, which no longer sees it, runs again (its last answer failed it)."""
+    state = unit(tmp_path / "warm")
+    (state / "desired" / "client.yaml").unlink()
+    room = "requestedResources: {cpu: 60000}\nimage:"
+    (state / "desired" / "web2.yaml").write_text(
+        WEB.replace("id: web", "id: web2").replace("image:", room)
+    )
+
+    def clock() -> float:
+        return 1_700_000_000.0
+
+    cache = ReconcileCache()
+    opts = ReconcileOptions(configs=default_config_builder(), cache=cache, clock=clock)
+    view = reconcile(state, opts).computed.view
+    report = reconcile(state, opts, view)
+    assert [f.reason for f in report.computed.result.failures] == ["Network"]
+    (state / "desired" / "big.yaml").write_text(
+        "apiVersion: reconciler/v1\nkind: Service\nid: big\nversion: 1.0.0\npriority: 9\n"
+        "requestedResources: {cpu: 60000}\nimage: {rootfs: /srv/rootfs, cmd: [sleep]}\n"
+    )
+    fresh = copied(state, tmp_path / "fresh")
+    report = reconcile(state, opts, report.computed.view)
+    assert cache.balance.incremental and not cache.network.reused
+    assert [(f.item_id, f.reason) for f in report.computed.result.failures] == [("web2", "Cpu")]
+    assert written(state) == written_afresh(fresh, clock, state)
+
+
+def test_a_network_state_another_writer_changed_is_not_taken_for_the_last(
+    tmp_path: Path,
+) -> None:
+    """The same placements, but the checkpoint's network state is not the one the last run
+    started from (another writer emptied it): the addresses are assigned from it again, as a
+    process of its own does, not taken from the last answer."""
+    state = unit(tmp_path / "warm")
+    (state / "desired" / "client.yaml").unlink()
+    (state / "desired" / "web2.yaml").write_text(
+        WEB.replace("id: web", "id: web2").replace("hostname: www\n", "")
+    )
+
+    def clock() -> float:
+        return 1_700_000_000.0
+
+    cache = ReconcileCache()
+    opts = ReconcileOptions(configs=default_config_builder(), cache=cache, clock=clock)
+    view = reconcile(state, opts).computed.view
+    (state / "desired" / "web.yaml").unlink()  # web2 keeps its address (.3), sticky
+    view = reconcile(state, opts, view).computed.view
+    view = reconcile(state, opts, view).computed.view
+    assert addresses(state)[iid("web2")] == "172.17.0.3"
+    loaded = load_checkpoint(state / "checkpoint", {}, quarantine=False)
+    save_checkpoint(state / "checkpoint", dataclasses.replace(loaded.checkpoint, network={}))
+    fresh = copied(state, tmp_path / "fresh")
+    reconcile(state, opts, view)
+    assert cache.balance.incremental and not cache.network.reused
+    assert addresses(state)[iid("web2")] == "172.17.0.2"  # (from nothing: the first free)
+    assert written(state) == written_afresh(fresh, clock, state)

@@ -806,3 +806,32 @@ def test_a_long_lived_memo_keeps_its_move_log_bounded(monkeypatch: pytest.Monkey
     assert incremental == 29
     assert max(lengths) <= 8 + 2 * 20  # (the bound, then at most one call's moves)
     assert len(set(lengths)) > 1
+
+
+def test_a_failing_service_is_tried_again_only_when_its_nodes_move() -> None:
+    """``big`` (pinned to n0, which ``fill`` keeps full) fails on Cpu, not statically: the memo
+    tries it once in its own run, then leaves it out while only other nodes move (edits of a
+    service pinned to n1), and tries it again, as the full run would place it, once n0 moves
+    (``fill`` edited to ask less)."""
+    nodes = [make_node(f"n{i}", dmips=1000) for i in range(2)]
+    big = make_service("big", cpu=500, node_id="n0")
+    memo = BalanceMemo()
+    previous: dict[str, PreviousAllocation] = {}
+    for step, (count, fill_cpu) in enumerate([(1, 900), (2, 900), (3, 900), (1, 900), (2, 400)]):
+        other = make_service("other", instances=count, cpu=100, node_id="n1")
+        fill = make_service("fill", priority=5, cpu=fill_cpu, node_id="n0")
+        services = [fill, other, big]
+        with pytest.MonkeyPatch.context() as m:
+            tried = _items_given(m, ClassIndex, "place", lambda instances, *_: instances)
+            got = memo.balance(None, nodes, services, previous, "stable")
+        assert got == balance(None, nodes, services, previous, "stable"), step
+        if step == 0:
+            assert "big" in tried and not memo.incremental  # (the full run)
+        elif step == 1:
+            assert "big" in tried and memo.incremental  # once in the memo's run
+        elif step < 4:
+            assert "big" not in tried and memo.incremental, step  # n0 did not move
+        else:
+            assert "big" in tried and memo.incremental  # n0 moved: placed beside fill
+            assert "big" in {p.item_id for p in got.placements}
+        previous = previous_of(got)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -10,12 +9,13 @@ from typing import Any
 
 from reconciler.controller.configs import default_config_builder
 from reconciler.controller.reconcile import ReconcileOptions, reconcile
+from reconciler.io.checkpoint_files import load_checkpoint
 
 
 def written(state: Path, *also: Path) -> dict[str, Any]:
     """Every file under out/ (but the basis, which names the checkpoint's lineage) and the
-    checkpoint's data, with the state dir's own path (and those of ``also``) taken out (a
-    config names it)."""
+    checkpoint's allocations, gids and network state, with the state dir's own path (and those
+    of ``also``) taken out (a config names it)."""
     roots = [str(d.resolve()).encode() for d in (state, *also)]
     files = [p for p in sorted((state / "out").rglob("*")) if p.is_file()]
     got: dict[str, Any] = {}
@@ -26,7 +26,9 @@ def written(state: Path, *also: Path) -> dict[str, Any]:
         for root in roots:
             data = data.replace(root, b"STATE")
         got[str(p.relative_to(state))] = data
-    got["checkpoint"] = json.loads((state / "checkpoint" / "allocations.json").read_text())["data"]
+    # (as any reader takes it: a watcher writes its changes as a delta beside the whole file)
+    cp = load_checkpoint(state / "checkpoint", {}, quarantine=False).checkpoint
+    got["checkpoint"] = (dict(cp.allocations), dict(cp.gids), cp.network)
     return got
 
 

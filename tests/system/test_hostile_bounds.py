@@ -33,6 +33,7 @@ from reconciler.io.yamlsafe import Engine, YamlRejected, parse_yaml
 from reconciler.model.documents import ActualState, Node
 from reconciler.model.schema import all_schemas
 from reconciler.model.values import instance_id
+from reconciler.planning.checkpoint import IDS_FAILURE, UID_RANGE
 
 # Independent of the code under test: the bounds as documented (docs/state.md).
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -648,8 +649,18 @@ def test_a_service_at_its_instance_bound_is_planned(tmp_path: Path) -> None:
     opts = ReconcileOptions(configs=default_config_builder(), on_stage=stages.append)
     planned = compute_once(state, opts, read_only=True)
     assert planned.diagnostics == []
-    assert len(planned.result.placements) == MAX_SERVICE_INSTANCES  # no resource is asked for
     assert f"placing {MAX_SERVICE_INSTANCES} instances on 1 nodes" in stages
+    # no resource is asked for: the balancer places every one, and those past the node's
+    # 5,000 uids fail for want of one (never started without their ids)
+    assert len(planned.balanced.placements) == MAX_SERVICE_INSTANCES  # type: ignore[union-attr]
+    assert len(planned.result.placements) == len(UID_RANGE)
+    failures = planned.result.failures
+    assert len(failures) == MAX_SERVICE_INSTANCES - len(UID_RANGE)
+    assert {f.reason for f in failures} == {IDS_FAILURE}
+    assert failures[0].summary == (
+        f"web:default:{len(UID_RANGE)}: no free uid in 5000-9999 on node n1 "
+        "(each instance there holds one)"
+    )
 
 
 def test_one_more_than_the_unit_wide_limit_changes_nothing(
