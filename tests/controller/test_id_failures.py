@@ -15,20 +15,13 @@ import reconciler.accel.ids
 import reconciler.planning.checkpoint
 from reconciler.cli.commands import main
 from reconciler.controller.configs import default_config_builder
-from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
+from reconciler.controller.reconcile import ReconcileOptions, reconcile
 from reconciler.model.values import instance_id
 from reconciler.planning.checkpoint import IDS_FAILURE
-from tests.support.outputs import copied, written, written_afresh
+from tests.support.outputs import copied, warm_options, written, written_afresh
+from tests.support.state_files import RUNC_NODE
 
-NODE = """apiVersion: reconciler/v1
-kind: Node
-id: {id}
-type: edge
-maxDMIPS: 100000
-totalRAM: 64Gi
-runtimes:
-  - {{id: runc, type: runc, platform: {{architecture: x86_64}}}}
-"""
+NODE = RUNC_NODE.replace("{dmips}", "100000")
 
 SERVICE = """apiVersion: reconciler/v1
 kind: Service
@@ -116,11 +109,7 @@ def test_a_watcher_stays_warm_around_an_id_failure(
     _narrow(monkeypatch, gids=2)
     state = _state(tmp_path / "warm", {"a": 1, "c": 2, "d": 1}, nodes=("n1", "n2"))
 
-    def clock() -> float:
-        return 1_700_000_000.0
-
-    cache = ReconcileCache()
-    warm = ReconcileOptions(configs=default_config_builder(), cache=cache, clock=clock)
+    warm, cache = warm_options()
     view = reconcile(state, warm).computed.view
     assert not cache.balance.incremental
 
@@ -132,7 +121,7 @@ def test_a_watcher_stays_warm_around_an_id_failure(
         assert cache.balance.incremental
         assert [f.label for f in report.computed.result.failures] == failing
         assert {f.reason for f in report.computed.result.failures} <= {IDS_FAILURE}
-        assert written(state) == written_afresh(fresh, clock, state)
+        assert written(state) == written_afresh(fresh, state)
 
     again(["d:default:0"])
     (state / "desired" / "a.yaml").write_text(SERVICE.format(id="a", n=2, extra=""))

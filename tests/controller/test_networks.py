@@ -13,21 +13,14 @@ import pytest
 from reconciler.cli.commands import main
 from reconciler.controller.configs import default_config_builder
 from reconciler.controller.network_files import write_network_files
-from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
+from reconciler.controller.reconcile import ReconcileOptions, reconcile
 from reconciler.io.checkpoint_files import CURRENT, PREVIOUS, load_checkpoint, save_checkpoint
 from reconciler.model.values import instance_id
 from tests.support.oci import assert_valid
-from tests.support.outputs import copied, written, written_afresh
+from tests.support.outputs import copied, warm_options, written, written_afresh
+from tests.support.state_files import RUNC_NODE
 
-NODE = """apiVersion: reconciler/v1
-kind: Node
-id: {id}
-type: edge
-maxDMIPS: 100000
-totalRAM: 64Gi
-runtimes:
-  - {{id: runc, type: runc, platform: {{architecture: x86_64}}}}
-"""
+NODE = RUNC_NODE.replace("{dmips}", "100000")
 
 WEB = """apiVersion: reconciler/v1
 kind: Service
@@ -296,11 +289,7 @@ def test_a_network_failure_keeps_the_watch_memo_warm(tmp_path: Path) -> None:
     state = unit(tmp_path / "warm")
     (state / "desired" / "web2.yaml").write_text(WEB.replace("id: web", "id: web2"))
 
-    def clock() -> float:
-        return 1_700_000_000.0
-
-    cache = ReconcileCache()
-    warm = ReconcileOptions(configs=default_config_builder(), cache=cache, clock=clock)
+    warm, cache = warm_options()
     view = reconcile(state, warm).computed.view
     assert not cache.balance.incremental
 
@@ -315,7 +304,7 @@ def test_a_network_failure_keeps_the_watch_memo_warm(tmp_path: Path) -> None:
         view = report.computed.view
         assert cache.balance.incremental
         assert [f.item_id for f in report.computed.result.failures] == ["web2"]
-        assert written(state) == written_afresh(fresh, clock, state)
+        assert written(state) == written_afresh(fresh, state)
 
     again()
     again("priority: 0")
@@ -329,11 +318,7 @@ def test_a_trusting_run_skips_network_files_it_knows(tmp_path: Path) -> None:
     empty: the next run compares every file again."""
     state = unit(tmp_path / "warm")
 
-    def clock() -> float:
-        return 1_700_000_000.0
-
-    cache = ReconcileCache()
-    verifying = ReconcileOptions(configs=default_config_builder(), cache=cache, clock=clock)
+    verifying, cache = warm_options()
     trusting = dataclasses.replace(verifying, verify=False)
     report = reconcile(state, verifying)
     report = reconcile(state, trusting, report.computed.view)
@@ -348,7 +333,7 @@ def test_a_trusting_run_skips_network_files_it_knows(tmp_path: Path) -> None:
     fresh = copied(state, tmp_path / "fresh")
     report = reconcile(state, trusting, report.computed.view)
     assert f"out/instances/{iid('client')}/network.json" in report.written
-    assert written(state) == written_afresh(fresh, clock, state)
+    assert written(state) == written_afresh(fresh, state)
     # a run whose commit never flushed: what it put in the memo is not kept
     c = report.computed
     assert c.built is not None
@@ -373,11 +358,7 @@ def test_the_network_phase_runs_again_when_a_networked_instance_moves(tmp_path: 
     heavy = WEB.replace("hostname: www\n", "instances: 2\nrequestedResources: {cpu: 60000}\n")
     (state / "desired" / "web.yaml").write_text(heavy)
 
-    def clock() -> float:
-        return 1_700_000_000.0
-
-    cache = ReconcileCache()
-    opts = ReconcileOptions(configs=default_config_builder(), cache=cache, clock=clock)
+    opts, cache = warm_options()
     view = reconcile(state, opts).computed.view
     view = reconcile(state, opts, view).computed.view
     nodes_before = {p.node_id for p in reconcile(state, opts, view).computed.result.placements}
@@ -393,7 +374,7 @@ def test_the_network_phase_runs_again_when_a_networked_instance_moves(tmp_path: 
     assert moved[iid("big")] == "n1" and moved[iid("web", 0)] == "n3"  # evicted, placed again
     assert cache.balance.incremental and not cache.network.reused
     assert out(state, "instances", iid("web", 0), "network.json")["nodeId"] == "n3"
-    assert written(state) == written_afresh(fresh, clock, state)
+    assert written(state) == written_afresh(fresh, state)
 
 
 def test_a_dropped_instance_the_balance_no_longer_places_is_not_in_the_answer(
@@ -409,11 +390,7 @@ def test_a_dropped_instance_the_balance_no_longer_places_is_not_in_the_answer(
         WEB.replace("id: web", "id: web2").replace("image:", room)
     )
 
-    def clock() -> float:
-        return 1_700_000_000.0
-
-    cache = ReconcileCache()
-    opts = ReconcileOptions(configs=default_config_builder(), cache=cache, clock=clock)
+    opts, cache = warm_options()
     view = reconcile(state, opts).computed.view
     report = reconcile(state, opts, view)
     assert [f.reason for f in report.computed.result.failures] == ["Network"]
@@ -425,7 +402,7 @@ def test_a_dropped_instance_the_balance_no_longer_places_is_not_in_the_answer(
     report = reconcile(state, opts, report.computed.view)
     assert cache.balance.incremental and not cache.network.reused
     assert [(f.item_id, f.reason) for f in report.computed.result.failures] == [("web2", "Cpu")]
-    assert written(state) == written_afresh(fresh, clock, state)
+    assert written(state) == written_afresh(fresh, state)
 
 
 def test_a_network_state_another_writer_changed_is_not_taken_for_the_last(
@@ -440,11 +417,7 @@ def test_a_network_state_another_writer_changed_is_not_taken_for_the_last(
         WEB.replace("id: web", "id: web2").replace("hostname: www\n", "")
     )
 
-    def clock() -> float:
-        return 1_700_000_000.0
-
-    cache = ReconcileCache()
-    opts = ReconcileOptions(configs=default_config_builder(), cache=cache, clock=clock)
+    opts, cache = warm_options()
     view = reconcile(state, opts).computed.view
     (state / "desired" / "web.yaml").unlink()  # web2 keeps its address (.3), sticky
     view = reconcile(state, opts, view).computed.view
@@ -456,4 +429,4 @@ def test_a_network_state_another_writer_changed_is_not_taken_for_the_last(
     reconcile(state, opts, view)
     assert cache.balance.incremental and not cache.network.reused
     assert addresses(state)[iid("web2")] == "172.17.0.2"  # (from nothing: the first free)
-    assert written(state) == written_afresh(fresh, clock, state)
+    assert written(state) == written_afresh(fresh, state)

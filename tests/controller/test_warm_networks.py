@@ -12,9 +12,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reconciler.controller.configs import default_config_builder
-from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
-from tests.support.outputs import copied, written, written_afresh
+from reconciler.controller.reconcile import reconcile
+from tests.support.outputs import copied, warm_options, written, written_afresh
+from tests.support.state_files import RUNC_NODE
 
 UNIT = """apiVersion: reconciler/v1
 kind: UnitConfig
@@ -23,15 +23,7 @@ network:
   subnets: ['10.9.0.0/29', '10.9.1.0/29']
 """
 
-NODE = """apiVersion: reconciler/v1
-kind: Node
-id: {id}
-type: edge
-maxDMIPS: 1000
-totalRAM: 64Gi
-runtimes:
-  - {{id: runc, type: runc, platform: {{architecture: x86_64}}}}
-"""
+NODE = RUNC_NODE.replace("{dmips}", "1000")
 
 ITEMS = ("api", "db", "web")
 
@@ -102,14 +94,10 @@ def test_warm_network_runs_write_what_a_fresh_process_writes(
         (state / "desired" / f"{item}.yaml").write_text(data.draw(service_docs(item), label=item))
     (state / "desired" / "plain.yaml").write_text(PLAIN.format(n=2, priority=0, cpu=100))
 
-    def clock() -> float:
-        return 1_700_000_000.0
-
     def checkpoint() -> object:
         return written(state)["checkpoint"]  # (its delta applied)
 
-    cache = ReconcileCache()
-    verifying = ReconcileOptions(configs=default_config_builder(), cache=cache, clock=clock)
+    verifying, cache = warm_options()
     before: object = None  # the checkpoint the last run started from (none: the first)
     view = reconcile(state, verifying).computed.view
     for step in range(data.draw(st.integers(1, 5), label="steps")):
@@ -132,7 +120,7 @@ def test_warm_network_runs_write_what_a_fresh_process_writes(
         now = checkpoint()
         report = reconcile(state, trusting, view)
         view = report.computed.view
-        assert written(state) == written_afresh(fresh, clock, state), f"step {step}: {what}"
+        assert written(state) == written_afresh(fresh, state), f"step {step}: {what}"
         if what == "none" and now == before:
             # nothing changed, and the checkpoint this run starts from is the one the last run
             # started from: the same balance and network state, so the memo's last answer

@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from reconciler.controller.configs import default_config_builder
-from reconciler.controller.reconcile import ReconcileOptions, reconcile
+from reconciler.controller.reconcile import ReconcileCache, ReconcileOptions, reconcile
 from reconciler.io.checkpoint_files import load_checkpoint
+
+
+def fixed_clock() -> float:
+    """The time of every run compared (the status page names it)."""
+    return 1_700_000_000.0
+
+
+def warm_options() -> tuple[ReconcileOptions, ReconcileCache]:
+    """A watcher's options (the default configs builder, one cache kept across runs, the
+    :func:`fixed_clock`) and that cache."""
+    cache = ReconcileCache()
+    return ReconcileOptions(configs=default_config_builder(), cache=cache, clock=fixed_clock), cache
 
 
 def written(state: Path, *also: Path) -> dict[str, Any]:
@@ -42,8 +53,8 @@ def copied(state: Path, scratch: Path) -> Path:
     return fresh
 
 
-def written_afresh(copy: Path, clock: Callable[[], float], origin: Path) -> dict[str, Any]:
+def written_afresh(copy: Path, origin: Path) -> dict[str, Any]:
     """:func:`written` of a :func:`copied` state (of ``origin``) reconciled once by options of
-    its own."""
-    reconcile(copy, ReconcileOptions(configs=default_config_builder(), clock=clock))
+    its own (at the :func:`fixed_clock`)."""
+    reconcile(copy, ReconcileOptions(configs=default_config_builder(), clock=fixed_clock))
     return written(copy, origin)

@@ -38,6 +38,17 @@ version: {version}
 image: {{rootfs: /r}}
 """
 
+RUNC_NODE = """apiVersion: reconciler/v1
+kind: Node
+id: {id}
+type: edge
+maxDMIPS: {dmips}
+totalRAM: 64Gi
+runtimes:
+  - {{id: runc, type: runc, platform: {{architecture: x86_64}}}}
+"""
+"""A node with one runc runtime (``format`` it with ``id`` and ``dmips``)."""
+
 
 def write(root: Path, rel: str, text: str | bytes) -> Path:
     p = root / rel
