@@ -167,7 +167,7 @@ class BalanceMemo:
         self, result: BalanceResult, errors: Mapping[str, str], reason: str
     ) -> BalanceResult:
         """``result`` (this memo's last answer) with the placements of ``errors``' ids turned
-        into failures by a phase after the balance (the network phase, the configs; see
+        into failures by a phase after the balance (the network phase, the ids, the configs; see
         :meth:`BalanceResult.failed`): numbered, with what changed counted from where
         ``result``'s changes count (so the stages after it, which never saw ``result`` itself,
         stay incremental).

@@ -409,8 +409,9 @@ def _without(
     reason: str,
     memo: BalanceMemo | None,
 ) -> BalanceResult:
-    """The result with the instances whose config (or network) failed turned into failures;
-    told to the balance memo, if any (so that its next answer starts from this one)."""
+    """The result with the instances whose network, ids or config failed turned into
+    failures; told to the balance memo, if any (so that its next answer starts from this
+    one)."""
     return result.failed(errors, reason) if memo is None else memo.dropped(result, errors, reason)
 
 

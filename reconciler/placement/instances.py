@@ -221,7 +221,7 @@ class BalanceResult:
     def failed(self, errors: Mapping[str, str], reason: str) -> BalanceResult:
         """This result with the placements of ``errors``' ids turned into failures of
         ``reason``, each with its message (a phase after the balance refused them: the network
-        phase, the configs). Not numbered (see :meth:`BalanceMemo.dropped`)."""
+        phase, the uids and gids, the configs). Not numbered (see ``BalanceMemo.dropped``)."""
         failures = list(self.failures)
         for p in self.placements:
             if p.instance_id in errors:
