@@ -269,6 +269,26 @@ def _no_alert(unit: UnitConfig | None, node: Node) -> bool:
     return cfg is None or cfg.alertRules is None
 
 
+def _quiet(unit: UnitConfig | None, node: Node) -> bool:
+    """``node``, which has no stored timeline, has none after this observation either and
+    raises nothing: no alert rule or no usage reading, or on every resource with a rule a
+    reading below its ``maxThreshold`` (:func:`step` of a timeline that is not raised then
+    gives the trivial one, whatever the time: most nodes of a unit at rest)."""
+    if _no_alert(unit, node):
+        return True
+    assert unit is not None
+    cfg = unit.config_for(node.id, node.type)
+    assert cfg is not None and cfg.alertRules is not None
+    for resource in RESOURCES:
+        rule: AlertRule | None = getattr(cfg.alertRules, resource)
+        reading = reading_of(node, resource) if rule is not None else None
+        if rule is not None and reading is not None:
+            used, capacity = reading
+            if used * 100 >= rule.maxThreshold * capacity:
+                return False
+    return True
+
+
 def _rule_for(unit: UnitConfig | None, node: Node, resource: Resource) -> AlertRule | None:
     if unit is None:
         return None
@@ -330,7 +350,7 @@ def observe(
     rebalance = False
     for node_id in sorted(set(by_id) | {str(k) for k in previous}):
         node = by_id.get(node_id)
-        if node is not None and node_id not in previous and _no_alert(unit, node):
+        if node is not None and node_id not in previous and _quiet(unit, node):
             continue  # no timeline before, none now: what the loop below finds, quickly
         stored: dict[str, Any] = {}
         hot: list[str] = []

@@ -681,3 +681,41 @@ class TestHelpers:
         first = observe({}, unit, [cpu_at(90)], T0)
         assert not observe(first.timelines, unit, [cpu_at(90)], T0 + 59).rebalance
         assert observe(first.timelines, unit, [cpu_at(90)], T0 + 60).rebalance
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["edge", "main"]),
+            st.one_of(st.none(), st.integers(0, 1200)),  # cpu used (None: no usage reading)
+            st.integers(0, 1200),  # ram used
+            st.sampled_from([0, 1000]),  # capacity (0: no reading)
+        ),
+        max_size=8,
+    ),
+    st.one_of(st.none(), st.tuples(st.integers(0, 100), st.integers(0, 100))),
+    st.one_of(st.none(), st.tuples(st.integers(0, 100), st.integers(0, 100))),
+    st.floats(0, 1e9),
+)
+def test_a_node_without_a_timeline_is_observed_alike_by_the_quick_path(
+    readings: list[tuple[str, int | None, int, int]],
+    cpu: tuple[int, int] | None,
+    ram: tuple[int, int] | None,
+    now: float,
+) -> None:
+    """A node with no stored timeline whose readings are all below their maxThreshold is
+    passed over without stepping its timelines; the answer is the one of the full pass (the
+    same nodes, each given an empty stored entry, which the quick path does not take)."""
+    unit = make_unit(
+        None if cpu is None else rule(min(cpu), max(cpu), 30),
+        None if ram is None else rule(min(ram), max(ram), 0),
+        extra=[{"nodeType": "main"}],  # (no alert rules)
+    )
+    nodes = [
+        make_node(f"n{k}", used, ram_used, dmips=capacity, total_ram=1000, node_type=node_type)
+        for k, (node_type, used, ram_used, capacity) in enumerate(readings)
+    ]
+    quick = observe({}, unit, nodes, now)
+    full = observe({n.id: {} for n in nodes}, unit, nodes, now)
+    assert quick == full
