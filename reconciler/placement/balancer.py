@@ -253,17 +253,9 @@ class Run:
         self.where[ask.instance.id] = slot
         self.search.moved(slot)
 
-    def release(self, slot: NodeSlot, iid: str) -> None:
-        release_reservation(slot, iid)
-        del self.where[iid]
-        if self.held:
-            self.held.pop(iid, None)
-        self.search.moved(slot)
-        self.search.freed()  # something became free
-
     def release_all(self, iids: Iterable[str]) -> None:
-        """:meth:`release` of each of ``iids`` that has a place (the search told once per
-        node and once that something became free)."""
+        """Give back the reservation of each of ``iids`` that has a place (the search told
+        once per node it moved, and once that something became free)."""
         where, held, moved = self.where, self.held, {}
         for iid in iids:
             slot = where.pop(iid, None)
@@ -351,7 +343,7 @@ class Run:
         """Pass 2 for a held instance: its current spec with the hold given back; held again
         when that places nowhere (the capacity it gave back is free again, so it fits)."""
         held, prev = self.held.pop(instance.id)
-        self.release(self.where[instance.id], instance.id)
+        self.release_all((instance.id,))
         if self.place_all([instance], causes) and self.keep(held, prev):
             self.held[instance.id] = (held, prev)
 
@@ -512,8 +504,7 @@ class Run:
             return None
         _, node_id, victim_ids = best
         slot = self.slot(node_id)
-        for iid in victim_ids:
-            self.release(slot, iid)
+        self.release_all(victim_ids)
         verdict = evaluate(slot, ask)
         assert verdict.dropped_by is None
         self.reserve(slot, ask, best_runtime(slot, verdict))

@@ -284,7 +284,7 @@ def test_nodes_found_exhausted_after_a_release_refuse_every_group_asking_them() 
         assert len(index.place(of["a"], None)) == 1
         assert len(index.place(of["b"], None)) == 1  # the 4 pools found full: refused
         placed = of["a"][0]
-        run.release(run.where[placed.id], placed.id)  # one pool free again
+        run.release_all((placed.id,))  # one pool free again
         assert index.place(of["c"], None) == []  # takes it
         assert len(index.place(of["d"], None)) == 2  # finds all 4 full again
         del claims[:]
